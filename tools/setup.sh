@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs exactly what tqkv's build, server and tests need, from Debian's
+# packages. Idempotent and quiet: a second run installs nothing.
+# Usage: tools/setup.sh            (build + run deps)
+set -euo pipefail
+
+PKGS=(
+  # build
+  bazel-bootstrap bazel-platforms bazel-skylib bazel-rules-java
+  g++ default-jdk-headless
+  # libraries (design card)
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev
+  nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks
+  prometheus redis-server redis-tools
+  python3 python3-grpcio python3-protobuf python3-numpy python3-pytest
+  curl procps
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "tqkv setup: installing ${#missing[@]} package(s): ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "tqkv setup: note: /usr/local/cuda/bin/nvcc not found; CUDA targets are skipped (CPU backend only)." >&2
+fi
