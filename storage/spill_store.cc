@@ -1,0 +1,255 @@
+#include "storage/spill_store.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+#include "rocksdb/slice.h"
+#include "rocksdb/write_batch.h"
+
+namespace tqkv::storage {
+namespace {
+
+constexpr char kMetaCf[] = "block_meta";
+constexpr char kDataCf[] = "block_data";
+constexpr char kModelsCf[] = "models";
+constexpr size_t kMetaFixedBytes = 1 + 1 + 2 + 8 + 8 + 5 * 8;
+
+rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = absl::StrCat(std::string(what.data(), what.size()), ": ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsNoSpace() || s.IsMemoryLimit()) return absl::ResourceExhaustedError(msg);
+  if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  return absl::InternalError(msg);
+}
+
+void PutFixed64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t GetFixed64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+}  // namespace
+
+uint64_t PayloadChecksum(absl::string_view bytes) {
+  return XXH64(bytes.data(), bytes.size(), /*seed=*/0);
+}
+
+std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
+  std::string out;
+  out.reserve(kMetaFixedBytes + m.parent_hash.size() + 8);
+  out.push_back(static_cast<char>(kDiskFormatVersion));
+  out.push_back(0);
+  uint16_t plen = static_cast<uint16_t>(m.parent_hash.size());
+  out.push_back(static_cast<char>(plen & 0xff));
+  out.push_back(static_cast<char>(plen >> 8));
+  PutFixed64(&out, m.size_bytes);
+  PutFixed64(&out, m.checksum);
+  PutFixed64(&out, m.accounting.dense_equivalent_bytes);
+  PutFixed64(&out, m.accounting.packed_k_bytes);
+  PutFixed64(&out, m.accounting.packed_v_bytes);
+  PutFixed64(&out, m.accounting.norms_metadata_bytes);
+  PutFixed64(&out, m.accounting.dense_window_bytes);
+  out.append(m.parent_hash);
+  PutFixed64(&out, PayloadChecksum(out));
+  return out;
+}
+
+absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in) {
+  if (in.size() < kMetaFixedBytes + 8) return absl::DataLossError("block meta is truncated");
+  if (static_cast<uint8_t>(in[0]) != kDiskFormatVersion) {
+    return absl::DataLossError(
+        absl::StrCat("unknown block meta format version ", static_cast<uint8_t>(in[0])));
+  }
+  const char* p = in.data();
+  size_t plen = static_cast<uint8_t>(p[2]) | (static_cast<size_t>(static_cast<uint8_t>(p[3])) << 8);
+  if (in.size() != kMetaFixedBytes + plen + 8) {
+    return absl::DataLossError("block meta has the wrong length");
+  }
+  if (GetFixed64(p + kMetaFixedBytes + plen) != PayloadChecksum(in.substr(0, kMetaFixedBytes + plen))) {
+    return absl::DataLossError("block meta fails its checksum");
+  }
+  DiskBlockMeta m;
+  m.size_bytes = GetFixed64(p + 4);
+  m.checksum = GetFixed64(p + 12);
+  m.accounting.dense_equivalent_bytes = GetFixed64(p + 20);
+  m.accounting.packed_k_bytes = GetFixed64(p + 28);
+  m.accounting.packed_v_bytes = GetFixed64(p + 36);
+  m.accounting.norms_metadata_bytes = GetFixed64(p + 44);
+  m.accounting.dense_window_bytes = GetFixed64(p + 52);
+  m.accounting.total_bytes = m.size_bytes;
+  m.parent_hash = std::string(p + kMetaFixedBytes, plen);
+  return m;
+}
+
+SpillStore::SpillStore() = default;
+SpillStore::~SpillStore() = default;
+
+absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOptions& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("SpillStore needs a path");
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = options.create_if_missing;
+  db_options.create_missing_column_families = options.create_if_missing;
+
+  rocksdb::ColumnFamilyOptions meta_options;
+  rocksdb::ColumnFamilyOptions data_options;
+  data_options.compression = rocksdb::kNoCompression;
+  data_options.bottommost_compression = rocksdb::kNoCompression;
+  data_options.write_buffer_size = options.data_write_buffer_bytes;
+  rocksdb::ColumnFamilyOptions models_options;
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+      {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+      {kMetaCf, meta_options},
+      {kDataCf, data_options},
+      {kModelsCf, models_options},
+  };
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, cfs, &handles, &raw);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("opening RocksDB at ", options.path));
+  std::unique_ptr<SpillStore> store(new SpillStore());
+  store->db_.reset(raw);
+  store->default_cf_.reset(handles[0]);
+  store->meta_cf_.reset(handles[1]);
+  store->data_cf_.reset(handles[2]);
+  store->models_cf_.reset(handles[3]);
+  return store;
+}
+
+absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
+                               absl::Span<const BlockKey> deletes, bool sync) {
+  if (writes.empty() && deletes.empty()) return absl::OkStatus();
+  rocksdb::WriteBatch batch;
+  for (const BlockWrite& w : writes) {
+    std::string key = EncodeBlockKey(*w.key);
+    std::string meta = EncodeDiskBlockMeta(*w.meta);
+    rocksdb::Status s = batch.Put(meta_cf_.get(), key, meta);
+    if (s.ok()) s = batch.Put(data_cf_.get(), key, ToSlice(w.payload));
+    if (!s.ok()) return FromRocks(s, "building spill batch");
+  }
+  for (const BlockKey& k : deletes) {
+    std::string key = EncodeBlockKey(k);
+    rocksdb::Status s = batch.Delete(meta_cf_.get(), key);
+    if (s.ok()) s = batch.Delete(data_cf_.get(), key);
+    if (!s.ok()) return FromRocks(s, "building spill batch");
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = sync;
+  return FromRocks(db_->Write(wo, &batch), "writing spill batch");
+}
+
+absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockKey& key) {
+  rocksdb::PinnableSlice value;
+  rocksdb::Status s =
+      db_->Get(rocksdb::ReadOptions(), data_cf_.get(), EncodeBlockKey(key), &value);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
+  return HostBuffer::CopyOf(absl::string_view(value.data(), value.size()));
+}
+
+absl::Status SpillStore::ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMeta)> on_block,
+                                    std::vector<std::string>* corrupt_keys) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_.get()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    absl::string_view raw_key(it->key().data(), it->key().size());
+    absl::StatusOr<BlockKey> key = DecodeBlockKey(raw_key);
+    absl::StatusOr<DiskBlockMeta> meta =
+        DecodeDiskBlockMeta(absl::string_view(it->value().data(), it->value().size()));
+    if (!key.ok() || !meta.ok()) {
+      if (corrupt_keys != nullptr) corrupt_keys->emplace_back(raw_key);
+      continue;
+    }
+    on_block(*std::move(key), *std::move(meta));
+  }
+  return FromRocks(it->status(), "scanning block meta");
+}
+
+absl::Status SpillStore::DeleteEncodedKeys(absl::Span<const std::string> encoded_keys) {
+  rocksdb::WriteBatch batch;
+  for (const std::string& k : encoded_keys) {
+    rocksdb::Status s = batch.Delete(meta_cf_.get(), k);
+    if (s.ok()) s = batch.Delete(data_cf_.get(), k);
+    if (!s.ok()) return FromRocks(s, "building delete batch");
+  }
+  return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "deleting corrupt blocks");
+}
+
+absl::Status SpillStore::SyncWal() { return FromRocks(db_->SyncWAL(), "syncing WAL"); }
+
+absl::Status SpillStore::PutModelRecord(absl::string_view tenant, uint64_t model_id,
+                                        absl::string_view record) {
+  absl::Status valid = ValidateTenant(tenant);
+  if (!valid.ok()) return valid;
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return FromRocks(db_->Put(wo, models_cf_.get(), EncodeModelPrefix(tenant, model_id),
+                            ToSlice(record)),
+                   "writing model record");
+}
+
+absl::StatusOr<std::string> SpillStore::GetModelRecord(absl::string_view tenant,
+                                                       uint64_t model_id) {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), models_cf_.get(),
+                               EncodeModelPrefix(tenant, model_id), &value);
+  if (!s.ok()) return FromRocks(s, "reading model record");
+  return value;
+}
+
+absl::Status SpillStore::DeleteModelRecord(absl::string_view tenant, uint64_t model_id) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return FromRocks(db_->Delete(wo, models_cf_.get(), EncodeModelPrefix(tenant, model_id)),
+                   "deleting model record");
+}
+
+absl::StatusOr<std::vector<ModelRecord>> SpillStore::ListModelRecords() {
+  std::vector<ModelRecord> out;
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(rocksdb::ReadOptions(), models_cf_.get()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    // A model key is a block key without the hash: decode it with a one-byte
+    // placeholder hash appended.
+    std::string raw(it->key().data(), it->key().size());
+    raw.push_back('\0');
+    absl::StatusOr<BlockKey> key = DecodeBlockKey(raw);
+    if (!key.ok()) return absl::DataLossError("malformed model record key");
+    out.push_back({std::move(key->tenant), key->model_id,
+                   std::string(it->value().data(), it->value().size())});
+  }
+  absl::Status s = FromRocks(it->status(), "listing model records");
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status SpillStore::OverwritePayloadForTest(const BlockKey& key, absl::string_view bytes) {
+  return FromRocks(
+      db_->Put(rocksdb::WriteOptions(), data_cf_.get(), EncodeBlockKey(key), ToSlice(bytes)),
+      "overwriting payload");
+}
+
+absl::Status SpillStore::OverwriteMetaForTest(const BlockKey& key, absl::string_view bytes) {
+  return FromRocks(
+      db_->Put(rocksdb::WriteOptions(), meta_cf_.get(), EncodeBlockKey(key), ToSlice(bytes)),
+      "overwriting meta");
+}
+
+bool SpillStore::HasPayloadForTest(const BlockKey& key) {
+  rocksdb::PinnableSlice value;
+  return db_->Get(rocksdb::ReadOptions(), data_cf_.get(), EncodeBlockKey(key), &value).ok();
+}
+
+}  // namespace tqkv::storage

@@ -1,0 +1,162 @@
+// The disk tier: a RocksDB database holding spilled blocks and the service's
+// model registration records.
+//
+// Column families (the on-disk contract):
+//   "block_meta"  key: EncodeBlockKey(key) (see block_key.h)
+//                 value: EncodeDiskBlockMeta (below), ~70 bytes + parent hash
+//   "block_data"  key: EncodeBlockKey(key)
+//                 value: the payload bytes, exactly as committed
+//                 (compression off: packed pages do not compress)
+//   "models"      key: EncodeModelPrefix(tenant, model_id)
+//                 value: opaque bytes chosen by the service
+//   "default"     unused (RocksDB requires it)
+//
+// A block's meta and data are always written and deleted together in one
+// WriteBatch, so a reader never sees one without the other. Meta lives in
+// its own column family so that opening a store scans only the small meta
+// values to rebuild the index; payloads are read (and their checksums
+// verified) only when a block is requested.
+//
+// Meta value, little-endian, format version 1:
+//   u8  format version (1)         u8  reserved (0)
+//   u16 parent hash length P
+//   u64 payload size               u64 payload checksum (XXH64, seed 0)
+//   u64 dense_equivalent_bytes     u64 packed_k_bytes
+//   u64 packed_v_bytes             u64 norms_metadata_bytes
+//   u64 dense_window_bytes
+//   P bytes parent hash
+//   u64 XXH64 (seed 0) of all preceding meta bytes
+// (accounting.total_bytes is the payload size and is not stored twice.)
+//
+// Durability: Apply(sync=true) returns after the WAL is fsynced. Writes with
+// sync=false reach the OS before Apply returns, so they survive a process
+// crash (kill -9) but not a power loss.
+#ifndef TQKV_STORAGE_SPILL_STORE_H_
+#define TQKV_STORAGE_SPILL_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "storage/block_key.h"
+#include "storage/host_pool.h"
+
+namespace rocksdb {
+class ColumnFamilyHandle;
+class DB;
+}  // namespace rocksdb
+
+namespace tqkv::storage {
+
+inline constexpr uint8_t kDiskFormatVersion = 1;
+
+// What the disk tier stores about a block besides its payload.
+struct DiskBlockMeta {
+  uint64_t size_bytes = 0;
+  uint64_t checksum = 0;  // XXH64(payload, seed 0)
+  std::string parent_hash;
+  BlockAccounting accounting;  // total_bytes == size_bytes
+  friend bool operator==(const DiskBlockMeta&, const DiskBlockMeta&) = default;
+};
+
+std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta);
+// DATA_LOSS if the bytes are truncated, fail their checksum or carry an
+// unknown format version.
+absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view bytes);
+
+// XXH64 of `bytes` with seed 0: the block checksum everywhere in storage.
+uint64_t PayloadChecksum(absl::string_view bytes);
+
+struct SpillStoreOptions {
+  // Directory of the RocksDB database. Required.
+  std::string path;
+  // Create the database (and missing column families) if absent. Default: true.
+  bool create_if_missing = true;
+  // Memtable size of the block_data column family. Default: 64 MiB.
+  uint64_t data_write_buffer_bytes = uint64_t{64} << 20;
+};
+
+// A model registration record as stored in the "models" column family.
+struct ModelRecord {
+  std::string tenant;
+  uint64_t model_id = 0;
+  std::string record;
+};
+
+// Thread-safe: RocksDB serialises internally. SpillStore keeps no index of
+// its own; BlockStore decides what to write and delete and must not issue
+// conflicting writes for one key concurrently (it serialises per key).
+class SpillStore {
+ public:
+  // Opens (or creates) the database at options.path. INVALID_ARGUMENT for an
+  // empty path; otherwise the RocksDB error mapped to a Status.
+  static absl::StatusOr<std::unique_ptr<SpillStore>> Open(const SpillStoreOptions& options);
+
+  // Closes the database.
+  ~SpillStore();
+  SpillStore(const SpillStore&) = delete;
+  SpillStore& operator=(const SpillStore&) = delete;
+
+  struct BlockWrite {
+    const BlockKey* key;  // not owned; must outlive the Apply call
+    const DiskBlockMeta* meta;  // not owned
+    absl::string_view payload;  // meta->size_bytes bytes
+  };
+
+  // Atomically writes `writes` (meta and data) and deletes `deletes` (meta and
+  // data) in one WriteBatch. sync=true fsyncs the WAL before returning.
+  absl::Status Apply(absl::Span<const BlockWrite> writes, absl::Span<const BlockKey> deletes,
+                     bool sync);
+
+  // The stored payload of `key` in a new buffer. NOT_FOUND if absent. Does
+  // not verify the checksum (the caller compares with its index).
+  absl::StatusOr<std::unique_ptr<HostBuffer>> ReadPayload(const BlockKey& key);
+
+  // Calls on_block for every block in block_meta, in key order. Entries whose
+  // key or meta fail to decode are not passed on; their encoded keys are
+  // appended to *corrupt_keys (may be null) for DeleteEncodedKeys.
+  absl::Status ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMeta)> on_block,
+                          std::vector<std::string>* corrupt_keys);
+
+  // Deletes meta and data under raw encoded keys (cleanup of corrupt entries).
+  absl::Status DeleteEncodedKeys(absl::Span<const std::string> encoded_keys);
+
+  // Fsyncs the WAL: every earlier write becomes power-loss durable.
+  absl::Status SyncWal();
+
+  // Model records. Put and Delete are synced. Get: NOT_FOUND if absent.
+  absl::Status PutModelRecord(absl::string_view tenant, uint64_t model_id,
+                              absl::string_view record);
+  absl::StatusOr<std::string> GetModelRecord(absl::string_view tenant, uint64_t model_id);
+  absl::Status DeleteModelRecord(absl::string_view tenant, uint64_t model_id);
+  // Every record, ordered by (tenant, model_id).
+  absl::StatusOr<std::vector<ModelRecord>> ListModelRecords();
+
+  // Test hooks: replace the stored payload or meta of `key` with raw bytes,
+  // bypassing every check, to simulate on-disk corruption.
+  absl::Status OverwritePayloadForTest(const BlockKey& key, absl::string_view bytes);
+  absl::Status OverwriteMetaForTest(const BlockKey& key, absl::string_view bytes);
+  // True iff block_data holds `key`.
+  bool HasPayloadForTest(const BlockKey& key);
+
+ private:
+  SpillStore();
+
+  // Declaration order matters: members are destroyed in reverse, so the
+  // column family handles go before the database that owns them.
+  std::unique_ptr<rocksdb::DB> db_;
+  std::unique_ptr<rocksdb::ColumnFamilyHandle> default_cf_;
+  std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf_;
+  std::unique_ptr<rocksdb::ColumnFamilyHandle> data_cf_;
+  std::unique_ptr<rocksdb::ColumnFamilyHandle> models_cf_;
+};
+
+}  // namespace tqkv::storage
+
+#endif  // TQKV_STORAGE_SPILL_STORE_H_

@@ -1,0 +1,126 @@
+#include "storage/spill_store.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "storage/test_util.h"
+
+namespace tqkv::storage {
+namespace {
+
+DiskBlockMeta MetaFor(absl::string_view payload, std::string parent = "p") {
+  DiskBlockMeta m;
+  m.size_bytes = payload.size();
+  m.checksum = PayloadChecksum(payload);
+  m.parent_hash = std::move(parent);
+  m.accounting = {100, 11, 12, 13, 14, payload.size()};
+  return m;
+}
+
+std::unique_ptr<SpillStore> OpenOrDie(const std::string& path) {
+  auto store = SpillStore::Open({.path = path});
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? *std::move(store) : nullptr;
+}
+
+TEST(DiskBlockMeta, RoundTripsAndDetectsCorruption) {
+  DiskBlockMeta m = MetaFor("payload", std::string(64, '\x01'));
+  std::string enc = EncodeDiskBlockMeta(m);
+  auto back = DecodeDiskBlockMeta(enc);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, m);
+  for (size_t i = 0; i < enc.size(); ++i) {
+    std::string bad = enc;
+    bad[i] ^= 0x10;
+    EXPECT_EQ(DecodeDiskBlockMeta(bad).status().code(), absl::StatusCode::kDataLoss) << i;
+  }
+  EXPECT_EQ(DecodeDiskBlockMeta(enc.substr(0, enc.size() - 1)).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(SpillStore, OpenRejectsEmptyPath) {
+  EXPECT_EQ(SpillStore::Open({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SpillStore, WritesReadsDeletesAndSurvivesReopen) {
+  TempDir dir;
+  BlockKey a{"t", 1, "a"}, b{"t", 2, "b"}, c{"u", 1, "c"};
+  std::string pa = "alpha payload", pb(100000, 'b'), pc;  // pc: empty payload
+  pb[777] = 'x';
+  DiskBlockMeta ma = MetaFor(pa), mb = MetaFor(pb, ""), mc = MetaFor(pc);
+  {
+    auto store = OpenOrDie(dir.path());
+    std::vector<SpillStore::BlockWrite> writes = {{&a, &ma, pa}, {&b, &mb, pb}, {&c, &mc, pc}};
+    ASSERT_TRUE(store->Apply(writes, {}, /*sync=*/true).ok());
+    auto got = store->ReadPayload(b);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ((*got)->view(), pb);
+    std::vector<BlockKey> del = {a};
+    ASSERT_TRUE(store->Apply({}, del, /*sync=*/false).ok());
+    EXPECT_EQ(store->ReadPayload(a).status().code(), absl::StatusCode::kNotFound);
+  }
+  auto store = OpenOrDie(dir.path());
+  std::map<std::string, DiskBlockMeta> seen;
+  std::vector<std::string> corrupt;
+  ASSERT_TRUE(store
+                  ->ScanBlocks([&](BlockKey k, DiskBlockMeta m) { seen[DebugString(k)] = m; },
+                               &corrupt)
+                  .ok());
+  EXPECT_TRUE(corrupt.empty());
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[DebugString(b)], mb);
+  EXPECT_EQ(seen[DebugString(c)], mc);
+  auto got = store->ReadPayload(c);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)->view(), "");
+}
+
+TEST(SpillStore, ScanReportsCorruptMetaAndDeletesIt) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.path());
+  BlockKey a{"t", 1, "a"}, b{"t", 1, "b"};
+  DiskBlockMeta m = MetaFor("x");
+  std::vector<SpillStore::BlockWrite> writes = {{&a, &m, "x"}, {&b, &m, "x"}};
+  ASSERT_TRUE(store->Apply(writes, {}, false).ok());
+  ASSERT_TRUE(store->OverwriteMetaForTest(b, "garbage").ok());
+  int good = 0;
+  std::vector<std::string> corrupt;
+  ASSERT_TRUE(store->ScanBlocks([&](BlockKey, DiskBlockMeta) { ++good; }, &corrupt).ok());
+  EXPECT_EQ(good, 1);
+  ASSERT_EQ(corrupt.size(), 1u);
+  EXPECT_EQ(corrupt[0], EncodeBlockKey(b));
+  ASSERT_TRUE(store->DeleteEncodedKeys(corrupt).ok());
+  EXPECT_FALSE(store->HasPayloadForTest(b));
+  EXPECT_TRUE(store->HasPayloadForTest(a));
+}
+
+TEST(SpillStore, ModelRecordsPersist) {
+  TempDir dir;
+  {
+    auto store = OpenOrDie(dir.path());
+    ASSERT_TRUE(store->PutModelRecord("t2", 5, "five").ok());
+    ASSERT_TRUE(store->PutModelRecord("t1", 300, "three hundred").ok());
+    ASSERT_TRUE(store->PutModelRecord("t1", 2, std::string("two\0", 4)).ok());
+    ASSERT_TRUE(store->PutModelRecord("t1", 9, "nine").ok());
+    ASSERT_TRUE(store->DeleteModelRecord("t1", 9).ok());
+    EXPECT_EQ(store->GetModelRecord("t1", 9).status().code(), absl::StatusCode::kNotFound);
+  }
+  auto store = OpenOrDie(dir.path());
+  auto rec = store->GetModelRecord("t1", 2);
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(*rec, std::string("two\0", 4));
+  auto list = store->ListModelRecords();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 3u);
+  EXPECT_EQ((*list)[0].tenant, "t1");
+  EXPECT_EQ((*list)[0].model_id, 2u);
+  EXPECT_EQ((*list)[1].model_id, 300u);
+  EXPECT_EQ((*list)[1].record, "three hundred");
+  EXPECT_EQ((*list)[2].tenant, "t2");
+}
+
+}  // namespace
+}  // namespace tqkv::storage
