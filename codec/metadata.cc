@@ -183,7 +183,8 @@ absl::StatusOr<std::vector<std::vector<int>>> ParseIndexLists(const std::string&
       }
       if (*v < 0 || *v >= head_size) {
         return Invalid(
-            absl::StrCat(where, "[", i, "] = ", *v, " is out of range [0, ", head_size, ")"));
+            absl::StrCat(where, "[", i, "] = ", Show(head[i]), " is out of range [0, ", head_size,
+                         ")"));
       }
       list.push_back(static_cast<int>(*v));
     }
