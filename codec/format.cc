@@ -41,7 +41,9 @@ GroupLayout MakeGroup(int channels, int bits, bool qjl, bool fp16_norms, size_t 
 
 int RecipeHighChannels(RecipeKind recipe, int dim) {
   double ratio = recipe == RecipeKind::kTurboQuant25 ? 0.25 : 0.5;
-  return static_cast<int>(std::lround(dim * ratio / 16.0)) * 16;
+  // Round half to even, as the reference writer's Python round() does (and as
+  // HighPrecisionChannelCount in metadata.h): 80·0.5/16 = 2.5 → 2 groups of 16.
+  return static_cast<int>(std::nearbyint(dim * ratio / 16.0)) * 16;
 }
 
 std::string RecipeName(RecipeKind r) {

@@ -1,0 +1,71 @@
+#include "codec/model_codec.h"
+
+#include <gtest/gtest.h>
+
+#include "codec/memory_report.h"
+#include "codec/test_util.h"
+
+namespace tqkv {
+namespace {
+
+TEST(ModelCodec, BlockLayoutAndAccounting) {
+  ModelShape s{4, 8, 32, 128, 16};
+  CodecOptions o;
+  o.format = "k4v2";
+  o.dense_first_layers = 1;
+  auto m = ModelCodec::Create(s, o, nullptr);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const size_t rows = 16 * 8;
+  EXPECT_EQ((*m)->k_page_bytes(0), rows * 256);  // layer 0 dense
+  EXPECT_EQ((*m)->k_page_bytes(1), rows * 68);
+  EXPECT_EQ((*m)->v_page_bytes(1), rows * 36);
+  EXPECT_EQ((*m)->layer_offset(1), rows * 512);
+  EXPECT_EQ((*m)->block_bytes(), rows * 512 + 3 * rows * 104);
+  const BlockBytes& a = (*m)->block_accounting();
+  EXPECT_EQ(a.dense_equivalent, 4 * rows * 512);
+  EXPECT_EQ(a.dense_rows, rows * 512);
+  EXPECT_EQ(a.packed_k, 3 * rows * 64);
+  EXPECT_EQ(a.packed_v, 3 * rows * 32);
+  EXPECT_EQ(a.norms, 3 * rows * 8);
+  EXPECT_EQ(a.packed_k + a.packed_v + a.norms + a.dense_rows, a.total);
+  EXPECT_EQ((*m)->layer_range_bytes(1, 4), 3 * rows * 104);
+  MemoryReport r = ReportForBlocks(**m, 10, 0);
+  EXPECT_EQ(r.total_bytes(), 10 * a.total);
+  EXPECT_NEAR(r.ratio(), double(4 * 512) / (512 + 3 * 104), 1e-12);
+  EXPECT_NE(r.ToString().find("baseline=\"fp16 dense K+V\""), std::string::npos);
+}
+
+TEST(ModelCodec, Tq4RatioVsFp16) {
+  auto m = *ModelCodec::Create({1, 8, 32, 128, 16}, {.format = "tq4"}, nullptr);
+  EXPECT_NEAR(ReportForBlocks(*m, 1, 0).ratio(), 256.0 / 68.0, 1e-12);  // 3.76x
+  auto m42 = *ModelCodec::Create({1, 8, 32, 128, 16}, {.format = "k4v2"}, nullptr);
+  EXPECT_NEAR(ReportForBlocks(*m42, 1, 0).ratio(), 512.0 / 104.0, 1e-12);  // 4.92x
+}
+
+TEST(ModelCodec, ErrorsNameTheProblem) {
+  EXPECT_EQ(ModelCodec::Create({0, 8, 32, 128, 16}, {}, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto bad_gqa = ModelCodec::Create({1, 8, 12, 128, 16}, {}, nullptr);
+  EXPECT_NE(bad_gqa.status().message().find("num_q_heads 12"), std::string::npos);
+  EXPECT_EQ(ModelCodec::Create({1, 8, 32, 128, 16}, {.format = "k9v9"}, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto no_meta = ModelCodec::Create({1, 8, 32, 128, 16}, {.format = "turboquant35"}, nullptr);
+  EXPECT_EQ(no_meta.status().code(), absl::StatusCode::kFailedPrecondition);
+  RecipeMetadata meta = testing_util::MakeMetadata("turboquant35", 128, 1, 8);
+  EXPECT_TRUE(ModelCodec::Create({1, 8, 32, 128, 16}, {.format = "turboquant35"}, &meta).ok());
+  // Wrong recipe / too few layers in the metadata.
+  EXPECT_FALSE(ModelCodec::Create({1, 8, 32, 128, 16}, {.format = "turboquant25"}, &meta).ok());
+  auto missing = ModelCodec::Create({2, 8, 32, 128, 16}, {.format = "turboquant35"}, &meta);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(missing.status().message().find("layer 1"), std::string::npos) << missing.status();
+}
+
+TEST(ModelCodec, SeedsDifferPerLayerHeadAndComponent) {
+  auto m = *ModelCodec::Create({2, 2, 2, 128, 16}, {.format = "k4v4", .seed = 5}, nullptr);
+  EXPECT_NE(m->layer(0).k(0).groups()[0].rotation.signs1(), m->layer(0).k(1).groups()[0].rotation.signs1());
+  EXPECT_NE(m->layer(0).k(0).groups()[0].rotation.signs1(), m->layer(1).k(0).groups()[0].rotation.signs1());
+  EXPECT_NE(m->layer(0).k(0).groups()[0].rotation.signs1(), m->layer(0).v(0).groups()[0].rotation.signs1());
+}
+
+}  // namespace
+}  // namespace tqkv
