@@ -1,0 +1,89 @@
+// ComputeBackend: the seam between storage/service and the compute that
+// encodes, decodes and attends over packed blocks. Implemented on the CPU in
+// codec/ (CpuBackend) and on the GPU in gpu/ (CudaBackend).
+//
+// All pointers passed in and out are HOST memory. A backend may keep device
+// copies of blocks: BlockRef::id identifies a stored block's immutable bytes
+// for the life of the process (a new put of the same key gets a new id), so
+// a backend can cache it and must call nothing back into storage.
+#ifndef TQKV_CODEC_BACKEND_H_
+#define TQKV_CODEC_BACKEND_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "codec/attention.h"
+#include "codec/model_codec.h"
+#include "codec/tensor.h"
+
+namespace tqkv {
+
+struct BlockRef {
+  uint64_t id = 0;                  // unique per stored block version
+  const uint8_t* payload = nullptr; // ModelCodec::block_bytes() bytes
+};
+
+// One stored sequence seen by one layer's attention.
+struct AttendSequence {
+  std::vector<BlockRef> blocks;  // in order; the last may be partially used
+  int64_t packed_tokens = 0;     // tokens in blocks
+  DenseView tail_k, tail_v;      // dense recent tokens after them (this layer)
+};
+
+// A batch of attention work on one layer. Queries of sequence i are rows
+// [query_offsets[i], query_offsets[i+1]) of q; each has an absolute position
+// (decode: total_tokens − 1).
+struct AttendBatch {
+  int layer = 0;
+  AttentionShape shape;
+  std::vector<AttendSequence> sequences;
+  std::vector<int64_t> query_offsets;  // size sequences.size() + 1
+  const float* q = nullptr;            // [total queries, q_heads, d] fp32
+  std::vector<int64_t> positions;      // per query
+  float* out = nullptr;                // [total queries, q_heads, d] fp32
+};
+
+struct BackendStats {
+  uint64_t device_bytes_capacity = 0;  // GPU tier arena size (0 on CPU)
+  uint64_t device_bytes_used = 0;      // packed bytes resident on the device
+  uint64_t device_blocks = 0;
+  uint64_t uploads = 0;                // blocks promoted host → device
+  uint64_t evictions = 0;              // blocks demoted (dropped) from device
+};
+
+// Thread safety: every method may be called concurrently.
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+  // "cpu" or "cuda".
+  virtual std::string name() const = 0;
+
+  // Encodes layers [first, last) of one block: k[i], v[i] are the dense
+  // [block_size, kv_heads, d] tensors of layer first+i (fewer tokens than
+  // block_size allowed only via `tokens`; remaining rows are zero-filled).
+  // Writes the layers' K/V pages into `out` (which points at the block's
+  // layer `first` offset, layer_range_bytes(first, last) bytes).
+  virtual absl::Status EncodeBlock(const ModelCodec& codec, int first, int last,
+                                   const std::vector<DenseView>& k, const std::vector<DenseView>& v,
+                                   uint8_t* out) = 0;
+
+  // Decodes layers [first, last) of a block payload (pointing at layer
+  // `first`) into dense tensors k[i], v[i] of `block_size` tokens.
+  virtual absl::Status DecodeBlock(const ModelCodec& codec, int first, int last,
+                                   const uint8_t* payload, const std::vector<MutableDenseView>& k,
+                                   const std::vector<MutableDenseView>& v) = 0;
+
+  // Attention over stored sequences for one layer.
+  virtual absl::Status Attend(const ModelCodec& codec, const AttendBatch& batch) = 0;
+
+  // Tells a caching backend that a block id will never be used again.
+  virtual void Forget(uint64_t block_id) { (void)block_id; }
+
+  virtual BackendStats Stats() const { return {}; }
+};
+
+}  // namespace tqkv
+
+#endif  // TQKV_CODEC_BACKEND_H_

@@ -1,0 +1,150 @@
+#include "codec/cpu_backend.h"
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "codec/page_codec.h"
+#include "codec/status_macros.h"
+
+namespace tqkv {
+namespace {
+
+int DefaultThreads(int requested) {
+  if (requested >= 0) return requested;
+  int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return hw > 1 ? hw - 1 : 0;
+}
+
+}  // namespace
+
+absl::Status ValidateEncodeArgs(const ModelCodec& codec, int first, int last,
+                                const std::vector<DenseView>& k, const std::vector<DenseView>& v) {
+  const ModelShape& s = codec.shape();
+  if (first < 0 || last > s.num_layers || first >= last)
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer range [", first, ", ", last, ") outside [0, ", s.num_layers, ")"));
+  if (k.size() != static_cast<size_t>(last - first) || v.size() != k.size())
+    return absl::InvalidArgumentError(absl::StrCat("expected ", last - first,
+                                                   " K and V tensors, got ", k.size(), " and ",
+                                                   v.size()));
+  for (size_t i = 0; i < k.size(); ++i) {
+    for (const DenseView* t : {&k[i], &v[i]}) {
+      if (t->heads != s.num_kv_heads || t->dim != s.head_dim || t->tokens < 0 ||
+          t->tokens > s.block_size || t->data == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat(
+            t == &k[i] ? "K" : "V", " of layer ", first + i, " has shape [", t->tokens, ", ",
+            t->heads, ", ", t->dim, "], expected [<=", s.block_size, ", ", s.num_kv_heads, ", ",
+            s.head_dim, "]"));
+    }
+    if (k[i].tokens != v[i].tokens)
+      return absl::InvalidArgumentError(
+          absl::StrCat("K and V of layer ", first + i, " have different token counts"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAttendBatch(const ModelCodec& codec, const AttendBatch& b) {
+  const ModelShape& s = codec.shape();
+  if (b.layer < 0 || b.layer >= s.num_layers)
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", b.layer, " outside [0, ", s.num_layers, ")"));
+  if (b.shape.q_heads != s.num_q_heads || b.shape.kv_heads != s.num_kv_heads ||
+      b.shape.dim != s.head_dim)
+    return absl::InvalidArgumentError("attention shape does not match the model");
+  if (b.query_offsets.size() != b.sequences.size() + 1 || b.query_offsets.front() != 0)
+    return absl::InvalidArgumentError("query_offsets must have one entry per sequence plus one");
+  for (size_t i = 0; i + 1 < b.query_offsets.size(); ++i)
+    if (b.query_offsets[i + 1] < b.query_offsets[i])
+      return absl::InvalidArgumentError("query_offsets must be non-decreasing");
+  if (static_cast<int64_t>(b.positions.size()) != b.query_offsets.back())
+    return absl::InvalidArgumentError("one position per query is required");
+  for (size_t i = 0; i < b.sequences.size(); ++i) {
+    const AttendSequence& seq = b.sequences[i];
+    if (seq.packed_tokens < 0 ||
+        seq.packed_tokens > static_cast<int64_t>(seq.blocks.size()) * s.block_size)
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, " has ", seq.packed_tokens, " packed tokens in ",
+                       seq.blocks.size(), " blocks"));
+    const int64_t total = seq.packed_tokens + seq.tail_k.tokens;
+    for (int64_t q = b.query_offsets[i]; q < b.query_offsets[i + 1]; ++q)
+      if (b.positions[q] < 0 || b.positions[q] >= total)
+        return absl::InvalidArgumentError(absl::StrCat("query position ", b.positions[q],
+                                                       " outside sequence ", i, " of ", total,
+                                                       " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+CpuBackend::CpuBackend(const Options& options)
+    : pool_(std::make_unique<ThreadPool>(DefaultThreads(options.threads))) {}
+
+absl::Status CpuBackend::EncodeBlock(const ModelCodec& codec, int first, int last,
+                                     const std::vector<DenseView>& k,
+                                     const std::vector<DenseView>& v, uint8_t* out) {
+  TQ_RETURN_IF_ERROR(ValidateEncodeArgs(codec, first, last, k, v));
+  const ModelShape& s = codec.shape();
+  const size_t base = codec.layer_offset(first);
+  std::vector<int64_t> slots(s.block_size);
+  for (int t = 0; t < s.block_size; ++t) slots[t] = t;
+  for (int l = first; l < last; ++l) {
+    uint8_t* kp = out + codec.layer_offset(l) - base;
+    uint8_t* vp = kp + codec.k_page_bytes(l);
+    const DenseView& kd = k[l - first];
+    const DenseView& vd = v[l - first];
+    // Rows past `tokens` (a partial block) are zero.
+    if (kd.tokens < s.block_size) {
+      std::memset(kp, 0, codec.k_page_bytes(l) + codec.v_page_bytes(l));
+    }
+    TQ_RETURN_IF_ERROR(EncodeToPages(codec.layer(l), kd, vd, slots.data(),
+                                     {kp, codec.k_geometry(l)}, {vp, codec.v_geometry(l)},
+                                     pool_.get()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DecodeBlock(const ModelCodec& codec, int first, int last,
+                                     const uint8_t* payload,
+                                     const std::vector<MutableDenseView>& k,
+                                     const std::vector<MutableDenseView>& v) {
+  const ModelShape& s = codec.shape();
+  if (first < 0 || last > s.num_layers || first >= last || k.size() != size_t(last - first) ||
+      v.size() != k.size())
+    return absl::InvalidArgumentError("bad layer range or output count");
+  const size_t base = codec.layer_offset(first);
+  std::vector<int64_t> slots(s.block_size);
+  for (int t = 0; t < s.block_size; ++t) slots[t] = t;
+  for (int l = first; l < last; ++l) {
+    uint8_t* kp = const_cast<uint8_t*>(payload) + codec.layer_offset(l) - base;
+    uint8_t* vp = kp + codec.k_page_bytes(l);
+    TQ_RETURN_IF_ERROR(DecodeFromPages(codec.layer(l), {kp, codec.k_geometry(l)},
+                                       {vp, codec.v_geometry(l)}, slots.data(), s.block_size,
+                                       k[l - first], v[l - first], pool_.get()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Attend(const ModelCodec& codec, const AttendBatch& b) {
+  TQ_RETURN_IF_ERROR(ValidateAttendBatch(codec, b));
+  const int l = b.layer;
+  const size_t d = codec.shape().head_dim;
+  for (size_t i = 0; i < b.sequences.size(); ++i) {
+    const AttendSequence& in = b.sequences[i];
+    PackedSequence seq;
+    for (const BlockRef& r : in.blocks) {
+      seq.k_pages.push_back(r.payload + codec.layer_offset(l));
+      seq.v_pages.push_back(r.payload + codec.layer_offset(l) + codec.k_page_bytes(l));
+    }
+    seq.packed_tokens = in.packed_tokens;
+    seq.tail_k = in.tail_k;
+    seq.tail_v = in.tail_v;
+    const int64_t q0 = b.query_offsets[i], nq = b.query_offsets[i + 1] - q0;
+    const size_t row = static_cast<size_t>(b.shape.q_heads) * d;
+    TQ_RETURN_IF_ERROR(AttendPacked(codec.layer(l), codec.shape().block_size, b.shape, seq,
+                                    b.q + q0 * row, nq, b.positions.data() + q0,
+                                    b.out + q0 * row, pool_.get()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tqkv
