@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "codec/simd.h"
 
 namespace tqkv {
 
@@ -35,7 +36,9 @@ void ToFloat(DType t, const void* src, float* dst, size_t n) {
       return;
     case DType::kF16: {
       const auto* s = static_cast<const _Float16*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+      size_t i = n & ~size_t{7};
+      simd::HalfToFloat(static_cast<const uint16_t*>(src), dst, static_cast<int>(i));
+      for (; i < n; ++i) dst[i] = static_cast<float>(s[i]);
       return;
     }
     case DType::kBF16: {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "codec/simd.h"
+
 namespace tqkv {
 
 void PackBits(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
@@ -11,6 +13,10 @@ void PackBits(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
       std::memcpy(out, idx, n);
       return;
     case 4:
+      if (n % 16 == 0) {
+        simd::Pack4(idx, static_cast<int>(n), out);
+        return;
+      }
       for (size_t i = 0; i + 1 < n; i += 2) out[i / 2] = uint8_t(idx[i] | (idx[i + 1] << 4));
       if (n & 1) out[n / 2] = idx[n - 1];
       return;

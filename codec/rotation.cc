@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/seed.h"
+#include "codec/simd.h"
 
 namespace tqkv {
 namespace {
@@ -51,6 +52,12 @@ std::vector<double> OrthogonalFromGaussian(std::vector<double> a, int n) {
 
 // One RHT block of size n at v (in place): s2 ⊙ FWHT(s1 ⊙ v) · scale.
 inline void RhtBlock(float* v, int n, const float* s1, const float* s2, float scale) {
+  if (n >= 8) {  // same operations, eight lanes at a time (simd.h)
+    simd::Mul(v, s1, v, n);
+    simd::Fwht(v, n);
+    simd::ScaleMul(v, scale, s2, v, n);
+    return;
+  }
   for (int i = 0; i < n; ++i) v[i] *= s1[i];
   Fwht(v, n);
   for (int i = 0; i < n; ++i) v[i] = (v[i] * scale) * s2[i];

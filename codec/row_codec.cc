@@ -9,6 +9,7 @@
 #include "codec/canonical.h"
 #include "codec/dtype.h"
 #include "codec/packing.h"
+#include "codec/simd.h"
 
 namespace tqkv {
 namespace {
@@ -149,13 +150,22 @@ void RowCodec::Encode(const float* x, uint8_t* row) const {
     } else {
       for (int j = 0; j < n; ++j) buf[j] = x[g.channels[j]];
     }
-    const float norm = CanonicalNorm(buf, n);
+    const bool vec = n % 8 == 0;  // SIMD path: bit-identical results (simd.h)
+    const float norm = vec ? std::sqrt(simd::SumSquares(buf, n)) : CanonicalNorm(buf, n);
     const float inv = SafeReciprocal(norm);
-    for (int j = 0; j < n; ++j) buf[j] = buf[j] * inv;
+    if (vec) {
+      simd::Scale(buf, inv, buf, n);
+    } else {
+      for (int j = 0; j < n; ++j) buf[j] = buf[j] * inv;
+    }
     g.rotation.Forward(buf, buf);
     const float* b = g.codebook->boundaries_f.data();
     const int nb = static_cast<int>(g.codebook->boundaries_f.size());
-    for (int j = 0; j < n; ++j) idx[j] = NearestIndex(b, nb, buf[j]);
+    if (vec) {
+      simd::Quantize(buf, n, b, nb, idx);
+    } else {
+      for (int j = 0; j < n; ++j) idx[j] = NearestIndex(b, nb, buf[j]);
+    }
     PackBits(idx, n, g.layout.mse_bits, row + g.layout.index_offset);
     if (g.layout.fp16_norms) {
       StoreF16(row + g.layout.norm_offset, norm);

@@ -1,0 +1,62 @@
+// The AVX2 primitives are bit-identical to the scalar contracts.
+#include "codec/simd.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "codec/canonical.h"
+#include "codec/codebook.h"
+#include "codec/rotation.h"
+
+namespace tqkv {
+namespace {
+
+std::vector<float> Random(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng) * (1 + (seed % 5));
+  return v;
+}
+
+TEST(Simd, SumSquaresMatchesCanonical) {
+  for (int n : {8, 16, 24, 32, 64, 96, 128, 136, 256, 512}) {
+    for (uint64_t s = 0; s < 200; ++s) {
+      std::vector<float> x = Random(n, s * 31 + n);
+      float a = simd::SumSquares(x.data(), n), b = CanonicalSumSquares(x.data(), n);
+      ASSERT_EQ(0, std::memcmp(&a, &b, 4)) << "n=" << n << " seed=" << s << " " << a << " " << b;
+    }
+  }
+}
+
+TEST(Simd, FwhtMatchesScalar) {
+  for (int n : {8, 16, 32, 64, 128, 256, 1024}) {
+    for (uint64_t s = 0; s < 50; ++s) {
+      std::vector<float> a = Random(n, s + 7 * n), b = a;
+      simd::Fwht(a.data(), n);
+      Fwht(b.data(), n);
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), 4 * n)) << "n=" << n;
+    }
+  }
+}
+
+TEST(Simd, QuantizeMatchesNearestIndex) {
+  for (int bits : {1, 2, 3, 4, 5, 8}) {
+    const Codebook* cb = *GetCodebook(128, bits);
+    std::vector<float> y = Random(128, bits);
+    for (float& v : y) v *= 0.1f;
+    // Exact boundary values must also agree (strictly-greater rule).
+    for (size_t k = 0; k < cb->boundaries_f.size() && k < 128; ++k) y[k] = cb->boundaries_f[k];
+    std::vector<uint8_t> a(128), b(128);
+    simd::Quantize(y.data(), 128, cb->boundaries_f.data(), cb->boundaries_f.size(), a.data());
+    for (int j = 0; j < 128; ++j)
+      b[j] = NearestIndex(cb->boundaries_f.data(), cb->boundaries_f.size(), y[j]);
+    EXPECT_EQ(a, b) << bits;
+  }
+}
+
+}  // namespace
+}  // namespace tqkv
