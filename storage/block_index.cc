@@ -1,0 +1,133 @@
+#include "storage/block_index.h"
+
+#include <algorithm>
+#include <cassert>
+#include <utility>
+
+namespace tqkv::storage {
+
+BlockRecord* BlockIndex::Find(const BlockKey& key) {
+  auto it = records_.find(key);
+  return it == records_.end() ? nullptr : it->second.get();
+}
+
+BlockRecord* BlockIndex::Insert(BlockRecord record) {
+  auto owned = std::make_unique<BlockRecord>(std::move(record));
+  BlockRecord* r = owned.get();
+  r->generation = next_generation_++;
+  r->list_ = BlockRecord::List::kNone;
+  std::shared_ptr<const HostBuffer> host = std::move(r->host);
+  bool on_disk = r->on_disk;
+  r->host = nullptr;
+  r->on_disk = false;
+  auto [it, inserted] = records_.emplace(r->key, std::move(owned));
+  assert(inserted);
+  (void)it;
+  (void)inserted;
+  SetOnDisk(r, on_disk);
+  if (host != nullptr) SetHostCopy(r, std::move(host));
+  Relist(r);
+  return r;
+}
+
+void BlockIndex::Erase(BlockRecord* r) {
+  SetHostCopy(r, nullptr);
+  SetOnDisk(r, false);
+  records_.erase(r->key);  // destroys *r
+}
+
+void BlockIndex::SetHostCopy(BlockRecord* r, std::shared_ptr<const HostBuffer> buffer) {
+  assert(buffer == nullptr || buffer->size() == r->size_bytes);
+  bool had = r->host != nullptr;
+  bool has = buffer != nullptr;
+  r->host = std::move(buffer);
+  if (had != has) {
+    AddUsage(*r, Tier::kHost, has);
+    if (has) {
+      host_bytes_ += r->size_bytes;
+    } else {
+      host_bytes_ -= r->size_bytes;
+    }
+  }
+  Relist(r);
+}
+
+void BlockIndex::SetOnDisk(BlockRecord* r, bool on_disk) {
+  if (r->on_disk != on_disk) {
+    r->on_disk = on_disk;
+    AddUsage(*r, Tier::kDisk, on_disk);
+    if (on_disk) {
+      disk_bytes_ += r->size_bytes;
+    } else {
+      disk_bytes_ -= r->size_bytes;
+    }
+  }
+  Relist(r);
+}
+
+void BlockIndex::Touch(BlockRecord* r, absl::Time now) {
+  r->last_access = std::max(r->last_access, now);
+  switch (r->list_) {
+    case BlockRecord::List::kHost:
+      host_lru_.splice(host_lru_.end(), host_lru_, r->lru_it_);
+      break;
+    case BlockRecord::List::kDiskOnly:
+      disk_only_lru_.splice(disk_only_lru_.end(), disk_only_lru_, r->lru_it_);
+      break;
+    case BlockRecord::List::kNone:
+      break;
+  }
+}
+
+void BlockIndex::Relist(BlockRecord* r) {
+  BlockRecord::List want = r->host != nullptr ? BlockRecord::List::kHost
+                           : r->on_disk       ? BlockRecord::List::kDiskOnly
+                                              : BlockRecord::List::kNone;
+  if (want == r->list_) return;
+  if (r->list_ == BlockRecord::List::kHost) host_lru_.erase(r->lru_it_);
+  if (r->list_ == BlockRecord::List::kDiskOnly) disk_only_lru_.erase(r->lru_it_);
+  // A record joining a list is placed by its last access, so that blocks
+  // moving between tiers keep their relative age. Scanning from the young
+  // end is short in the common case (the record was used recently).
+  std::list<BlockRecord*>* list = nullptr;
+  if (want == BlockRecord::List::kHost) list = &host_lru_;
+  if (want == BlockRecord::List::kDiskOnly) list = &disk_only_lru_;
+  r->list_ = want;
+  if (list == nullptr) return;
+  auto pos = list->end();
+  while (pos != list->begin() && (*std::prev(pos))->last_access > r->last_access) --pos;
+  r->lru_it_ = list->insert(pos, r);
+}
+
+void BlockIndex::AddUsage(const BlockRecord& r, Tier tier, bool add) {
+  UsageKey key{r.key.tenant, r.key.model_id, tier};
+  TierUsage& u = usage_[key];
+  if (add) {
+    if (u.blocks == 0) {
+      u.tenant = r.key.tenant;
+      u.model_id = r.key.model_id;
+      u.tier = tier;
+    }
+    u.blocks += 1;
+    u.payload_bytes += r.size_bytes;
+    u.accounting += r.accounting;
+  } else {
+    assert(u.blocks > 0);
+    u.blocks -= 1;
+    u.payload_bytes -= r.size_bytes;
+    u.accounting -= r.accounting;
+    if (u.blocks == 0) usage_.erase(key);
+  }
+}
+
+std::vector<TierUsage> BlockIndex::Usage() const {
+  std::vector<TierUsage> out;
+  out.reserve(usage_.size());
+  for (const auto& [key, u] : usage_) out.push_back(u);
+  std::sort(out.begin(), out.end(), [](const TierUsage& a, const TierUsage& b) {
+    return std::tie(a.tenant, a.model_id, a.tier) < std::tie(b.tenant, b.model_id, b.tier);
+  });
+  return out;
+}
+
+}  // namespace tqkv::storage

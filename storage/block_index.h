@@ -1,0 +1,155 @@
+// The block index: every block the store knows, where its copies live, and
+// the per-(tenant, model, tier) byte sums derived from that.
+//
+// A record has at most one host copy (a shared immutable buffer) and at most
+// one disk copy (a RocksDB entry); it is "resident" in each tier it has a
+// copy in. Residency changes go through SetHostCopy/SetOnDisk so that the
+// LRU lists and the usage sums can never drift from the records:
+//   - host LRU:      records with a host copy;
+//   - disk-only LRU: records with a disk copy and no host copy.
+// Both lists are ordered by last access (Touch), oldest first.
+//
+// Policy (pins, visibility, I/O serialisation) is the caller's: the index
+// stores those fields but does not interpret them.
+#ifndef TQKV_STORAGE_BLOCK_INDEX_H_
+#define TQKV_STORAGE_BLOCK_INDEX_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
+#include "storage/block_key.h"
+#include "storage/host_pool.h"
+
+namespace tqkv::storage {
+
+struct BlockRecord {
+  // Identity and metadata; fixed once inserted.
+  BlockKey key;
+  std::string parent_hash;
+  BlockAccounting accounting;  // accounting.total_bytes == size_bytes
+  uint64_t size_bytes = 0;
+  uint64_t checksum = 0;    // XXH64(payload, seed 0)
+  uint64_t generation = 0;  // unique per insertion; tells incarnations of a key apart
+
+  // Residency. Read freely; change only through BlockIndex.
+  std::shared_ptr<const HostBuffer> host;  // non-null iff resident in host
+  bool on_disk = false;                    // RocksDB holds this block
+
+  // State kept for the caller.
+  bool visible = false;  // committed and not being deleted: Lookup/Get see it
+  bool io_busy = false;  // a RocksDB write or delete for this key is in flight
+  int pin_count = 0;
+  absl::Time lease_deadline = absl::InfinitePast();
+  absl::Time last_access = absl::InfinitePast();
+
+  // True iff pins protect the record at `now` (pinned with an unexpired lease).
+  bool Protected(absl::Time now) const { return pin_count > 0 && now < lease_deadline; }
+  // The fastest tier holding a copy. REQUIRES: host or on_disk.
+  Tier best_tier() const { return host != nullptr ? Tier::kHost : Tier::kDisk; }
+
+ private:
+  friend class BlockIndex;
+  enum class List : uint8_t { kNone, kHost, kDiskOnly };
+  List list_ = List::kNone;
+  std::list<BlockRecord*>::iterator lru_it_;
+};
+
+// Sums over the records of one (tenant, model, tier).
+struct TierUsage {
+  std::string tenant;
+  uint64_t model_id = 0;
+  Tier tier = Tier::kHost;
+  uint64_t blocks = 0;
+  uint64_t payload_bytes = 0;
+  BlockAccounting accounting;  // field-wise sums
+};
+
+// Thread-compatible: the owner serialises all calls (BlockStore holds its
+// mutex). Record pointers stay valid until Erase of that record.
+class BlockIndex {
+ public:
+  BlockIndex() = default;
+  BlockIndex(const BlockIndex&) = delete;
+  BlockIndex& operator=(const BlockIndex&) = delete;
+
+  // The record of `key`, or null.
+  BlockRecord* Find(const BlockKey& key);
+
+  // Inserts `record` (its host/on_disk fields are applied as residency) and
+  // assigns it a fresh generation. REQUIRES: no record with the same key.
+  BlockRecord* Insert(BlockRecord record);
+
+  // Drops the record's copies from the sums and removes it. Pointer dies.
+  void Erase(BlockRecord* record);
+
+  // Attaches (non-null) or detaches (null) the host copy.
+  // REQUIRES: a non-null buffer has record->size_bytes bytes.
+  void SetHostCopy(BlockRecord* record, std::shared_ptr<const HostBuffer> buffer);
+  void SetOnDisk(BlockRecord* record, bool on_disk);
+
+  // Sets last_access and moves the record to the young end of its LRU list.
+  void Touch(BlockRecord* record, absl::Time now);
+
+  // Calls fn(record) oldest first over the host (or disk-only) LRU list until
+  // fn returns false. fn may change residency of, or erase, only the record it
+  // is given.
+  template <typename Fn>
+  void ForEachHostLru(Fn fn) {
+    ForEachIn(host_lru_, fn);
+  }
+  template <typename Fn>
+  void ForEachDiskOnlyLru(Fn fn) {
+    ForEachIn(disk_only_lru_, fn);
+  }
+  // Calls fn(record) for every record, in no particular order. fn must not
+  // insert or erase.
+  template <typename Fn>
+  void ForEach(Fn fn) {
+    for (auto& [key, rec] : records_) fn(rec.get());
+  }
+
+  size_t size() const { return records_.size(); }
+  uint64_t host_bytes() const { return host_bytes_; }
+  uint64_t disk_bytes() const { return disk_bytes_; }
+  size_t host_blocks() const { return host_lru_.size(); }
+  size_t disk_only_blocks() const { return disk_only_lru_.size(); }
+
+  // Usage per (tenant, model, tier) with at least one block, sorted by
+  // (tenant, model_id, tier).
+  std::vector<TierUsage> Usage() const;
+
+ private:
+  using UsageKey = std::tuple<std::string, uint64_t, Tier>;
+
+  template <typename Fn>
+  static void ForEachIn(std::list<BlockRecord*>& list, Fn& fn) {
+    for (auto it = list.begin(); it != list.end();) {
+      auto next = std::next(it);
+      if (!fn(*it)) return;
+      it = next;
+    }
+  }
+
+  void AddUsage(const BlockRecord& r, Tier tier, bool add);
+  // Puts the record on the list its residency calls for (keeping its place
+  // if unchanged).
+  void Relist(BlockRecord* r);
+
+  absl::flat_hash_map<BlockKey, std::unique_ptr<BlockRecord>> records_;
+  std::list<BlockRecord*> host_lru_;       // oldest first
+  std::list<BlockRecord*> disk_only_lru_;  // oldest first
+  absl::flat_hash_map<UsageKey, TierUsage> usage_;
+  uint64_t host_bytes_ = 0;
+  uint64_t disk_bytes_ = 0;
+  uint64_t next_generation_ = 1;
+};
+
+}  // namespace tqkv::storage
+
+#endif  // TQKV_STORAGE_BLOCK_INDEX_H_

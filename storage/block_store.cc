@@ -1,0 +1,699 @@
+#include "storage/block_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "codec/status_macros.h"
+
+namespace tqkv::storage {
+
+// RocksDB work planned under mu_ and run by RunPlanLocked. Every record in a
+// plan is io_busy, which keeps it alive and unchanged by others until the
+// plan finishes.
+struct BlockStore::IoPlan {
+  struct Write {
+    BlockRecord* record;
+    DiskBlockMeta meta;
+    std::shared_ptr<const HostBuffer> payload;
+    bool evict_after;  // spill: drop the host copy once written (unless pinned by then)
+  };
+  struct Drop {
+    BlockRecord* record;  // invisible; erased when the plan finishes
+    bool count_as_drop;   // budget or admin drop (not Delete / checksum failure)
+  };
+  std::vector<Write> writes;
+  std::vector<Drop> drops;
+  bool sync = false;
+  // Filled by RunPlanLocked: spills whose host copy was released.
+  uint64_t evicted_blocks = 0;
+  uint64_t evicted_bytes = 0;
+
+  bool empty() const { return writes.empty() && drops.empty(); }
+};
+
+namespace {
+
+constexpr int kMaxAdmissionRounds = 16;
+constexpr int kMaxGetAttempts = 4;
+
+DiskBlockMeta MetaOf(const BlockRecord& r) {
+  DiskBlockMeta m;
+  m.size_bytes = r.size_bytes;
+  m.checksum = r.checksum;
+  m.parent_hash = r.parent_hash;
+  m.accounting = r.accounting;
+  return m;
+}
+
+bool InScope(const BlockRecord& r, const std::optional<ModelScope>& scope) {
+  return !scope.has_value() ||
+         (r.key.model_id == scope->model_id && r.key.tenant == scope->tenant);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- PutHandle
+
+PutHandle& PutHandle::operator=(PutHandle&& other) noexcept {
+  if (this != &other) {
+    Release();
+    store_ = std::exchange(other.store_, nullptr);
+    key_ = std::move(other.key_);
+    parent_hash_ = std::move(other.parent_hash_);
+    accounting_ = other.accounting_;
+    options_ = other.options_;
+    buffer_ = std::move(other.buffer_);
+  }
+  return *this;
+}
+
+PutHandle::~PutHandle() { Release(); }
+
+void PutHandle::Release() {
+  if (store_ == nullptr) return;
+  std::exchange(store_, nullptr)->ReleaseHandle(accounting_.total_bytes);
+  buffer_.reset();
+}
+
+// ------------------------------------------------------------ construction
+
+absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const BlockStoreOptions& options) {
+  TQ_RETURN_IF_ERROR(HostPool::Validate({.capacity_bytes = options.host_capacity_bytes,
+                                         .high_watermark = options.host_high_watermark,
+                                         .low_watermark = options.host_low_watermark}));
+  if (options.max_pin_ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("max_pin_ttl must be positive");
+  }
+  std::unique_ptr<SpillStore> spill;
+  if (!options.disk_path.empty()) {
+    TQ_ASSIGN_OR_RETURN(spill, SpillStore::Open({.path = options.disk_path}));
+  }
+  std::unique_ptr<BlockStore> store(new BlockStore(options, std::move(spill)));
+  TQ_RETURN_IF_ERROR(store->LoadFromDisk());
+  return store;
+}
+
+BlockStore::BlockStore(const BlockStoreOptions& options, std::unique_ptr<SpillStore> spill)
+    : options_(options),
+      owned_clock_(options.clock == nullptr ? std::make_unique<RealClock>() : nullptr),
+      clock_(options.clock != nullptr ? options.clock : owned_clock_.get()),
+      spill_(std::move(spill)),
+      pool_({.capacity_bytes = options.host_capacity_bytes,
+             .high_watermark = options.host_high_watermark,
+             .low_watermark = options.host_low_watermark}) {}
+
+BlockStore::~BlockStore() = default;
+
+absl::Status BlockStore::LoadFromDisk() {
+  if (spill_ == nullptr) return absl::OkStatus();
+  absl::Time now = clock_->Now();
+  std::vector<std::string> corrupt;
+  absl::MutexLock l(&mu_);
+  TQ_RETURN_IF_ERROR(spill_->ScanBlocks(
+      [&](BlockKey key, DiskBlockMeta meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        BlockRecord r;
+        r.key = std::move(key);
+        r.parent_hash = std::move(meta.parent_hash);
+        r.accounting = meta.accounting;
+        r.size_bytes = meta.size_bytes;
+        r.checksum = meta.checksum;
+        r.on_disk = true;
+        r.visible = true;
+        r.last_access = now;
+        index_.Insert(std::move(r));
+      },
+      &corrupt));
+  if (!corrupt.empty()) {
+    counters_.checksum_failures += corrupt.size();
+    TQ_RETURN_IF_ERROR(spill_->DeleteEncodedKeys(corrupt));
+  }
+  return absl::OkStatus();
+}
+
+// --------------------------------------------------------------- budgets
+
+void BlockStore::DetachHostLocked(BlockRecord* r) {
+  if (r->host == nullptr) return;
+  pool_.Release(r->size_bytes);
+  index_.SetHostCopy(r, nullptr);
+}
+
+void BlockStore::EraseLocked(BlockRecord* r) {
+  DetachHostLocked(r);
+  index_.Erase(r);
+}
+
+void BlockStore::ReleaseHandle(uint64_t size_bytes) {
+  absl::MutexLock l(&mu_);
+  pool_.Release(size_bytes);
+  reserved_bytes_ -= size_bytes;
+  counters_.puts_aborted++;
+}
+
+BlockRecord* BlockStore::FindIdleLocked(const BlockKey& key) {
+  BlockRecord* r = index_.Find(key);
+  while (r != nullptr && r->io_busy) {
+    io_done_.Wait(&mu_);
+    r = index_.Find(key);
+  }
+  return r;
+}
+
+bool BlockStore::ReserveDiskLocked(uint64_t bytes, IoPlan* plan) {
+  if (spill_ == nullptr || bytes > options_.disk_capacity_bytes) return false;
+  const uint64_t cap = options_.disk_capacity_bytes;
+  uint64_t committed =
+      index_.disk_bytes() + disk_reserved_bytes_ - disk_dropping_bytes_;
+  if (committed + bytes > cap) {
+    // Make room by dropping the oldest idle, unprotected disk-only blocks,
+    // but only if enough of them exist.
+    absl::Time now = clock_->Now();
+    std::vector<BlockRecord*> victims;
+    uint64_t freed = 0;
+    index_.ForEachDiskOnlyLru([&](BlockRecord* r) {
+      if (committed - freed + bytes <= cap) return false;
+      if (!r->io_busy && r->visible && !r->Protected(now)) {
+        victims.push_back(r);
+        freed += r->size_bytes;
+      }
+      return true;
+    });
+    if (committed - freed + bytes > cap) return false;
+    for (BlockRecord* r : victims) {
+      r->visible = false;
+      r->io_busy = true;
+      disk_dropping_bytes_ += r->size_bytes;
+      plan->drops.push_back({r, /*count_as_drop=*/true});
+    }
+  }
+  disk_reserved_bytes_ += bytes;
+  return true;
+}
+
+void BlockStore::PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,
+                                        IoPlan* plan, EvictResult* result) {
+  absl::Time now = clock_->Now();
+  uint64_t planned = 0;
+  index_.ForEachHostLru([&](BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (planned >= bytes) return false;
+    if (!InScope(*r, scope)) return true;
+    if (r->io_busy || !r->visible) {
+      if (result != nullptr) result->skipped_busy++;
+      return true;
+    }
+    if (r->Protected(now)) {
+      if (result != nullptr) result->skipped_pinned++;
+      return true;
+    }
+    const uint64_t size = r->size_bytes;
+    planned += size;
+    if (r->on_disk) {  // already has a disk copy: just let go of host memory
+      DetachHostLocked(r);
+    } else if (ReserveDiskLocked(size, plan)) {
+      r->io_busy = true;
+      host_spilling_bytes_ += size;
+      plan->writes.push_back({r, MetaOf(*r), r->host, /*evict_after=*/true});
+      return true;  // counted when the write finishes
+    } else {  // no room on disk: the block is dropped
+      EraseLocked(r);
+      counters_.drops++;
+    }
+    counters_.evictions++;
+    counters_.evicted_bytes += size;
+    if (result != nullptr) {
+      result->blocks++;
+      result->bytes += size;
+    }
+    return true;
+  });
+}
+
+absl::Status BlockStore::RunPlanLocked(IoPlan* plan) {
+  if (plan->empty()) return absl::OkStatus();
+  std::vector<SpillStore::BlockWrite> writes;
+  writes.reserve(plan->writes.size());
+  for (const IoPlan::Write& w : plan->writes) {
+    writes.push_back({&w.record->key, &w.meta, w.payload->view()});
+  }
+  std::vector<BlockKey> deletes;
+  deletes.reserve(plan->drops.size());
+  for (const IoPlan::Drop& d : plan->drops) deletes.push_back(d.record->key);
+
+  mu_.Unlock();
+  absl::Status s = spill_->Apply(writes, deletes, plan->sync || options_.sync_spills);
+  mu_.Lock();
+
+  absl::Time now = clock_->Now();
+  for (const IoPlan::Write& w : plan->writes) {
+    BlockRecord* r = w.record;
+    const uint64_t size = r->size_bytes;
+    r->io_busy = false;
+    disk_reserved_bytes_ -= size;
+    if (w.evict_after) host_spilling_bytes_ -= size;
+    if (!s.ok()) continue;
+    index_.SetOnDisk(r, true);
+    if (!w.evict_after) continue;
+    counters_.spills++;
+    counters_.spilled_bytes += size;
+    if (r->host != nullptr && !r->Protected(now)) {  // pinned meanwhile: keep it
+      DetachHostLocked(r);
+      counters_.evictions++;
+      counters_.evicted_bytes += size;
+      plan->evicted_blocks++;
+      plan->evicted_bytes += size;
+    }
+  }
+  for (const IoPlan::Drop& d : plan->drops) {
+    disk_dropping_bytes_ -= d.record->size_bytes;
+    if (s.ok() && d.count_as_drop) counters_.drops++;
+    // Erased even if the delete failed: the index must not serve a block it
+    // meant to remove. A surviving RocksDB entry is re-indexed (with correct,
+    // checksummed bytes) at the next Open.
+    EraseLocked(d.record);
+  }
+  io_done_.SignalAll();
+  return s;
+}
+
+absl::Status BlockStore::ReserveHostLocked(uint64_t bytes) {
+  if (bytes > pool_.capacity_bytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "block of ", bytes, " bytes exceeds the host capacity of ", pool_.capacity_bytes()));
+  }
+  for (int round = 0; round < kMaxAdmissionRounds; ++round) {
+    uint64_t to_free = pool_.BytesToFreeFor(bytes);
+    if (to_free == 0 && pool_.TryReserve(bytes)) return absl::OkStatus();
+    IoPlan plan;
+    PlanHostEvictionLocked(to_free, std::nullopt, &plan, nullptr);
+    if (plan.empty()) {
+      if (pool_.TryReserve(bytes)) return absl::OkStatus();
+      if (host_spilling_bytes_ == 0) break;
+      io_done_.Wait(&mu_);  // other threads' spills will free memory
+      continue;
+    }
+    TQ_RETURN_IF_ERROR(RunPlanLocked(&plan));
+  }
+  if (pool_.TryReserve(bytes)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "host tier full: ", pool_.used_bytes(), " of ", pool_.capacity_bytes(),
+      " bytes in use and not evictable (pinned, leased or in flight); cannot admit ", bytes));
+}
+
+// ------------------------------------------------------------------ puts
+
+absl::StatusOr<PutHandle> BlockStore::BeginPut(const BlockKey& key,
+                                               absl::string_view parent_hash,
+                                               const BlockAccounting& accounting,
+                                               uint64_t size_bytes, PutOptions options) {
+  TQ_RETURN_IF_ERROR(ValidateBlockKey(key));
+  if (!parent_hash.empty()) TQ_RETURN_IF_ERROR(ValidateBlockHash(parent_hash));
+  if (accounting.total_bytes != size_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("accounting.total_bytes (",
+                                                   accounting.total_bytes,
+                                                   ") differs from the payload size (",
+                                                   size_bytes, ")"));
+  }
+  if (options.durable && spill_ == nullptr) {
+    return absl::FailedPreconditionError("durable put requested but no disk tier is configured");
+  }
+  {
+    absl::MutexLock l(&mu_);
+    absl::Status s = ReserveHostLocked(size_bytes);
+    if (!s.ok()) {
+      if (absl::IsResourceExhausted(s)) counters_.puts_rejected++;
+      return s;
+    }
+    reserved_bytes_ += size_bytes;
+  }
+  absl::StatusOr<std::unique_ptr<HostBuffer>> buffer = HostBuffer::Allocate(size_bytes);
+  PutHandle handle;
+  handle.store_ = this;  // from here on, the handle owns the reservation
+  handle.key_ = key;
+  handle.parent_hash_ = std::string(parent_hash);
+  handle.accounting_ = accounting;
+  handle.options_ = options;
+  if (!buffer.ok()) return buffer.status();  // ~PutHandle releases the reservation
+  handle.buffer_ = *std::move(buffer);
+  return handle;
+}
+
+void BlockStore::Abort(PutHandle handle) { handle.Release(); }
+
+absl::StatusOr<CommitOutcome> BlockStore::Commit(PutHandle handle) {
+  if (handle.store_ != this) {
+    return absl::InvalidArgumentError("Commit of an invalid handle or one from another store");
+  }
+  handle.store_ = nullptr;  // this function now owns the reservation
+  const BlockKey key = std::move(handle.key_);
+  const uint64_t size = handle.accounting_.total_bytes;
+  std::shared_ptr<const HostBuffer> payload(std::move(handle.buffer_));
+  const uint64_t checksum = PayloadChecksum(payload->view());
+
+  absl::MutexLock l(&mu_);
+  // The reservation becomes the host copy, or is released.
+  reserved_bytes_ -= size;
+  BlockRecord* existing = FindIdleLocked(key);
+  if (existing != nullptr) {
+    pool_.Release(size);
+    if (existing->size_bytes != size || existing->checksum != checksum) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("block ", DebugString(key), " already holds different bytes (",
+                       existing->size_bytes, " bytes, checksum ", existing->checksum, ")"));
+    }
+    counters_.puts_already_present++;
+    index_.Touch(existing, clock_->Now());
+    if (handle.options_.durable) {
+      if (!existing->on_disk) {
+        IoPlan plan;
+        plan.sync = true;
+        if (!ReserveDiskLocked(size, &plan)) {  // plans nothing when it fails
+          return absl::ResourceExhaustedError("disk tier full: cannot make the block durable");
+        }
+        existing->io_busy = true;
+        plan.writes.push_back({existing, MetaOf(*existing), payload, /*evict_after=*/false});
+        TQ_RETURN_IF_ERROR(RunPlanLocked(&plan));
+      } else {
+        mu_.Unlock();
+        absl::Status s = spill_->SyncWal();  // the copy may come from an unsynced spill
+        mu_.Lock();
+        TQ_RETURN_IF_ERROR(s);
+      }
+    }
+    return CommitOutcome::kAlreadyPresent;
+  }
+
+  BlockRecord rec;
+  rec.key = key;
+  rec.parent_hash = std::move(handle.parent_hash_);
+  rec.accounting = handle.accounting_;
+  rec.size_bytes = size;
+  rec.checksum = checksum;
+  rec.last_access = clock_->Now();
+  if (!handle.options_.durable) {
+    rec.host = std::move(payload);
+    rec.visible = true;
+    index_.Insert(std::move(rec));
+    counters_.puts_committed++;
+    return CommitOutcome::kCommitted;
+  }
+
+  // Durable: a busy, invisible placeholder holds the key while RocksDB syncs.
+  IoPlan plan;
+  plan.sync = true;
+  if (!ReserveDiskLocked(size, &plan)) {  // plans nothing when it fails
+    pool_.Release(size);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("disk tier full: cannot write ", size, " bytes durably"));
+  }
+  rec.io_busy = true;
+  BlockRecord* r = index_.Insert(std::move(rec));
+  plan.writes.push_back({r, MetaOf(*r), payload, /*evict_after=*/false});
+  absl::Status s = RunPlanLocked(&plan);
+  if (!s.ok()) {
+    pool_.Release(size);
+    EraseLocked(r);
+    return s;
+  }
+  index_.SetHostCopy(r, std::move(payload));  // the pool already counts these bytes
+  r->visible = true;
+  counters_.puts_committed++;
+  return CommitOutcome::kCommitted;
+}
+
+absl::StatusOr<CommitOutcome> BlockStore::Put(const BlockKey& key, absl::string_view parent_hash,
+                                              const BlockAccounting& accounting,
+                                              absl::string_view payload, PutOptions options) {
+  TQ_ASSIGN_OR_RETURN(PutHandle handle,
+                      BeginPut(key, parent_hash, accounting, payload.size(), options));
+  if (!payload.empty()) std::memcpy(handle.buffer().data(), payload.data(), payload.size());
+  return Commit(std::move(handle));
+}
+
+// ----------------------------------------------------------------- reads
+
+absl::StatusOr<LookupResult> BlockStore::Lookup(absl::string_view tenant, uint64_t model_id,
+                                                absl::Span<const std::string> chain) {
+  TQ_RETURN_IF_ERROR(ValidateTenant(tenant));
+  for (const std::string& h : chain) TQ_RETURN_IF_ERROR(ValidateBlockHash(h));
+  LookupResult result;
+  result.tiers.reserve(chain.size());
+  BlockKey key{std::string(tenant), model_id, ""};
+  absl::MutexLock l(&mu_);
+  absl::Time now = clock_->Now();
+  counters_.lookups++;
+  for (const std::string& h : chain) {
+    key.block_hash = h;
+    BlockRecord* r = index_.Find(key);
+    if (r == nullptr || !r->visible) break;
+    Tier tier = r->best_tier();
+    result.tiers.push_back(tier);
+    counters_.lookup_hit_blocks[static_cast<int>(tier)]++;
+    if (options_.lookup_refreshes_lru) index_.Touch(r, now);
+  }
+  result.hits = result.tiers.size();
+  counters_.lookup_miss_blocks += chain.size() - result.hits;
+  return result;
+}
+
+absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
+  TQ_RETURN_IF_ERROR(ValidateBlockKey(key));
+  for (int attempt = 0; attempt < kMaxGetAttempts; ++attempt) {
+    BlockData data;
+    uint64_t generation = 0;
+    {
+      absl::MutexLock l(&mu_);
+      BlockRecord* r = index_.Find(key);
+      if (r == nullptr || !r->visible) {
+        counters_.get_misses++;
+        return absl::NotFoundError(absl::StrCat("no block ", DebugString(key)));
+      }
+      index_.Touch(r, clock_->Now());
+      data.parent_hash = r->parent_hash;
+      data.accounting = r->accounting;
+      data.checksum = r->checksum;
+      if (r->host != nullptr) {
+        data.payload = r->host;
+        data.tier = Tier::kHost;
+        counters_.get_hits[static_cast<int>(Tier::kHost)]++;
+        return data;
+      }
+      generation = r->generation;
+    }
+
+    // Disk-only: read and verify outside the lock.
+    absl::StatusOr<std::unique_ptr<HostBuffer>> read = spill_->ReadPayload(key);
+    if (!read.ok() && !absl::IsNotFound(read.status()) && !absl::IsDataLoss(read.status())) {
+      return read.status();  // an I/O error says nothing about the block
+    }
+    bool good = read.ok() && (*read)->size() == data.accounting.total_bytes &&
+                PayloadChecksum((*read)->view()) == data.checksum;
+
+    absl::MutexLock l(&mu_);
+    BlockRecord* r = index_.Find(key);
+    bool same = r != nullptr && r->generation == generation;
+    if (good) {
+      std::shared_ptr<const HostBuffer> payload(*std::move(read));
+      counters_.get_hits[static_cast<int>(Tier::kDisk)]++;
+      if (same && r->visible && r->host == nullptr && pool_.FitsBelowHigh(r->size_bytes) &&
+          pool_.TryReserve(r->size_bytes)) {
+        index_.SetHostCopy(r, payload);
+        counters_.promotions++;
+        counters_.promoted_bytes += r->size_bytes;
+      }
+      data.payload = std::move(payload);
+      data.tier = Tier::kDisk;
+      return data;
+    }
+    if (!same) continue;  // deleted or replaced while we read: look again
+    if (!r->visible) {
+      counters_.get_misses++;
+      return absl::NotFoundError(absl::StrCat("no block ", DebugString(key)));
+    }
+    counters_.checksum_failures++;
+    if (!r->io_busy) {
+      r->visible = false;
+      r->io_busy = true;
+      IoPlan plan;
+      plan.drops.push_back({r, /*count_as_drop=*/false});
+      disk_dropping_bytes_ += r->size_bytes;  // disk-only, so on_disk
+      // The block is gone from the index whatever the delete returns.
+      RunPlanLocked(&plan).IgnoreError();
+    }
+    return absl::DataLossError(absl::StrCat(
+        "block ", DebugString(key),
+        read.ok() ? " failed its checksum on disk" : " is missing its payload on disk",
+        "; it has been dropped"));
+  }
+  return absl::AbortedError(absl::StrCat("block ", DebugString(key),
+                                         " kept changing while being read; retry"));
+}
+
+// ------------------------------------------------------- pins and removal
+
+absl::Status BlockStore::Pin(const BlockKey& key, absl::Duration ttl) {
+  if (ttl <= absl::ZeroDuration() || ttl > options_.max_pin_ttl) {
+    return absl::InvalidArgumentError(absl::StrCat("pin ttl must be in (0, ",
+                                                   absl::FormatDuration(options_.max_pin_ttl),
+                                                   "]"));
+  }
+  absl::MutexLock l(&mu_);
+  BlockRecord* r = index_.Find(key);
+  if (r == nullptr || !r->visible) {
+    return absl::NotFoundError(absl::StrCat("no block ", DebugString(key)));
+  }
+  absl::Time now = clock_->Now();
+  if (!r->Protected(now)) {  // expired leases void earlier pins
+    r->pin_count = 0;
+    r->lease_deadline = now + ttl;
+  } else {
+    r->lease_deadline = std::max(r->lease_deadline, now + ttl);
+  }
+  r->pin_count++;
+  return absl::OkStatus();
+}
+
+absl::Status BlockStore::Unpin(const BlockKey& key) {
+  absl::MutexLock l(&mu_);
+  BlockRecord* r = index_.Find(key);
+  if (r == nullptr || !r->visible) {
+    return absl::NotFoundError(absl::StrCat("no block ", DebugString(key)));
+  }
+  if (!r->Protected(clock_->Now())) {
+    r->pin_count = 0;
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", DebugString(key), " is not pinned (or its lease expired)"));
+  }
+  if (--r->pin_count == 0) r->lease_deadline = absl::InfinitePast();
+  return absl::OkStatus();
+}
+
+absl::Status BlockStore::RemoveLocked(BlockRecord* r) {
+  DetachHostLocked(r);
+  if (!r->on_disk) {
+    EraseLocked(r);
+    return absl::OkStatus();
+  }
+  r->visible = false;
+  r->io_busy = true;
+  disk_dropping_bytes_ += r->size_bytes;
+  IoPlan plan;
+  plan.drops.push_back({r, /*count_as_drop=*/false});
+  return RunPlanLocked(&plan);
+}
+
+absl::Status BlockStore::Delete(const BlockKey& key) {
+  TQ_RETURN_IF_ERROR(ValidateBlockKey(key));
+  absl::MutexLock l(&mu_);
+  BlockRecord* r = FindIdleLocked(key);
+  if (r == nullptr || !r->visible) {
+    return absl::NotFoundError(absl::StrCat("no block ", DebugString(key)));
+  }
+  TQ_RETURN_IF_ERROR(RemoveLocked(r));
+  counters_.deletes++;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
+  if (spec.scope.has_value()) TQ_RETURN_IF_ERROR(ValidateTenant(spec.scope->tenant));
+  const uint64_t limit =
+      spec.max_bytes == 0 ? std::numeric_limits<uint64_t>::max() : spec.max_bytes;
+  EvictResult result;
+  absl::MutexLock l(&mu_);
+  IoPlan plan;
+  if (!spec.drop) {
+    PlanHostEvictionLocked(limit, spec.scope, &plan, &result);
+    absl::Status s = RunPlanLocked(&plan);
+    result.blocks += plan.evicted_blocks;
+    result.bytes += plan.evicted_bytes;
+    if (!s.ok()) return s;
+    return result;
+  }
+  absl::Time now = clock_->Now();
+  std::vector<BlockRecord*> victims;
+  index_.ForEach([&](BlockRecord* r) {
+    if (!InScope(*r, spec.scope)) return;
+    if (r->io_busy || !r->visible) {
+      result.skipped_busy++;
+    } else if (r->Protected(now)) {
+      result.skipped_pinned++;
+    } else {
+      victims.push_back(r);
+    }
+  });
+  for (BlockRecord* r : victims) {
+    if (result.bytes >= limit) break;
+    result.blocks++;
+    result.bytes += r->size_bytes;
+    DetachHostLocked(r);
+    if (r->on_disk) {
+      r->visible = false;
+      r->io_busy = true;
+      disk_dropping_bytes_ += r->size_bytes;
+      plan.drops.push_back({r, /*count_as_drop=*/true});
+    } else {
+      EraseLocked(r);
+      counters_.drops++;
+    }
+  }
+  TQ_RETURN_IF_ERROR(RunPlanLocked(&plan));
+  return result;
+}
+
+// ----------------------------------------------------------------- stats
+
+StoreStats BlockStore::Stats() {
+  StoreStats s;
+  absl::MutexLock l(&mu_);
+  s.usage = index_.Usage();
+  s.counters = counters_;
+  s.blocks = index_.size();
+  s.host_capacity_bytes = pool_.capacity_bytes();
+  s.host_high_watermark_bytes = pool_.high_bytes();
+  s.host_low_watermark_bytes = pool_.low_bytes();
+  s.host_used_bytes = pool_.used_bytes();
+  s.host_reserved_bytes = reserved_bytes_;
+  s.disk_enabled = spill_ != nullptr;
+  s.disk_capacity_bytes = spill_ != nullptr ? options_.disk_capacity_bytes : 0;
+  s.disk_used_bytes = index_.disk_bytes();
+  return s;
+}
+
+// --------------------------------------------------------- model records
+
+absl::Status BlockStore::PutModelRecord(absl::string_view tenant, uint64_t model_id,
+                                        absl::string_view record) {
+  TQ_RETURN_IF_ERROR(ValidateTenant(tenant));
+  if (spill_ != nullptr) return spill_->PutModelRecord(tenant, model_id, record);
+  absl::MutexLock l(&mu_);
+  memory_models_[{std::string(tenant), model_id}] = std::string(record);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> BlockStore::GetModelRecord(absl::string_view tenant,
+                                                       uint64_t model_id) {
+  if (spill_ != nullptr) return spill_->GetModelRecord(tenant, model_id);
+  absl::MutexLock l(&mu_);
+  auto it = memory_models_.find({std::string(tenant), model_id});
+  if (it == memory_models_.end()) return absl::NotFoundError("no such model record");
+  return it->second;
+}
+
+absl::Status BlockStore::DeleteModelRecord(absl::string_view tenant, uint64_t model_id) {
+  if (spill_ != nullptr) return spill_->DeleteModelRecord(tenant, model_id);
+  absl::MutexLock l(&mu_);
+  memory_models_.erase({std::string(tenant), model_id});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ModelRecord>> BlockStore::ListModelRecords() {
+  if (spill_ != nullptr) return spill_->ListModelRecords();
+  absl::MutexLock l(&mu_);
+  std::vector<ModelRecord> out;
+  for (const auto& [k, v] : memory_models_) out.push_back({k.first, k.second, v});
+  return out;
+}
+
+}  // namespace tqkv::storage

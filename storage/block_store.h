@@ -1,0 +1,358 @@
+// BlockStore: the storage facade the service layer codes against.
+//
+// It holds opaque block payloads keyed by (tenant, model_id, block_hash) in
+// a host-memory tier with a byte budget and, optionally, a RocksDB disk tier
+// (see spill_store.h for the on-disk layout). It knows nothing about codec
+// formats: a payload is bytes plus the BlockAccounting the caller computed.
+//
+// Life of a block
+//   BeginPut reserves host bytes and returns a PutHandle owning a writable
+//   buffer. Commit makes the block visible atomically; an aborted or
+//   destroyed uncommitted handle leaves nothing behind. Lookup and Get see a
+//   block only after Commit. When an admission would push host usage above
+//   the high watermark, least-recently-used blocks that are not pinned,
+//   leased or busy with I/O are evicted until usage (new block included) is
+//   at the low watermark: each goes to disk if the disk budget allows (the
+//   disk tier drops its own LRU blocks to make room) or is dropped. A Get of
+//   a disk-resident block verifies its checksum and promotes it back to host
+//   memory if that fits below the high watermark.
+//
+// What is durable
+//   Blocks on disk survive a restart and a process crash (kill -9): Open
+//   rebuilds the disk part of the index from RocksDB. Blocks that only live
+//   in host memory are lost on restart. PutOptions::durable writes a block
+//   to RocksDB with a synced WAL before Commit returns (it also stays in host
+//   memory). Spills are written without fsync unless Options::sync_spills:
+//   they survive a process crash but not necessarily a power loss. Deletes
+//   are not synced either: after a power loss a deleted block may come back
+//   (with its correct bytes). Model records are always synced.
+//
+// Tiers and hits
+//   A block may have copies in several tiers (a promoted block keeps its disk
+//   copy, so evicting it again costs no write). Lookup and Get report the
+//   fastest tier holding it; StoreStats::usage counts residency per tier, so
+//   a block with two copies appears under both. Tier::kGpu is reserved.
+//
+// Thread safety
+//   BlockStore is thread-safe; every method may be called concurrently. One
+//   mutex guards the index, the budgets and the counters; RocksDB reads and
+//   writes, checksums and payload copies run outside it. At most one RocksDB
+//   write or delete per key is in flight; calls that need one for a key that
+//   is busy wait for it (a few milliseconds at most). A PutHandle must be
+//   used by one thread at a time.
+#ifndef TQKV_STORAGE_BLOCK_STORE_H_
+#define TQKV_STORAGE_BLOCK_STORE_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "storage/block_index.h"
+#include "storage/block_key.h"
+#include "storage/clock.h"
+#include "storage/host_pool.h"
+#include "storage/spill_store.h"
+
+namespace tqkv::storage {
+
+struct BlockStoreOptions {
+  // Bytes of host memory for block payloads, committed and in flight.
+  // Default: 1 GiB.
+  uint64_t host_capacity_bytes = uint64_t{1} << 30;
+  // Eviction starts when an admission would take host usage above this
+  // fraction of capacity. Default: 0.90.
+  double host_high_watermark = 0.90;
+  // Eviction frees blocks until usage, counting the incoming block, is at
+  // most this fraction of capacity. Default: 0.80.
+  double host_low_watermark = 0.80;
+
+  // RocksDB directory of the disk tier. Empty: no disk tier; evicted blocks
+  // are dropped, durable puts are refused and model records live only in
+  // memory. Default: empty.
+  std::string disk_path;
+  // Bytes of payload the disk tier may hold; beyond it the disk tier drops
+  // its least-recently-used blocks. Default: 64 GiB.
+  uint64_t disk_capacity_bytes = uint64_t{64} << 30;
+  // fsync the WAL on every spill (power-loss durable spills, slower
+  // eviction). Default: false.
+  bool sync_spills = false;
+
+  // Longest lease Pin accepts. Default: 10 minutes.
+  absl::Duration max_pin_ttl = absl::Minutes(10);
+  // Whether a Lookup hit refreshes the block's LRU position (as a Get does).
+  // Default: true.
+  bool lookup_refreshes_lru = true;
+
+  // Time source for leases and LRU order. Not owned; must outlive the store.
+  // Default: null, meaning the real clock.
+  Clock* clock = nullptr;
+};
+
+struct PutOptions {
+  // Write the block to RocksDB with a synced WAL before Commit returns.
+  // Requires a disk tier. Default: false (host memory only until evicted).
+  bool durable = false;
+};
+
+class BlockStore;
+
+// A reserved, not yet visible block. Move-only. Destroying or Abort-ing a
+// handle that was not committed releases its reservation; nothing becomes
+// visible. REQUIRES: destroyed before the BlockStore that issued it.
+class PutHandle {
+ public:
+  PutHandle() = default;
+  PutHandle(PutHandle&& other) noexcept { *this = std::move(other); }
+  PutHandle& operator=(PutHandle&& other) noexcept;
+  PutHandle(const PutHandle&) = delete;
+  PutHandle& operator=(const PutHandle&) = delete;
+  ~PutHandle();
+
+  // True until committed, aborted or moved from.
+  bool valid() const { return store_ != nullptr; }
+  // The payload buffer: size_bytes() bytes, uninitialised; fill all of it.
+  // Valid while the handle is. REQUIRES: valid().
+  absl::Span<uint8_t> buffer() { return buffer_->span(); }
+  const BlockKey& key() const { return key_; }
+  uint64_t size_bytes() const { return accounting_.total_bytes; }
+
+ private:
+  friend class BlockStore;
+  void Release();
+
+  BlockStore* store_ = nullptr;  // null once committed, aborted or moved
+  BlockKey key_;
+  std::string parent_hash_;
+  BlockAccounting accounting_;
+  PutOptions options_;
+  std::unique_ptr<HostBuffer> buffer_;
+};
+
+enum class CommitOutcome {
+  kCommitted,       // the block is now visible
+  kAlreadyPresent,  // an identical block (same size and checksum) was visible
+};
+
+struct LookupResult {
+  size_t hits = 0;          // consecutive leading hashes present
+  std::vector<Tier> tiers;  // tiers[i]: fastest tier of hit i; size() == hits
+};
+
+// A block as returned by Get. The payload is shared and immutable: it stays
+// valid for as long as the caller holds it, whatever happens to the block.
+struct BlockData {
+  std::shared_ptr<const HostBuffer> payload;
+  Tier tier = Tier::kHost;  // tier it was served from
+  std::string parent_hash;
+  BlockAccounting accounting;
+  uint64_t checksum = 0;  // XXH64(payload, seed 0)
+};
+
+struct ModelScope {
+  std::string tenant;
+  uint64_t model_id = 0;
+};
+
+struct EvictSpec {
+  // Only blocks of this model; nullopt: every block. Default: nullopt.
+  std::optional<ModelScope> scope;
+  // Stop after this many payload bytes (LRU order for spills); 0: no limit.
+  // Default: 0.
+  uint64_t max_bytes = 0;
+  // false: move host copies out of host memory the way budget eviction does
+  //        (to disk if it fits, else dropped); disk copies are untouched.
+  // true:  remove matching blocks from every tier.
+  // Default: false.
+  bool drop = false;
+};
+
+struct EvictResult {
+  uint64_t blocks = 0;          // blocks moved out of host (drop=false) or removed
+  uint64_t bytes = 0;           // their payload bytes
+  uint64_t skipped_pinned = 0;  // matching blocks protected by a pin/lease
+  uint64_t skipped_busy = 0;    // matching blocks with I/O in flight
+};
+
+// Monotonic event counters.
+struct StoreCounters {
+  uint64_t lookups = 0;                                  // Lookup calls
+  std::array<uint64_t, kNumTiers> lookup_hit_blocks{};   // leading hits, by tier
+  uint64_t lookup_miss_blocks = 0;                       // queried blocks not hit
+  std::array<uint64_t, kNumTiers> get_hits{};            // Gets served, by tier
+  uint64_t get_misses = 0;                               // Gets answered NOT_FOUND
+  uint64_t puts_committed = 0;
+  uint64_t puts_already_present = 0;
+  uint64_t puts_aborted = 0;   // handles released without commit
+  uint64_t puts_rejected = 0;  // BeginPut refused for lack of host memory
+  uint64_t evictions = 0;      // blocks whose host copy was evicted
+  uint64_t evicted_bytes = 0;
+  uint64_t spills = 0;  // evictions that wrote the block to disk
+  uint64_t spilled_bytes = 0;
+  uint64_t promotions = 0;  // disk blocks copied into host memory by Get
+  uint64_t promoted_bytes = 0;
+  uint64_t drops = 0;  // blocks removed by budget pressure or Evict(drop)
+  uint64_t checksum_failures = 0;  // corrupt disk payloads or meta found
+  uint64_t deletes = 0;            // successful Delete calls
+};
+
+struct StoreStats {
+  std::vector<TierUsage> usage;  // per (tenant, model, tier) residency, sorted
+  StoreCounters counters;
+  uint64_t blocks = 0;  // blocks in the index (visible, committing or deleting)
+  uint64_t host_capacity_bytes = 0;
+  uint64_t host_high_watermark_bytes = 0;
+  uint64_t host_low_watermark_bytes = 0;
+  uint64_t host_used_bytes = 0;      // host copies + reservations
+  uint64_t host_reserved_bytes = 0;  // reservations of uncommitted puts
+  bool disk_enabled = false;
+  uint64_t disk_capacity_bytes = 0;
+  uint64_t disk_used_bytes = 0;  // payload bytes of blocks on disk
+};
+
+class BlockStore {
+ public:
+  // Validates options (INVALID_ARGUMENT), opens the disk tier if configured
+  // and indexes every block found there (payload checksums are verified
+  // lazily on Get; entries with corrupt meta are deleted and counted as
+  // checksum failures). Disk open errors are returned as mapped statuses.
+  static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const BlockStoreOptions& options);
+
+  // REQUIRES: no PutHandle of this store is alive and no call is running.
+  ~BlockStore();
+  BlockStore(const BlockStore&) = delete;
+  BlockStore& operator=(const BlockStore&) = delete;
+
+  // Reserves size_bytes of host memory and returns a handle to fill.
+  // parent_hash is empty or a valid block hash.
+  // INVALID_ARGUMENT: bad key/parent, accounting.total_bytes != size_bytes.
+  // FAILED_PRECONDITION: options.durable without a disk tier.
+  // RESOURCE_EXHAUSTED: the block cannot fit even after evicting everything
+  //   evictable (the rest is pinned, leased or in flight), or is larger than
+  //   the host capacity. The budget is never exceeded.
+  // Other codes: a disk error while spilling victims.
+  absl::StatusOr<PutHandle> BeginPut(const BlockKey& key, absl::string_view parent_hash,
+                                     const BlockAccounting& accounting, uint64_t size_bytes,
+                                     PutOptions options = {});
+
+  // Makes the handle's block visible and consumes the handle (whatever the
+  // result). If a block with the same key is already visible:
+  //   same size and checksum -> kAlreadyPresent (the new bytes are dropped;
+  //     with durable=true the existing block is made durable first);
+  //   otherwise -> ALREADY_EXISTS; the visible block is unchanged.
+  // Concurrent commits of one key are serialised: exactly one returns
+  // kCommitted. INVALID_ARGUMENT for an invalid handle; disk errors for
+  // durable puts (nothing becomes visible then).
+  absl::StatusOr<CommitOutcome> Commit(PutHandle handle);
+
+  // Releases an uncommitted handle (same as destroying it). No-op if invalid.
+  void Abort(PutHandle handle);
+
+  // BeginPut + copy + Commit in one call.
+  absl::StatusOr<CommitOutcome> Put(const BlockKey& key, absl::string_view parent_hash,
+                                    const BlockAccounting& accounting,
+                                    absl::string_view payload, PutOptions options = {});
+
+  // Counts the consecutive leading hashes of `chain` that are visible blocks
+  // of (tenant, model_id) and reports each hit's tier. Updates lookup
+  // counters. INVALID_ARGUMENT for a bad tenant or hash.
+  absl::StatusOr<LookupResult> Lookup(absl::string_view tenant, uint64_t model_id,
+                                      absl::Span<const std::string> chain);
+
+  // The exact committed bytes of `key`.
+  // NOT_FOUND: no visible block. DATA_LOSS: the disk copy failed its
+  //   checksum (or vanished); the block has been removed from the store.
+  // Other codes: disk read errors (the block is kept).
+  absl::StatusOr<BlockData> Get(const BlockKey& key);
+
+  // Adds a pin whose lease ends at Now() + ttl (extending, never shortening,
+  // the block's lease). A block with a pin and an unexpired lease is never
+  // evicted or dropped for budget; once the lease expires, all its pins are
+  // void. Evict skips protected blocks; Delete removes them regardless.
+  // INVALID_ARGUMENT: ttl <= 0 or > max_pin_ttl. NOT_FOUND: no visible block.
+  absl::Status Pin(const BlockKey& key, absl::Duration ttl);
+  // Removes one pin. FAILED_PRECONDITION if the block has no live pin (never
+  // pinned, all unpinned, or lease expired). NOT_FOUND: no visible block.
+  absl::Status Unpin(const BlockKey& key);
+
+  // Removes the block from every tier. NOT_FOUND if not visible. Readers
+  // holding its payload keep it.
+  absl::Status Delete(const BlockKey& key);
+
+  // Administrative eviction; see EvictSpec. Disk errors are returned.
+  absl::StatusOr<EvictResult> Evict(const EvictSpec& spec);
+
+  // A consistent snapshot of usage, budgets and counters.
+  StoreStats Stats();
+
+  // Model registration records: opaque bytes per (tenant, model_id), synced
+  // to the "models" column family (or kept in memory without a disk tier).
+  // Get: NOT_FOUND if absent. List: ordered by (tenant, model_id).
+  absl::Status PutModelRecord(absl::string_view tenant, uint64_t model_id,
+                              absl::string_view record);
+  absl::StatusOr<std::string> GetModelRecord(absl::string_view tenant, uint64_t model_id);
+  absl::Status DeleteModelRecord(absl::string_view tenant, uint64_t model_id);
+  absl::StatusOr<std::vector<ModelRecord>> ListModelRecords();
+
+  // The disk tier (null without one), to corrupt entries in tests.
+  SpillStore* SpillStoreForTest() { return spill_.get(); }
+
+ private:
+  friend class PutHandle;  // releases reservations of dropped handles
+  struct IoPlan;
+
+  BlockStore(const BlockStoreOptions& options, std::unique_ptr<SpillStore> spill);
+  absl::Status LoadFromDisk();
+
+  void ReleaseHandle(uint64_t size_bytes);
+  absl::Status ReserveHostLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Plans moving up to `bytes` of unprotected, idle host copies out of host
+  // memory, oldest first, restricted to `scope` if set.
+  void PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,
+                              IoPlan* plan, EvictResult* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves disk room for `bytes`, planning disk-only LRU drops as needed.
+  // Returns false, having planned nothing, if even those cannot make room.
+  bool ReserveDiskLocked(uint64_t bytes, IoPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the plan's RocksDB batch with mu_ released, then applies its
+  // outcome to the index. Returns the I/O status.
+  absl::Status RunPlanLocked(IoPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DetachHostLocked(BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLocked(BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until no I/O is in flight for `key`; returns its record or null.
+  BlockRecord* FindIdleLocked(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a visible, idle disk-resident block from the index and RocksDB.
+  absl::Status RemoveLocked(BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const BlockStoreOptions options_;
+  std::unique_ptr<Clock> owned_clock_;  // set when options_.clock is null
+  Clock* const clock_;
+  const std::unique_ptr<SpillStore> spill_;  // null without a disk tier
+
+  absl::Mutex mu_;
+  absl::CondVar io_done_;  // signalled whenever a RocksDB batch finishes
+  BlockIndex index_ ABSL_GUARDED_BY(mu_);
+  HostPool pool_ ABSL_GUARDED_BY(mu_);
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;        // held by uncommitted puts
+  uint64_t host_spilling_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // host copies being spilled
+  uint64_t disk_reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // disk writes in flight
+  uint64_t disk_dropping_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // disk deletes in flight
+  StoreCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Model records when there is no disk tier.
+  std::map<std::pair<std::string, uint64_t>, std::string> memory_models_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tqkv::storage
+
+#endif  // TQKV_STORAGE_BLOCK_STORE_H_

@@ -1,0 +1,293 @@
+// BlockStore with its RocksDB tier: spills at the watermark, hits served from
+// disk, promotion, restart, durability, corruption, the disk budget.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "storage/block_store.h"
+#include "storage/test_util.h"
+
+namespace tqkv::storage {
+namespace {
+
+constexpr int kHost = static_cast<int>(Tier::kHost);
+constexpr int kDisk = static_cast<int>(Tier::kDisk);
+
+BlockKey Key(int i, std::string tenant = "acme", uint64_t model = 7) {
+  return {std::move(tenant), model, "h" + std::to_string(i)};
+}
+
+std::vector<std::string> Chain(int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back(Key(i).block_hash);
+  return out;
+}
+
+class BlockStoreDiskTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<BlockStore> OpenStore(uint64_t host = 1000, uint64_t disk = 1 << 20) {
+    BlockStoreOptions o;
+    o.host_capacity_bytes = host;
+    o.disk_path = dir_.path();
+    o.disk_capacity_bytes = disk;
+    o.clock = &clock_;
+    auto store = BlockStore::Open(o);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  absl::StatusOr<CommitOutcome> PutBlock(BlockStore& s, const BlockKey& k, size_t size = 100,
+                                         PutOptions opts = {}) {
+    clock_.Advance(absl::Seconds(1));  // distinct access times: deterministic LRU
+    return s.Put(k, "parent-" + k.block_hash, TestAccounting(size), TestPayload(k, size), opts);
+  }
+
+  void ExpectBlock(BlockStore& s, const BlockKey& k, Tier tier, size_t size = 100) {
+    auto got = s.Get(k);
+    ASSERT_TRUE(got.ok()) << DebugString(k) << ": " << got.status();
+    EXPECT_EQ(got->payload->view(), TestPayload(k, size)) << DebugString(k);
+    EXPECT_EQ(got->tier, tier) << DebugString(k);
+    EXPECT_EQ(got->parent_hash, "parent-" + k.block_hash);
+    EXPECT_EQ(got->accounting, TestAccounting(size));
+  }
+
+  TempDir dir_;
+  FakeClock clock_;
+};
+
+TEST_F(BlockStoreDiskTest, EvictionSpillsAndHitsAreServedFromDisk) {
+  auto s = OpenStore();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+  StoreStats st = s->Stats();
+  EXPECT_EQ(st.counters.evictions, 2u);
+  EXPECT_EQ(st.counters.spills, 2u);
+  EXPECT_EQ(st.counters.spilled_bytes, 200u);
+  EXPECT_EQ(st.counters.drops, 0u);
+  EXPECT_EQ(st.host_used_bytes, 800u);
+  EXPECT_EQ(st.disk_used_bytes, 200u);
+  EXPECT_TRUE(s->SpillStoreForTest()->HasPayloadForTest(Key(0)));
+  EXPECT_FALSE(s->SpillStoreForTest()->HasPayloadForTest(Key(2)));
+
+  auto r = s->Lookup("acme", 7, Chain(10));
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->hits, 10u);
+  EXPECT_EQ(r->tiers[0], Tier::kDisk);
+  EXPECT_EQ(r->tiers[1], Tier::kDisk);
+  for (int i = 2; i < 10; ++i) EXPECT_EQ(r->tiers[i], Tier::kHost) << i;
+  st = s->Stats();
+  EXPECT_EQ(st.counters.lookup_hit_blocks[kDisk], 2u);
+  EXPECT_EQ(st.counters.lookup_hit_blocks[kHost], 8u);
+
+  // Get from disk: exact bytes, then promoted (800 + 100 <= 900).
+  ExpectBlock(*s, Key(0), Tier::kDisk);
+  st = s->Stats();
+  EXPECT_EQ(st.counters.get_hits[kDisk], 1u);
+  EXPECT_EQ(st.counters.promotions, 1u);
+  EXPECT_EQ(st.host_used_bytes, 900u);
+  ExpectBlock(*s, Key(0), Tier::kHost);
+  // Promoted block keeps its disk copy: counted in both tiers.
+  ASSERT_EQ(st.usage.size(), 2u);
+  EXPECT_EQ(st.usage[0].tier, Tier::kHost);
+  EXPECT_EQ(st.usage[0].blocks, 9u);
+  EXPECT_EQ(st.usage[1].tier, Tier::kDisk);
+  EXPECT_EQ(st.usage[1].blocks, 2u);
+  EXPECT_EQ(st.usage[1].accounting.dense_equivalent_bytes, 800u);
+  // Host is at the high watermark now: block 1 is served but not promoted.
+  ExpectBlock(*s, Key(1), Tier::kDisk);
+  EXPECT_EQ(s->Stats().counters.promotions, 1u);
+  EXPECT_EQ(s->Stats().counters.get_hits[kHost], 1u);
+}
+
+TEST_F(BlockStoreDiskTest, ReEvictingAPromotedBlockNeedsNoWrite) {
+  auto s = OpenStore();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(s->Get(Key(0)).ok());  // promoted, youngest
+  auto ev = s->Evict({.scope = ModelScope{"acme", 7}});
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ(ev->blocks, 9u);
+  StoreStats st = s->Stats();
+  EXPECT_EQ(st.counters.spills, 2u + 8u);  // block 0 was not written again
+  EXPECT_EQ(st.host_used_bytes, 0u);
+  EXPECT_EQ(st.disk_used_bytes, 1000u);
+  for (int i = 0; i < 10; ++i) ExpectBlock(*s, Key(i), Tier::kDisk);
+}
+
+TEST_F(BlockStoreDiskTest, RestartFindsEverySpilledBlock) {
+  {
+    auto s = OpenStore(1000);
+    for (int i = 0; i < 25; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+    ASSERT_TRUE(PutBlock(*s, Key(0, "other", 9), 333).ok());
+    ASSERT_TRUE(s->Evict({}).ok());  // spill everything still in host
+    EXPECT_EQ(s->Stats().host_used_bytes, 0u);
+  }
+  auto s = OpenStore(1000);
+  StoreStats st = s->Stats();
+  EXPECT_EQ(st.blocks, 26u);
+  EXPECT_EQ(st.disk_used_bytes, 2500u + 333u);
+  EXPECT_EQ(st.host_used_bytes, 0u);
+  auto r = s->Lookup("acme", 7, Chain(25));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->hits, 25u);
+  for (Tier t : r->tiers) EXPECT_EQ(t, Tier::kDisk);
+  for (int i = 0; i < 25; ++i) {
+    auto got = s->Get(Key(i));
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
+    EXPECT_EQ(got->payload->view(), TestPayload(Key(i), 100)) << i;
+    EXPECT_EQ(got->parent_hash, "parent-" + Key(i).block_hash);
+    EXPECT_EQ(got->accounting, TestAccounting(100));
+  }
+  auto got = s->Get(Key(0, "other", 9));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->payload->view(), TestPayload(Key(0, "other", 9), 333));
+}
+
+TEST_F(BlockStoreDiskTest, DurablePutsSurviveRestartAndPlainPutsDoNot) {
+  {
+    auto s = OpenStore(1 << 20);
+    ASSERT_EQ(*PutBlock(*s, Key(1), 100, {.durable = true}), CommitOutcome::kCommitted);
+    ASSERT_TRUE(PutBlock(*s, Key(2)).ok());
+    // Re-committing an identical host-only block durably writes it through.
+    ASSERT_EQ(*PutBlock(*s, Key(2), 100, {.durable = true}), CommitOutcome::kAlreadyPresent);
+    ASSERT_TRUE(PutBlock(*s, Key(3)).ok());
+    StoreStats st = s->Stats();
+    EXPECT_EQ(st.disk_used_bytes, 200u);
+    EXPECT_EQ(st.host_used_bytes, 300u);
+    ExpectBlock(*s, Key(1), Tier::kHost);  // write-through keeps the host copy
+  }
+  auto s = OpenStore(1 << 20);
+  ExpectBlock(*s, Key(1), Tier::kDisk);
+  ExpectBlock(*s, Key(2), Tier::kDisk);
+  EXPECT_EQ(s->Get(Key(3)).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BlockStoreDiskTest, CorruptPayloadGivesDataLossAndDropsTheBlock) {
+  auto s = OpenStore();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+  ASSERT_EQ(s->Lookup("acme", 7, Chain(2))->tiers, (std::vector<Tier>{Tier::kDisk, Tier::kDisk}));
+  // Same length, one byte flipped; and a truncated payload.
+  std::string bad = TestPayload(Key(0), 100);
+  bad[50] ^= 1;
+  ASSERT_TRUE(s->SpillStoreForTest()->OverwritePayloadForTest(Key(0), bad).ok());
+  ASSERT_TRUE(s->SpillStoreForTest()->OverwritePayloadForTest(Key(1), "short").ok());
+
+  for (int i : {0, 1}) {
+    auto got = s->Get(Key(i));
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << i;
+    EXPECT_EQ(s->Get(Key(i)).status().code(), absl::StatusCode::kNotFound) << i;
+    EXPECT_FALSE(s->SpillStoreForTest()->HasPayloadForTest(Key(i))) << i;
+  }
+  StoreStats st = s->Stats();
+  EXPECT_EQ(st.counters.checksum_failures, 2u);
+  EXPECT_EQ(st.counters.promotions, 0u);
+  EXPECT_EQ(st.disk_used_bytes, 0u);
+  EXPECT_EQ(st.blocks, 8u);
+  EXPECT_EQ(s->Lookup("acme", 7, Chain(10))->hits, 0u);
+  // The dropped key can be stored again.
+  ASSERT_EQ(*PutBlock(*s, Key(0)), CommitOutcome::kCommitted);
+  ExpectBlock(*s, Key(0), Tier::kHost);
+}
+
+TEST_F(BlockStoreDiskTest, CorruptionFoundAfterRestartToo) {
+  {
+    auto s = OpenStore();
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+    ASSERT_TRUE(s->Evict({}).ok());
+    ASSERT_TRUE(s->SpillStoreForTest()->OverwritePayloadForTest(Key(1), std::string(100, 'x')).ok());
+    ASSERT_TRUE(s->SpillStoreForTest()->OverwriteMetaForTest(Key(2), "not a meta").ok());
+  }
+  auto s = OpenStore();
+  StoreStats st = s->Stats();
+  EXPECT_EQ(st.blocks, 2u);  // block 2's meta is unreadable: not indexed
+  EXPECT_EQ(st.counters.checksum_failures, 1u);
+  EXPECT_FALSE(s->SpillStoreForTest()->HasPayloadForTest(Key(2)));
+  ExpectBlock(*s, Key(0), Tier::kDisk);
+  EXPECT_EQ(s->Get(Key(1)).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s->Stats().counters.checksum_failures, 2u);
+}
+
+TEST_F(BlockStoreDiskTest, DiskBudgetDropsOldestDiskBlocks) {
+  auto s = OpenStore(/*host=*/1000, /*disk=*/300);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+    ASSERT_LE(s->Stats().disk_used_bytes, 300u) << i;
+    ASSERT_LE(s->Stats().host_used_bytes, 900u) << i;
+  }
+  StoreStats st = s->Stats();
+  // 20 blocks: 8 in host, 3 on disk, the rest dropped oldest first.
+  EXPECT_EQ(st.host_used_bytes, 800u);
+  EXPECT_EQ(st.disk_used_bytes, 300u);
+  EXPECT_EQ(st.counters.evictions, 12u);
+  EXPECT_EQ(st.counters.drops, 9u);
+  EXPECT_EQ(st.blocks, 11u);
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(s->Get(Key(i)).status().code(), absl::StatusCode::kNotFound) << i;
+    EXPECT_FALSE(s->SpillStoreForTest()->HasPayloadForTest(Key(i))) << i;
+  }
+  for (int i = 9; i < 12; ++i) ExpectBlock(*s, Key(i), Tier::kDisk);
+}
+
+TEST_F(BlockStoreDiskTest, PinnedDiskBlocksAreNotDroppedForSpace) {
+  auto s = OpenStore(/*host=*/1000, /*disk=*/200);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());  // 0,1 on disk
+  ASSERT_TRUE(s->Pin(Key(0), absl::Seconds(60)).ok());
+  ASSERT_TRUE(s->Pin(Key(1), absl::Seconds(60)).ok());
+  ASSERT_TRUE(PutBlock(*s, Key(10)).ok());
+  ASSERT_TRUE(PutBlock(*s, Key(11)).ok());  // evicts 2,3: no disk room, so dropped
+  StoreStats st = s->Stats();
+  EXPECT_EQ(st.disk_used_bytes, 200u);
+  EXPECT_EQ(st.counters.drops, 2u);
+  ExpectBlock(*s, Key(0), Tier::kDisk);
+  EXPECT_EQ(s->Get(Key(2)).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BlockStoreDiskTest, DeleteAndDropEvictionRemoveDiskCopies) {
+  auto s = OpenStore();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+  ASSERT_TRUE(PutBlock(*s, Key(0, "acme", 8)).ok());
+  ASSERT_TRUE(s->Delete(Key(0)).ok());
+  EXPECT_FALSE(s->SpillStoreForTest()->HasPayloadForTest(Key(0)));
+  EXPECT_EQ(s->Get(Key(0)).status().code(), absl::StatusCode::kNotFound);
+  auto ev = s->Evict({.scope = ModelScope{"acme", 7}, .drop = true});
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ(ev->blocks, 9u);
+  EXPECT_FALSE(s->SpillStoreForTest()->HasPayloadForTest(Key(1)));
+  StoreStats st = s->Stats();
+  EXPECT_EQ(st.disk_used_bytes, 0u);
+  EXPECT_EQ(st.blocks, 1u);
+  s.reset();
+  s = OpenStore();
+  EXPECT_EQ(s->Stats().blocks, 0u);  // nothing deleted comes back
+}
+
+TEST_F(BlockStoreDiskTest, ModelRecordsSurviveRestart) {
+  {
+    auto s = OpenStore();
+    ASSERT_TRUE(s->PutModelRecord("acme", 7, "layout v1").ok());
+    ASSERT_TRUE(s->PutModelRecord("beta", 1, "layout v2").ok());
+  }
+  auto s = OpenStore();
+  EXPECT_EQ(*s->GetModelRecord("acme", 7), "layout v1");
+  auto list = s->ListModelRecords();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[1].tenant, "beta");
+  EXPECT_EQ((*list)[1].record, "layout v2");
+}
+
+TEST_F(BlockStoreDiskTest, PinnedBlockSpillingKeepsItsHostCopy) {
+  // A block pinned after being chosen for eviction is not released; covered
+  // deterministically here by pinning before eviction and checking the host
+  // copy and disk state.
+  auto s = OpenStore();
+  for (int i = 0; i < 9; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+  ASSERT_TRUE(s->Pin(Key(0), absl::Seconds(60)).ok());
+  ASSERT_TRUE(PutBlock(*s, Key(9)).ok());
+  ExpectBlock(*s, Key(0), Tier::kHost);
+  EXPECT_EQ(s->Lookup("acme", 7, Chain(3))->tiers,
+            (std::vector<Tier>{Tier::kHost, Tier::kDisk, Tier::kDisk}));
+}
+
+}  // namespace
+}  // namespace tqkv::storage
