@@ -18,7 +18,8 @@ done
 echo "$out" | head -4 | sort -g -c || fail "centroids not ascending"
 
 "$TQKV" codebook --dim 4 --bits 2 >/dev/null 2>&1 && fail "dim 4 must be rejected"
-"$TQKV" codebook --dim 128 --bits 7 2>&1 | grep -q "unsupported codebook bits 7" || fail "bits 7 message"
+msg=$("$TQKV" codebook --dim 128 --bits 7 2>&1) && fail "bits 7 must be rejected"
+echo "$msg" | grep -q "unsupported codebook bits 7" || fail "bits 7 message: $msg"
 
 fmt=$("$TQKV" formats --dim 128)
 echo "$fmt" | grep -E '^k4v4 +68 +68 +3.76x' >/dev/null || fail "k4v4 row: $fmt"
