@@ -25,7 +25,9 @@
 //   memory). Spills are written without fsync unless Options::sync_spills:
 //   they survive a process crash but not necessarily a power loss. Deletes
 //   are not synced either: after a power loss a deleted block may come back
-//   (with its correct bytes). Model records are always synced.
+//   (with its correct bytes). Model records are always synced. Pins, leases
+//   and LRU order are not persisted: after a restart no block is pinned and
+//   disk blocks age in key order.
 //
 // Tiers and hits
 //   A block may have copies in several tiers (a promoted block keeps its disk
@@ -37,9 +39,9 @@
 //   BlockStore is thread-safe; every method may be called concurrently. One
 //   mutex guards the index, the budgets and the counters; RocksDB reads and
 //   writes, checksums and payload copies run outside it. At most one RocksDB
-//   write or delete per key is in flight; calls that need one for a key that
-//   is busy wait for it (a few milliseconds at most). A PutHandle must be
-//   used by one thread at a time.
+//   write or delete per key is in flight; Commit and Delete of a key that is
+//   busy wait for that one write to finish. A PutHandle must be used by one
+//   thread at a time. No background threads: all work runs in the callers.
 #ifndef TQKV_STORAGE_BLOCK_STORE_H_
 #define TQKV_STORAGE_BLOCK_STORE_H_
 

@@ -276,10 +276,7 @@ TEST_F(BlockStoreDiskTest, ModelRecordsSurviveRestart) {
   EXPECT_EQ((*list)[1].record, "layout v2");
 }
 
-TEST_F(BlockStoreDiskTest, PinnedBlockSpillingKeepsItsHostCopy) {
-  // A block pinned after being chosen for eviction is not released; covered
-  // deterministically here by pinning before eviction and checking the host
-  // copy and disk state.
+TEST_F(BlockStoreDiskTest, PinnedOldestBlockStaysInHostWhileYoungerOnesSpill) {
   auto s = OpenStore();
   for (int i = 0; i < 9; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
   ASSERT_TRUE(s->Pin(Key(0), absl::Seconds(60)).ok());
