@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what is missing and starts tqkv-server on its embedded defaults:
+# gRPC on 0.0.0.0:50051, Prometheus /metrics on 0.0.0.0:9464, RocksDB spill
+# under ./data, the CUDA backend when a GPU is usable, else the CPU backend.
+# Extra arguments go to the server (e.g. --listen 127.0.0.1:6000);
+# `tools/serve.sh --help` lists every flag.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+echo "tqkv: building the server (first build takes a few minutes)..." >&2
+bazel build -c opt //service:tqkv-server >&2
+exec "$(bazel info -c opt bazel-bin 2>/dev/null)/service/tqkv-server" "$@"
