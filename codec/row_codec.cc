@@ -55,7 +55,11 @@ float DecodeRotated(const RowCodec::Group& g, const uint8_t* row, float* yhat) {
     for (int i = 0; i < n; ++i) {
       float sign = s[i] ? gamma : -gamma;
       const float* srow = &g.qjl[static_cast<size_t>(i) * n];
-      for (int j = 0; j < n; ++j) yhat[j] += sign * srow[j];
+      if (n % 8 == 0) {
+        simd::Axpy(sign, srow, yhat, n);
+      } else {
+        for (int j = 0; j < n; ++j) yhat[j] += sign * srow[j];
+      }
     }
   }
   return LoadNorm(g, row);
@@ -128,6 +132,9 @@ absl::StatusOr<std::unique_ptr<RowCodec>> RowCodec::Create(const ComponentSpec& 
       SplitMixStream rng(QjlSeed(key.model_seed, key.component, static_cast<int>(gi)));
       g.qjl.resize(static_cast<size_t>(n) * n);
       for (float& s : g.qjl) s = static_cast<float>(rng.NextGaussian());
+      g.qjl_t.resize(g.qjl.size());
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j) g.qjl_t[static_cast<size_t>(j) * n + i] = g.qjl[static_cast<size_t>(i) * n + j];
       g.qjl_scale = static_cast<float>(std::sqrt(std::numbers::pi / 2) / n);
     }
     codec->query_state_size_ += n * (g.layout.qjl ? 2 : 1);
@@ -182,11 +189,17 @@ void RowCodec::Encode(const float* x, uint8_t* row) const {
         StoreF32(row + g.layout.residual_offset, gamma);
       }
       uint8_t s[kMaxDim];
-      for (int i = 0; i < n; ++i) {
-        const float* srow = &g.qjl[static_cast<size_t>(i) * n];
-        float acc = 0.0f;
-        for (int j = 0; j < n; ++j) acc = std::fma(srow[j], buf[j], acc);
-        s[i] = acc >= 0.0f;
+      if (vec) {
+        float z[kMaxDim];
+        simd::MatVecTransposed(g.qjl_t.data(), buf, z, n);
+        for (int i = 0; i < n; ++i) s[i] = z[i] >= 0.0f;
+      } else {
+        for (int i = 0; i < n; ++i) {
+          const float* srow = &g.qjl[static_cast<size_t>(i) * n];
+          float acc = 0.0f;
+          for (int j = 0; j < n; ++j) acc = std::fma(srow[j], buf[j], acc);
+          s[i] = acc >= 0.0f;
+        }
       }
       PackBits(s, n, 1, row + g.layout.sign_offset);
     }

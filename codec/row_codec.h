@@ -53,6 +53,7 @@ class RowCodec {
     Rotation rotation;
     const Codebook* codebook = nullptr;
     std::vector<float> qjl;     // g×g row-major, QJL only
+    std::vector<float> qjl_t;   // its transpose (for the vectorised sketch)
     float qjl_scale = 0;        // √(π/2)/g
   };
 

@@ -130,6 +130,27 @@ inline void Scale(const float* x, float c, float* out, int n) {
   for (int j = 0; j < n; j += 8) _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), cv));
 }
 
+// out[j] += a * x[j] for n a multiple of 8 (fused; used where the contract
+// is a tolerance, not bits: decoding QJL corrections).
+inline void Axpy(float a, const float* x, float* out, int n) {
+  const __m256 av = _mm256_set1_ps(a);
+  for (int j = 0; j < n; j += 8)
+    _mm256_storeu_ps(out + j, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + j), _mm256_loadu_ps(out + j)));
+}
+
+// z_i = Σ_j m_t[j·n + i] · r_j for i < n (n a multiple of 8), each z_i
+// accumulated with fmaf in ascending j from 0 — the canonical QJL sketch
+// order — eight rows at a time from the transposed matrix m_t.
+inline void MatVecTransposed(const float* m_t, const float* r, float* z, int n) {
+  for (int i = 0; i < n; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = 0; j < n; ++j)
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(m_t + static_cast<size_t>(j) * n + i),
+                            _mm256_set1_ps(r[j]), acc);
+    _mm256_storeu_ps(z + i, acc);
+  }
+}
+
 }  // namespace tqkv::simd
 
 #endif  // TQKV_CODEC_SIMD_H_

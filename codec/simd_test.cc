@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -55,6 +56,20 @@ TEST(Simd, QuantizeMatchesNearestIndex) {
     for (int j = 0; j < 128; ++j)
       b[j] = NearestIndex(cb->boundaries_f.data(), cb->boundaries_f.size(), y[j]);
     EXPECT_EQ(a, b) << bits;
+  }
+}
+
+TEST(Simd, MatVecTransposedMatchesSequentialFma) {
+  for (int n : {32, 64, 96}) {
+    std::vector<float> m = Random(n * n, n), r = Random(n, n + 1), mt(n * n), z(n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) mt[j * n + i] = m[i * n + j];
+    simd::MatVecTransposed(mt.data(), r.data(), z.data(), n);
+    for (int i = 0; i < n; ++i) {
+      float acc = 0.0f;
+      for (int j = 0; j < n; ++j) acc = std::fma(m[i * n + j], r[j], acc);
+      ASSERT_EQ(0, std::memcmp(&acc, &z[i], 4)) << "n=" << n << " i=" << i;
+    }
   }
 }
 
