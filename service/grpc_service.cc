@@ -1,0 +1,216 @@
+#include "service/grpc_service.h"
+
+#include <memory>
+#include <utility>
+
+namespace tqkv::service {
+namespace {
+
+// Runs a unary call: fn(identity) -> StatusOr<Resp>.
+template <typename Resp, typename Fn>
+grpc::ServerUnaryReactor* Unary(const RpcEnv* env, const char* method,
+                                grpc::CallbackServerContext* ctx, Resp* resp, Fn fn) {
+  RpcScope scope(*env, method, ctx);
+  absl::Status s = scope.identity().status();
+  if (s.ok()) {
+    absl::StatusOr<Resp> r = fn(*scope.identity());
+    if (r.ok()) {
+      *resp = std::move(*r);
+    } else {
+      s = r.status();
+    }
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(scope.Finish(s));
+  return reactor;
+}
+
+class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
+ public:
+  PutReactor(KvService* service, const RpcEnv* env, grpc::CallbackServerContext* ctx,
+             v1::PutBlocksResponse* resp)
+      : scope_(*env, "PutBlocks", ctx), ctx_(ctx), resp_(resp) {
+    if (!scope_.identity().ok()) {
+      Done(scope_.identity().status());
+      return;
+    }
+    session_ = service->NewPutSession(*scope_.identity());
+    StartRead(&msg_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // end of the client's stream, or the call was cancelled
+      if (ctx_->IsCancelled()) {
+        Done(absl::CancelledError("PutBlocks stream cancelled; nothing committed"));
+        return;
+      }
+      absl::StatusOr<v1::PutBlocksResponse> r = session_->Finish();
+      if (r.ok()) *resp_ = std::move(*r);
+      Done(r.status());
+      return;
+    }
+    absl::Status s = session_->OnMessage(msg_);
+    if (!s.ok()) {
+      Done(s);
+      return;
+    }
+    StartRead(&msg_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Done(const absl::Status& s) {
+    session_.reset();  // releases uncommitted reservations before replying
+    Finish(scope_.Finish(s));
+  }
+
+  RpcScope scope_;
+  grpc::CallbackServerContext* const ctx_;
+  v1::PutBlocksResponse* const resp_;
+  std::unique_ptr<PutSession> session_;
+  v1::PutBlocksRequest msg_;
+};
+
+class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> {
+ public:
+  GetReactor(KvService* service, const RpcEnv* env, grpc::CallbackServerContext* ctx,
+             const v1::GetBlocksRequest* req)
+      : service_(service), scope_(*env, "GetBlocks", ctx) {
+    if (!scope_.identity().ok()) {
+      Done(scope_.identity().status());
+      return;
+    }
+    absl::StatusOr<GetPlan> plan = service->PrepareGet(*scope_.identity(), *req);
+    if (!plan.ok()) {
+      Done(plan.status());
+      return;
+    }
+    plan_ = std::move(*plan);
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Done(absl::CancelledError("GetBlocks stream broken by the client"));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (next_ == plan_.blocks.size()) {
+      Done(absl::OkStatus());
+      return;
+    }
+    absl::StatusOr<v1::GetBlocksResponse> r = service_->RenderGet(plan_, next_);
+    if (!r.ok()) {
+      Done(r.status());
+      return;
+    }
+    plan_.blocks[next_].payload.reset();  // sent: let the bytes go
+    ++next_;
+    out_ = std::move(*r);
+    StartWrite(&out_);
+  }
+
+  void Done(const absl::Status& s) { Finish(scope_.Finish(s)); }
+
+  KvService* const service_;
+  RpcScope scope_;
+  GetPlan plan_;
+  size_t next_ = 0;
+  v1::GetBlocksResponse out_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KvStoreHandler::RegisterModel(grpc::CallbackServerContext* ctx,
+                                                        const v1::RegisterModelRequest* req,
+                                                        v1::RegisterModelResponse* resp) {
+  return Unary(env_, "RegisterModel", ctx, resp,
+               [&](const Identity& id) { return service_->RegisterModel(id, *req); });
+}
+
+grpc::ServerReadReactor<v1::PutBlocksRequest>* KvStoreHandler::PutBlocks(
+    grpc::CallbackServerContext* ctx, v1::PutBlocksResponse* resp) {
+  return new PutReactor(service_, env_, ctx, resp);
+}
+
+grpc::ServerUnaryReactor* KvStoreHandler::Lookup(grpc::CallbackServerContext* ctx,
+                                                 const v1::LookupRequest* req,
+                                                 v1::LookupResponse* resp) {
+  return Unary(env_, "Lookup", ctx, resp,
+               [&](const Identity& id) { return service_->Lookup(id, *req); });
+}
+
+grpc::ServerWriteReactor<v1::GetBlocksResponse>* KvStoreHandler::GetBlocks(
+    grpc::CallbackServerContext* ctx, const v1::GetBlocksRequest* req) {
+  return new GetReactor(service_, env_, ctx, req);
+}
+
+grpc::ServerUnaryReactor* KvStoreHandler::Pin(grpc::CallbackServerContext* ctx,
+                                              const v1::PinRequest* req, v1::PinResponse* resp) {
+  return Unary(env_, "Pin", ctx, resp, [&](const Identity& id) { return service_->Pin(id, *req); });
+}
+
+grpc::ServerUnaryReactor* KvStoreHandler::Unpin(grpc::CallbackServerContext* ctx,
+                                                const v1::UnpinRequest* req,
+                                                v1::UnpinResponse* resp) {
+  return Unary(env_, "Unpin", ctx, resp,
+               [&](const Identity& id) { return service_->Unpin(id, *req); });
+}
+
+grpc::ServerUnaryReactor* KvStoreHandler::Delete(grpc::CallbackServerContext* ctx,
+                                                 const v1::DeleteRequest* req,
+                                                 v1::DeleteResponse* resp) {
+  return Unary(env_, "Delete", ctx, resp,
+               [&](const Identity& id) { return service_->Delete(id, *req); });
+}
+
+grpc::ServerUnaryReactor* KvStoreHandler::CreateSequence(grpc::CallbackServerContext* ctx,
+                                                         const v1::CreateSequenceRequest* req,
+                                                         v1::CreateSequenceResponse* resp) {
+  return Unary(env_, "CreateSequence", ctx, resp,
+               [&](const Identity& id) { return service_->CreateSequence(id, *req); });
+}
+
+grpc::ServerUnaryReactor* KvStoreHandler::Append(grpc::CallbackServerContext* ctx,
+                                                 const v1::AppendRequest* req,
+                                                 v1::AppendResponse* resp) {
+  return Unary(env_, "Append", ctx, resp,
+               [&](const Identity& id) { return service_->Append(id, *req); });
+}
+
+grpc::ServerUnaryReactor* KvStoreHandler::Attend(grpc::CallbackServerContext* ctx,
+                                                 const v1::AttendRequest* req,
+                                                 v1::AttendResponse* resp) {
+  return Unary(env_, "Attend", ctx, resp,
+               [&](const Identity& id) { return service_->Attend(id, *req); });
+}
+
+grpc::ServerUnaryReactor* KvStoreHandler::DropSequence(grpc::CallbackServerContext* ctx,
+                                                       const v1::DropSequenceRequest* req,
+                                                       v1::DropSequenceResponse* resp) {
+  return Unary(env_, "DropSequence", ctx, resp,
+               [&](const Identity& id) { return service_->DropSequence(id, *req); });
+}
+
+grpc::ServerUnaryReactor* KvStoreHandler::Stats(grpc::CallbackServerContext* ctx,
+                                                const v1::StatsRequest* req,
+                                                v1::StatsResponse* resp) {
+  return Unary(env_, "Stats", ctx, resp,
+               [&](const Identity& id) { return service_->Stats(id, *req); });
+}
+
+grpc::ServerUnaryReactor* AdminHandler::Evict(grpc::CallbackServerContext* ctx,
+                                              const v1::EvictRequest* req,
+                                              v1::EvictResponse* resp) {
+  return Unary(env_, "Evict", ctx, resp,
+               [&](const Identity& id) { return service_->Evict(id, *req); });
+}
+
+}  // namespace tqkv::service

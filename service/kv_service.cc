@@ -1,0 +1,294 @@
+#include "service/kv_service.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "codec/status_macros.h"
+#include "service/convert.h"
+
+namespace tqkv::service {
+namespace {
+
+absl::StatusOr<std::pair<int, int>> LayerRange(const RegisteredModel& m, uint32_t first,
+                                               uint32_t last) {
+  const int layers = m.shape().num_layers;
+  const int64_t end = last == 0 ? layers : static_cast<int64_t>(last);
+  if (first >= end || end > layers)
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", first, ", ", end,
+                                                   ") is not inside [0, ", layers, ")"));
+  return std::make_pair(static_cast<int>(first), static_cast<int>(end));
+}
+
+}  // namespace
+
+KvService::KvService(const KvServiceOptions& options, storage::BlockStore* store,
+                     ModelRegistry* registry, ComputeBackend* backend, storage::Clock* clock)
+    : options_(options),
+      store_(store),
+      registry_(registry),
+      backend_(backend),
+      clock_(clock),
+      staging_(options.staging),
+      sequences_(options.sequences, backend, clock) {}
+
+absl::StatusOr<v1::RegisterModelResponse> KvService::RegisterModel(
+    const Identity& id, const v1::RegisterModelRequest& req) {
+  TQ_ASSIGN_OR_RETURN(ModelRegistry::RegisterResult r, registry_->Register(id.tenant, req));
+  v1::RegisterModelResponse resp;
+  resp.set_model_id(r.model->model_id);
+  resp.set_layout_fingerprint(r.model->fingerprint);
+  resp.set_created(r.created);
+  *resp.mutable_format() = r.model->format;
+  return resp;
+}
+
+std::unique_ptr<PutSession> KvService::NewPutSession(const Identity& id) {
+  PutContext ctx{store_, registry_, backend_, &staging_, clock_, options_.max_blocks_per_stream};
+  return std::make_unique<PutSession>(ctx, id);
+}
+
+absl::StatusOr<v1::LookupResponse> KvService::Lookup(const Identity& id,
+                                                     const v1::LookupRequest& req) {
+  TQ_ASSIGN_OR_RETURN(auto model, registry_->Resolve(id.tenant, req.model()));
+  TQ_RETURN_IF_ERROR(
+      CheckHashList(req.block_hashes(), options_.max_hashes_per_request, "block_hashes"));
+  std::vector<std::string> chain(req.block_hashes().begin(), req.block_hashes().end());
+  TQ_ASSIGN_OR_RETURN(storage::LookupResult r,
+                      store_->Lookup(id.tenant, model->model_id, chain));
+  v1::LookupResponse resp;
+  resp.set_hits(static_cast<uint32_t>(r.hits));
+  for (storage::Tier t : r.tiers) resp.add_tiers(ToProtoTier(t));
+  return resp;
+}
+
+absl::StatusOr<std::vector<storage::BlockData>> KvService::FetchAll(
+    const std::string& tenant, const RegisteredModel& model,
+    const google::protobuf::RepeatedPtrField<std::string>& hashes) {
+  std::vector<storage::BlockData> out;
+  out.reserve(hashes.size());
+  for (const std::string& h : hashes) {
+    absl::StatusOr<storage::BlockData> d = store_->Get({tenant, model.model_id, h});
+    if (!d.ok()) {
+      if (d.status().code() == absl::StatusCode::kNotFound)
+        return absl::NotFoundError(absl::StrCat("block ", Hex(h), " is not stored"));
+      return absl::Status(d.status().code(),
+                          absl::StrCat("block ", Hex(h), ": ", d.status().message()));
+    }
+    if (d->payload->size() != model.codec->block_bytes())
+      return absl::DataLossError(absl::StrCat("block ", Hex(h), " has ", d->payload->size(),
+                                              " bytes; the model's blocks have ",
+                                              model.codec->block_bytes()));
+    out.push_back(std::move(*d));
+  }
+  return out;
+}
+
+absl::StatusOr<GetPlan> KvService::PrepareGet(const Identity& id,
+                                              const v1::GetBlocksRequest& req) {
+  GetPlan plan;
+  TQ_ASSIGN_OR_RETURN(plan.model, registry_->Resolve(id.tenant, req.model()));
+  TQ_RETURN_IF_ERROR(
+      CheckHashList(req.block_hashes(), options_.max_hashes_per_request, "block_hashes"));
+  TQ_ASSIGN_OR_RETURN(auto range, LayerRange(*plan.model, req.first_layer(), req.last_layer()));
+  plan.first = range.first;
+  plan.last = range.second;
+  plan.dense = req.dense();
+  if (plan.dense && req.dense_dtype() != v1::DTYPE_UNSPECIFIED) {
+    TQ_ASSIGN_OR_RETURN(plan.dense_dtype, FromProtoDType(req.dense_dtype(), "dense_dtype"));
+  }
+  plan.hashes.assign(req.block_hashes().begin(), req.block_hashes().end());
+  TQ_ASSIGN_OR_RETURN(plan.blocks, FetchAll(id.tenant, *plan.model, req.block_hashes()));
+  return plan;
+}
+
+absl::StatusOr<v1::GetBlocksResponse> KvService::RenderGet(const GetPlan& plan, size_t i) {
+  const storage::BlockData& b = plan.blocks[i];
+  const ModelCodec& codec = *plan.model->codec;
+  const size_t offset = codec.layer_offset(plan.first);
+  const uint8_t* p = b.payload->data() + offset;
+  v1::GetBlocksResponse r;
+  r.set_block_hash(plan.hashes[i]);
+  r.set_tier(ToProtoTier(b.tier));
+  if (!plan.dense) {
+    r.set_payload(reinterpret_cast<const char*>(p), codec.layer_range_bytes(plan.first, plan.last));
+    if (i == 0) *r.mutable_format() = plan.model->format;
+    return r;
+  }
+  const ModelShape& s = codec.shape();
+  const int layers = plan.last - plan.first;
+  const size_t layer_bytes =
+      static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim * DTypeSize(plan.dense_dtype);
+  std::vector<MutableDenseView> kv, vv;
+  for (v1::Tensor* t : {r.mutable_k(), r.mutable_v()}) {
+    t->set_dtype(ToProtoDType(plan.dense_dtype));
+    for (int64_t d : {int64_t{layers}, int64_t{s.block_size}, int64_t{s.num_kv_heads},
+                      int64_t{s.head_dim}})
+      t->add_shape(d);
+    t->mutable_data()->resize(layer_bytes * layers);
+  }
+  for (int l = 0; l < layers; ++l) {
+    kv.push_back({r.mutable_k()->mutable_data()->data() + l * layer_bytes, plan.dense_dtype,
+                  s.block_size, s.num_kv_heads, s.head_dim});
+    vv.push_back({r.mutable_v()->mutable_data()->data() + l * layer_bytes, plan.dense_dtype,
+                  s.block_size, s.num_kv_heads, s.head_dim});
+  }
+  TQ_RETURN_IF_ERROR(backend_->DecodeBlock(codec, plan.first, plan.last, p, kv, vv));
+  return r;
+}
+
+absl::StatusOr<v1::PinResponse> KvService::Pin(const Identity& id, const v1::PinRequest& req) {
+  TQ_ASSIGN_OR_RETURN(auto model, registry_->Resolve(id.tenant, req.model()));
+  TQ_RETURN_IF_ERROR(
+      CheckHashList(req.block_hashes(), options_.max_hashes_per_request, "block_hashes"));
+  const absl::Duration ttl = req.ttl_ms() == 0
+                                 ? options_.default_pin_ttl
+                                 : std::min(absl::Milliseconds(req.ttl_ms()), options_.max_pin_ttl);
+  std::vector<storage::BlockKey> pinned;
+  for (const std::string& h : req.block_hashes()) {
+    storage::BlockKey key{id.tenant, model->model_id, h};
+    absl::Status s = store_->Pin(key, ttl);
+    if (!s.ok()) {
+      for (const storage::BlockKey& k : pinned) store_->Unpin(k).IgnoreError();
+      if (s.code() == absl::StatusCode::kNotFound)
+        return absl::NotFoundError(absl::StrCat("block ", Hex(h), " is not stored; nothing pinned"));
+      return s;
+    }
+    pinned.push_back(std::move(key));
+  }
+  v1::PinResponse resp;
+  resp.set_pinned(static_cast<uint32_t>(pinned.size()));
+  return resp;
+}
+
+absl::StatusOr<v1::UnpinResponse> KvService::Unpin(const Identity& id,
+                                                   const v1::UnpinRequest& req) {
+  TQ_ASSIGN_OR_RETURN(auto model, registry_->Resolve(id.tenant, req.model()));
+  TQ_RETURN_IF_ERROR(
+      CheckHashList(req.block_hashes(), options_.max_hashes_per_request, "block_hashes"));
+  v1::UnpinResponse resp;
+  for (const std::string& h : req.block_hashes()) {
+    absl::Status s = store_->Unpin({id.tenant, model->model_id, h});
+    if (s.ok()) {
+      resp.set_unpinned(resp.unpinned() + 1);
+    } else if (s.code() != absl::StatusCode::kNotFound &&
+               s.code() != absl::StatusCode::kFailedPrecondition) {
+      return s;
+    }
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::DeleteResponse> KvService::Delete(const Identity& id,
+                                                     const v1::DeleteRequest& req) {
+  TQ_ASSIGN_OR_RETURN(auto model, registry_->Resolve(id.tenant, req.model()));
+  TQ_RETURN_IF_ERROR(
+      CheckHashList(req.block_hashes(), options_.max_hashes_per_request, "block_hashes"));
+  v1::DeleteResponse resp;
+  for (const std::string& h : req.block_hashes()) {
+    absl::Status s = store_->Delete({id.tenant, model->model_id, h});
+    if (s.ok()) {
+      resp.set_deleted(resp.deleted() + 1);
+    } else if (s.code() != absl::StatusCode::kNotFound) {
+      return s;
+    }
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::CreateSequenceResponse> KvService::CreateSequence(
+    const Identity& id, const v1::CreateSequenceRequest& req) {
+  TQ_ASSIGN_OR_RETURN(auto model, registry_->Resolve(id.tenant, req.model()));
+  TQ_RETURN_IF_ERROR(
+      CheckHashList(req.block_hashes(), options_.max_hashes_per_request, "block_hashes"));
+  TQ_ASSIGN_OR_RETURN(std::vector<storage::BlockData> blocks,
+                      FetchAll(id.tenant, *model, req.block_hashes()));
+  return sequences_.Create(id.tenant, std::move(model), std::move(blocks), req);
+}
+
+absl::StatusOr<v1::AppendResponse> KvService::Append(const Identity& id,
+                                                     const v1::AppendRequest& req) {
+  return sequences_.Append(id.tenant, req);
+}
+
+absl::StatusOr<v1::AttendResponse> KvService::Attend(const Identity& id,
+                                                     const v1::AttendRequest& req) {
+  return sequences_.Attend(id.tenant, req);
+}
+
+absl::StatusOr<v1::DropSequenceResponse> KvService::DropSequence(
+    const Identity& id, const v1::DropSequenceRequest& req) {
+  TQ_RETURN_IF_ERROR(sequences_.Drop(id.tenant, req.sequence_id()));
+  return v1::DropSequenceResponse();
+}
+
+absl::StatusOr<v1::StatsResponse> KvService::Stats(const Identity& id,
+                                                   const v1::StatsRequest& req) {
+  std::vector<std::shared_ptr<const RegisteredModel>> models;
+  if (req.model_id() != 0) {
+    TQ_ASSIGN_OR_RETURN(auto m, registry_->Find(id.tenant, req.model_id()));
+    models.push_back(std::move(m));
+  } else {
+    models = registry_->List(&id.tenant);
+  }
+  const storage::StoreStats stats = store_->Stats();
+  v1::StatsResponse resp;
+  resp.set_tenant(id.tenant);
+  resp.set_backend(backend_->name());
+  for (const auto& m : models) {
+    v1::ModelStats* ms = resp.add_models();
+    ms->set_model_id(m->model_id);
+    ms->set_model_name(m->name);
+    uint64_t dense = 0, bytes = 0;
+    for (const storage::TierUsage& u : stats.usage) {
+      if (u.tenant != id.tenant || u.model_id != m->model_id) continue;
+      v1::TierBytes* t = ms->add_tiers();
+      t->set_tier(ToProtoTier(u.tier));
+      t->set_blocks(u.blocks);
+      t->set_bytes(u.payload_bytes);
+      t->set_dense_equivalent_bytes(u.accounting.dense_equivalent_bytes);
+      t->set_packed_k_bytes(u.accounting.packed_k_bytes);
+      t->set_packed_v_bytes(u.accounting.packed_v_bytes);
+      t->set_norms_metadata_bytes(u.accounting.norms_metadata_bytes);
+      t->set_dense_window_bytes(u.accounting.dense_window_bytes);
+      dense += u.accounting.dense_equivalent_bytes;
+      bytes += u.payload_bytes;
+    }
+    ms->set_compression_ratio(bytes ? static_cast<double>(dense) / bytes : 0.0);
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::EvictResponse> KvService::Evict(const Identity& id,
+                                                   const v1::EvictRequest& req) {
+  if (!id.admin) return absl::PermissionDeniedError("Evict needs an admin token");
+  std::vector<std::shared_ptr<const RegisteredModel>> models;
+  if (req.model_id() != 0) {
+    TQ_ASSIGN_OR_RETURN(auto m, registry_->Find(id.tenant, req.model_id()));
+    models.push_back(std::move(m));
+  } else {
+    models = registry_->List(&id.tenant);
+  }
+  v1::EvictResponse resp;
+  uint64_t budget = req.max_bytes();
+  for (const auto& m : models) {
+    storage::EvictSpec spec;
+    spec.scope = storage::ModelScope{id.tenant, m->model_id};
+    spec.max_bytes = budget;
+    spec.drop = req.drop();
+    TQ_ASSIGN_OR_RETURN(storage::EvictResult r, store_->Evict(spec));
+    resp.set_blocks(resp.blocks() + static_cast<uint32_t>(r.blocks));
+    resp.set_bytes(resp.bytes() + r.bytes);
+    if (req.max_bytes() != 0) {
+      if (r.bytes >= budget) break;
+      budget -= r.bytes;
+    }
+  }
+  return resp;
+}
+
+void KvService::Maintain() {
+  sequences_.ExpireIdle();
+  staging_.Expire(clock_->Now());
+}
+
+}  // namespace tqkv::service

@@ -1,0 +1,77 @@
+// Prometheus metrics of the service (prefix tqkv_). Nothing here is global:
+// the server's composition root creates a prometheus::Registry, hands it to
+// RpcMetrics, and registers a StoreCollector next to it on the exposer.
+//
+// RpcMetrics (event metrics, updated by the RPC wrapper):
+//   tqkv_rpc_duration_seconds{method}        histogram of handler latency
+//   tqkv_rpc_requests_total{method}          calls
+//   tqkv_rpc_errors_total{method,code}       calls that ended non-OK
+//
+// StoreCollector (state read on every scrape from BlockStore::Stats() and
+// the registry; counters are the store's monotonic counters):
+//   tqkv_stored_bytes{tenant,model,tier,kind}   kind: dense_equivalent,
+//       packed_k, packed_v, norms_metadata, dense_window, total
+//   tqkv_stored_blocks{tenant,model,tier}
+//   tqkv_compression_ratio{tenant,model}        dense_equivalent / total
+//   tqkv_tier_blocks{tier}, tqkv_host_{used,capacity}_bytes,
+//   tqkv_disk_{used,capacity}_bytes
+//   tqkv_lookups_total, tqkv_lookup_hit_blocks_total{tier},
+//   tqkv_lookup_miss_blocks_total, tqkv_get_hit_blocks_total{tier},
+//   tqkv_get_miss_blocks_total, tqkv_evictions_total,
+//   tqkv_evicted_bytes_total, tqkv_spills_total, tqkv_spilled_bytes_total,
+//   tqkv_promotions_total, tqkv_promoted_bytes_total, tqkv_drops_total,
+//   tqkv_checksum_failures_total, tqkv_puts_committed_total,
+//   tqkv_puts_already_present_total, tqkv_puts_aborted_total,
+//   tqkv_puts_rejected_total, tqkv_deletes_total
+//   tqkv_sequences, tqkv_staged_blocks, tqkv_backend_info{backend}
+//
+// Thread safety: both classes are thread-safe.
+#ifndef TQKV_SERVICE_METRICS_H_
+#define TQKV_SERVICE_METRICS_H_
+
+#include <string>
+#include <vector>
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/status.h"
+#include "service/kv_service.h"
+#include "service/model_registry.h"
+#include "storage/block_store.h"
+
+namespace tqkv::service {
+
+class RpcMetrics {
+ public:
+  // `registry` must outlive this object.
+  explicit RpcMetrics(prometheus::Registry& registry);
+  void Record(const std::string& method, absl::StatusCode code, double seconds);
+
+ private:
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Counter>& errors_;
+};
+
+class StoreCollector : public prometheus::Collectable {
+ public:
+  // None owned; all must outlive the collector (unregister it from the
+  // exposer before destroying them).
+  StoreCollector(storage::BlockStore* store, ModelRegistry* registry, KvService* service)
+      : store_(store), registry_(registry), service_(service) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  storage::BlockStore* const store_;
+  ModelRegistry* const registry_;
+  KvService* const service_;
+};
+
+}  // namespace tqkv::service
+
+#endif  // TQKV_SERVICE_METRICS_H_

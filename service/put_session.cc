@@ -1,0 +1,186 @@
+#include "service/put_session.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "codec/status_macros.h"
+#include "service/convert.h"
+
+namespace tqkv::service {
+
+absl::Status PutSession::OnMessage(const v1::PutBlocksRequest& msg) {
+  if (!error_.ok()) return error_;
+  absl::Status s;
+  switch (msg.item_case()) {
+    case v1::PutBlocksRequest::kHeader:
+      s = model_ ? absl::InvalidArgumentError("header sent twice in one PutBlocks stream")
+                 : OnHeader(msg.header());
+      break;
+    case v1::PutBlocksRequest::kBlock:
+      s = model_ ? OnBlock(msg.block())
+                 : absl::InvalidArgumentError("the first PutBlocks message must be the header");
+      break;
+    default:
+      s = absl::InvalidArgumentError("empty PutBlocks message (neither header nor block)");
+  }
+  if (!s.ok()) {
+    error_ = s;
+    handles_.clear();  // releases every reservation
+    parts_.clear();
+  }
+  return s;
+}
+
+absl::Status PutSession::OnHeader(const v1::PutHeader& h) {
+  TQ_ASSIGN_OR_RETURN(auto model, ctx_.registry->Resolve(id_.tenant, h.model()));
+  const int layers = model->shape().num_layers;
+  const int64_t last = h.last_layer() == 0 ? layers : static_cast<int64_t>(h.last_layer());
+  if (h.first_layer() >= last || last > layers)
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", h.first_layer(), ", ", last,
+                                                   ") is not inside [0, ", layers, ")"));
+  if (h.durable() && !ctx_.store->Stats().disk_enabled)
+    return absl::FailedPreconditionError("durable puts need a disk tier (server has none)");
+  first_ = static_cast<int>(h.first_layer());
+  last_ = static_cast<int>(last);
+  whole_ = first_ == 0 && last_ == layers;
+  packed_ = h.packed();
+  durable_ = h.durable();
+  model_ = std::move(model);
+  return absl::OkStatus();
+}
+
+absl::Status PutSession::FillPayload(const v1::PutBlock& b, uint8_t* out) {
+  const ModelCodec& codec = *model_->codec;
+  const size_t bytes = codec.layer_range_bytes(first_, last_);
+  if (packed_) {
+    if (b.has_k() || b.has_v())
+      return absl::InvalidArgumentError("packed put: block carries dense k/v tensors");
+    if (b.payload().size() != bytes)
+      return absl::InvalidArgumentError(absl::StrCat("packed payload of block ", Hex(b.block_hash()),
+                                                     " has ", b.payload().size(), " bytes; layers [",
+                                                     first_, ", ", last_, ") take ", bytes));
+    if (out != nullptr) std::memcpy(out, b.payload().data(), bytes);
+    return absl::OkStatus();
+  }
+  if (!b.payload().empty())
+    return absl::InvalidArgumentError("dense put: block carries a packed payload");
+  TQ_ASSIGN_OR_RETURN(TensorView k, ViewTensor(b.k(), "block.k"));
+  TQ_ASSIGN_OR_RETURN(TensorView v, ViewTensor(b.v(), "block.v"));
+  const ModelShape& s = model_->shape();
+  const std::vector<int64_t> want = {last_ - first_, -1, s.num_kv_heads, s.head_dim};
+  TQ_RETURN_IF_ERROR(ExpectShape(k, want, "block.k"));
+  TQ_RETURN_IF_ERROR(ExpectShape(v, want, "block.v"));
+  const int64_t tokens = k.shape[1];
+  if (tokens < 1 || tokens > s.block_size || v.shape[1] != tokens)
+    return absl::InvalidArgumentError(absl::StrCat("block.k/v carry ", tokens, " and ", v.shape[1],
+                                                   " tokens; expected equal counts in [1, ",
+                                                   s.block_size, "]"));
+  if (out == nullptr) return absl::OkStatus();
+  std::vector<DenseView> kv, vv;
+  for (int i = 0; i < last_ - first_; ++i) {
+    kv.push_back(SliceView(k, i, 0, tokens));
+    vv.push_back(SliceView(v, i, 0, tokens));
+  }
+  return ctx_.backend->EncodeBlock(codec, first_, last_, kv, vv, out);
+}
+
+absl::Status PutSession::OnBlock(const v1::PutBlock& b) {
+  absl::Status hs = storage::ValidateBlockHash(b.block_hash());
+  if (!hs.ok()) return absl::InvalidArgumentError(absl::StrCat("block_hash: ", hs.message()));
+  if (!b.parent_hash().empty()) {
+    absl::Status ps = storage::ValidateBlockHash(b.parent_hash());
+    if (!ps.ok()) return absl::InvalidArgumentError(absl::StrCat("parent_hash: ", ps.message()));
+  }
+  if (!hashes_.insert(b.block_hash()).second)
+    return absl::InvalidArgumentError(
+        absl::StrCat("duplicate block hash ", Hex(b.block_hash()), " in one PutBlocks stream"));
+  if (hashes_.size() > ctx_.max_blocks_per_stream)
+    return absl::InvalidArgumentError(absl::StrCat("a PutBlocks stream may carry at most ",
+                                                   ctx_.max_blocks_per_stream, " blocks"));
+  const ModelCodec& codec = *model_->codec;
+  const uint64_t bytes = codec.layer_range_bytes(first_, last_);
+  const storage::BlockAccounting acc = model_->RangeAccounting(first_, last_);
+  storage::BlockKey key{id_.tenant, model_->model_id, b.block_hash()};
+  if (whole_) {
+    // Check the input before reserving so a bad block evicts nothing.
+    TQ_RETURN_IF_ERROR(FillPayload(b, nullptr));
+    TQ_ASSIGN_OR_RETURN(storage::PutHandle h,
+                        ctx_.store->BeginPut(key, b.parent_hash(), acc, bytes, {.durable = durable_}));
+    TQ_RETURN_IF_ERROR(FillPayload(b, h.buffer().data()));
+    handles_.push_back(std::move(h));
+  } else {
+    StagingArea::Part p{std::move(key), b.parent_hash(), first_, last_, std::string(bytes, '\0')};
+    TQ_RETURN_IF_ERROR(FillPayload(b, reinterpret_cast<uint8_t*>(p.bytes.data())));
+    staged_part_bytes_ += bytes;
+    parts_.push_back(std::move(p));
+  }
+  response_.set_packed_bytes(response_.packed_bytes() + bytes);
+  response_.set_dense_equivalent_bytes(response_.dense_equivalent_bytes() +
+                                       acc.dense_equivalent_bytes);
+  return absl::OkStatus();
+}
+
+void PutSession::RollBack(const std::vector<storage::BlockKey>& committed) {
+  for (const storage::BlockKey& k : committed) ctx_.store->Delete(k).IgnoreError();
+}
+
+absl::StatusOr<v1::PutBlocksResponse> PutSession::Finish() {
+  if (!error_.ok()) return error_;
+  if (!model_) return absl::InvalidArgumentError("PutBlocks stream ended without a header");
+  std::vector<storage::BlockKey> committed;
+  auto commit_all = [&](std::vector<storage::PutHandle>& handles) -> absl::Status {
+    for (storage::PutHandle& h : handles) {
+      storage::BlockKey key = h.key();
+      absl::StatusOr<storage::CommitOutcome> r = ctx_.store->Commit(std::move(h));
+      if (!r.ok()) {
+        handles.clear();
+        RollBack(committed);
+        committed.clear();
+        if (r.status().code() == absl::StatusCode::kAlreadyExists)
+          return absl::AlreadyExistsError(absl::StrCat(
+              "block ", Hex(key.block_hash), " is already stored with different bytes"));
+        return r.status();
+      }
+      if (*r == storage::CommitOutcome::kCommitted) {
+        committed.push_back(std::move(key));
+        response_.set_committed(response_.committed() + 1);
+      } else {
+        response_.set_already_present(response_.already_present() + 1);
+      }
+    }
+    handles.clear();
+    return absl::OkStatus();
+  };
+  if (!parts_.empty()) {
+    uint32_t staged = 0;
+    absl::Status s = ctx_.staging->Apply(
+        *model_, std::move(parts_), ctx_.clock->Now(),
+        [&](std::vector<StagingArea::Completed>& done) -> absl::Status {
+          const storage::BlockAccounting acc = model_->accounting;
+          std::vector<storage::PutHandle> hs;
+          for (StagingArea::Completed& c : done) {
+            TQ_ASSIGN_OR_RETURN(storage::PutHandle h,
+                                ctx_.store->BeginPut(c.key, c.parent_hash, acc, c.payload.size(),
+                                                     {.durable = durable_}));
+            std::memcpy(h.buffer().data(), c.payload.data(), c.payload.size());
+            hs.push_back(std::move(h));
+          }
+          // Whole-model blocks of this stream first, then the completed ones,
+          // all while the staging area still holds its old state.
+          TQ_RETURN_IF_ERROR(commit_all(handles_));
+          return commit_all(hs);
+        },
+        &staged);
+    parts_.clear();
+    if (!s.ok()) {
+      RollBack(committed);
+      return s;
+    }
+    response_.set_staged(staged);
+  } else {
+    TQ_RETURN_IF_ERROR(commit_all(handles_));
+  }
+  return response_;
+}
+
+}  // namespace tqkv::service

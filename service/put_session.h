@@ -1,0 +1,87 @@
+// PutSession: one PutBlocks stream, two-phase.
+//
+// The first message must be the header; each later one carries one block.
+// A whole-model put reserves host memory for each block as it arrives
+// (BlockStore::BeginPut) and fills the reservation (dense input is encoded
+// through the ComputeBackend, packed input is size-checked and copied).
+// Nothing is visible until Finish, which commits every block of the stream;
+// if any commit fails (different bytes under an existing hash, a disk
+// error), the blocks this stream already committed are deleted again and
+// the error is returned. A layer-range put builds its parts in session
+// memory and hands them to the StagingArea at Finish. Destroying a session
+// without Finish (failed, cancelled or truncated stream) leaves nothing.
+//
+// Thread safety: a session is used by one thread at a time.
+#ifndef TQKV_SERVICE_PUT_SESSION_H_
+#define TQKV_SERVICE_PUT_SESSION_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "codec/backend.h"
+#include "proto/tqkv/v1/tqkv.pb.h"
+#include "service/auth.h"
+#include "service/model_registry.h"
+#include "service/staging_area.h"
+#include "storage/block_store.h"
+#include "storage/clock.h"
+
+namespace tqkv::service {
+
+// The collaborators a session uses; none owned, all outlive the session.
+struct PutContext {
+  storage::BlockStore* store = nullptr;
+  ModelRegistry* registry = nullptr;
+  ComputeBackend* backend = nullptr;
+  StagingArea* staging = nullptr;
+  storage::Clock* clock = nullptr;
+  // Most blocks one stream may carry. Default: 65536.
+  size_t max_blocks_per_stream = 65536;
+};
+
+class PutSession {
+ public:
+  PutSession(const PutContext& ctx, Identity identity) : ctx_(ctx), id_(std::move(identity)) {}
+  PutSession(const PutSession&) = delete;
+  PutSession& operator=(const PutSession&) = delete;
+
+  // Consumes one stream message. After an error the session is dead: every
+  // later call returns the same error and Finish commits nothing.
+  // INVALID_ARGUMENT: header missing, repeated or bad (layer range), a
+  //   block with a bad or duplicate hash, wrong tensor shapes/dtypes or
+  //   payload size, dense and packed data mixed.
+  // NOT_FOUND / FAILED_PRECONDITION: unknown model / fingerprint mismatch
+  //   (or durable without a disk tier).
+  // RESOURCE_EXHAUSTED: the host budget cannot hold the stream's blocks.
+  absl::Status OnMessage(const v1::PutBlocksRequest& msg);
+
+  // Commits the stream (see file comment). REQUIRES: called at most once.
+  absl::StatusOr<v1::PutBlocksResponse> Finish();
+
+ private:
+  absl::Status OnHeader(const v1::PutHeader& h);
+  absl::Status OnBlock(const v1::PutBlock& b);
+  // Checks the block's data and fills `out` (layer_range_bytes(first_,
+  // last_) bytes) from it; out == nullptr only checks.
+  absl::Status FillPayload(const v1::PutBlock& b, uint8_t* out);
+  void RollBack(const std::vector<storage::BlockKey>& committed);
+
+  const PutContext ctx_;
+  const Identity id_;
+  absl::Status error_;
+  std::shared_ptr<const RegisteredModel> model_;  // set by the header
+  int first_ = 0, last_ = 0;
+  bool packed_ = false, durable_ = false, whole_ = false;
+  absl::flat_hash_set<std::string> hashes_;
+  std::vector<storage::PutHandle> handles_;   // whole-model blocks
+  std::vector<StagingArea::Part> parts_;      // layer-range blocks
+  uint64_t staged_part_bytes_ = 0;
+  v1::PutBlocksResponse response_;
+};
+
+}  // namespace tqkv::service
+
+#endif  // TQKV_SERVICE_PUT_SESSION_H_

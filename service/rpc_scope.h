@@ -1,0 +1,67 @@
+// RpcScope: the one wrapper every RPC handler runs in. It authenticates the
+// caller, times the call, and at Finish records per-method metrics, logs
+// failures and maps the absl::Status to grpc::Status (grpc_status.h).
+//
+//   RpcScope scope(env, "Lookup", ctx);
+//   absl::Status s = scope.identity().status();
+//   if (s.ok()) s = ...service call...;
+//   reactor->Finish(scope.Finish(s));
+//
+// Thread safety: a scope belongs to one RPC; Finish is called once.
+#ifndef TQKV_SERVICE_RPC_SCOPE_H_
+#define TQKV_SERVICE_RPC_SCOPE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <mutex>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "service/auth.h"
+#include "service/metrics.h"
+
+namespace tqkv::service {
+
+// Whole-line logging to a stream shared by many threads. Thread-safe.
+class LineLog {
+ public:
+  explicit LineLog(std::ostream* out) : out_(out) {}
+  void Write(const std::string& line);  // appends '\n' and flushes
+
+ private:
+  std::ostream* const out_;
+  std::mutex mu_;
+};
+
+// What every RPC scope needs; owned by the server, shared by all handlers.
+struct RpcEnv {
+  const Authenticator* auth = nullptr;
+  RpcMetrics* metrics = nullptr;  // may be null (no metrics)
+  // Where failed calls (other than NOT_FOUND) are logged; null: not logged.
+  LineLog* log = nullptr;
+};
+
+class RpcScope {
+ public:
+  RpcScope(const RpcEnv& env, const char* method, grpc::CallbackServerContext* ctx);
+  RpcScope(const RpcScope&) = delete;
+  RpcScope& operator=(const RpcScope&) = delete;
+
+  // The caller, or UNAUTHENTICATED.
+  const absl::StatusOr<Identity>& identity() const { return identity_; }
+  // Records and logs the outcome; returns the status to send.
+  grpc::Status Finish(const absl::Status& status);
+
+ private:
+  const RpcEnv& env_;
+  const char* const method_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::chrono::steady_clock::time_point start_;
+  absl::StatusOr<Identity> identity_;
+};
+
+}  // namespace tqkv::service
+
+#endif  // TQKV_SERVICE_RPC_SCOPE_H_

@@ -1,0 +1,112 @@
+// SequenceManager: server-side decode state for fused attention over
+// stored blocks.
+//
+// A sequence is a model, an ordered list of stored blocks (the caller's
+// prefix, held as BlockData so their bytes stay valid whatever the store
+// does with them), and per layer a dense fp32 tail of recent tokens. When a
+// layer's tail reaches block_size tokens they are encoded through the
+// ComputeBackend into a sequence-owned block (the same byte layout as a
+// stored block). Owned blocks are copy-on-write: packing layer l into an
+// owned block makes a new version with a new BlockRef id, so a caching
+// backend never sees an id whose bytes changed.
+//
+// Sequences expire after `ttl` without use (each call that names one is a
+// use); an expired sequence is NOT_FOUND. Sequences live in memory only:
+// they do not survive a restart.
+//
+// Thread safety: thread-safe. mu_ guards the id map; each sequence has its
+// own mutex (taken after mu_ is released, never both at once). Attend
+// snapshots each sequence under its mutex and runs the backend unlocked.
+#ifndef TQKV_SERVICE_SEQUENCE_MANAGER_H_
+#define TQKV_SERVICE_SEQUENCE_MANAGER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "codec/backend.h"
+#include "proto/tqkv/v1/tqkv.pb.h"
+#include "service/model_registry.h"
+#include "storage/block_store.h"
+#include "storage/clock.h"
+
+namespace tqkv::service {
+
+struct SequenceOptions {
+  // Idle expiry when CreateSequence asks for 0. Default: 5 minutes.
+  absl::Duration default_ttl = absl::Minutes(5);
+  // Longest idle expiry a caller may ask for (longer requests are capped).
+  // Default: 1 hour.
+  absl::Duration max_ttl = absl::Hours(1);
+  // Most live sequences (all tenants); Create beyond it is
+  // RESOURCE_EXHAUSTED. Default: 4096.
+  size_t max_sequences = 4096;
+  // Most queries in one Attend call (all items). Default: 4096.
+  int64_t max_queries = 4096;
+};
+
+class SequenceManager {
+ public:
+  // `backend` and `clock` are not owned and must outlive the manager.
+  SequenceManager(const SequenceOptions& options, ComputeBackend* backend, storage::Clock* clock);
+  ~SequenceManager();
+  SequenceManager(const SequenceManager&) = delete;
+  SequenceManager& operator=(const SequenceManager&) = delete;
+
+  // Creates a sequence over `blocks` (already fetched, in order) with an
+  // optional dense tail [num_layers, tokens, kv_heads, head_dim] (tail_k
+  // and tail_v both set or both absent). INVALID_ARGUMENT for bad tensors;
+  // RESOURCE_EXHAUSTED at max_sequences.
+  absl::StatusOr<v1::CreateSequenceResponse> Create(
+      const std::string& tenant, std::shared_ptr<const RegisteredModel> model,
+      std::vector<storage::BlockData> blocks, const v1::CreateSequenceRequest& req);
+
+  // Appends [tokens, kv_heads, head_dim] K/V to one layer. NOT_FOUND for an
+  // unknown/expired sequence (or another tenant's); INVALID_ARGUMENT for a
+  // bad layer or tensors. On error the sequence is unchanged.
+  absl::StatusOr<v1::AppendResponse> Append(const std::string& tenant,
+                                            const v1::AppendRequest& req);
+
+  // Attention of every item's queries over its sequence at one layer, in
+  // one backend call. All items must use one model. Outputs are in each
+  // q's dtype. NOT_FOUND / INVALID_ARGUMENT as above; backend errors pass.
+  absl::StatusOr<v1::AttendResponse> Attend(const std::string& tenant,
+                                            const v1::AttendRequest& req);
+
+  // NOT_FOUND for an unknown sequence.
+  absl::Status Drop(const std::string& tenant, const std::string& sequence_id);
+
+  // Removes sequences idle past their ttl; returns how many.
+  size_t ExpireIdle();
+  size_t size() const;
+
+ private:
+  struct OwnedBlock;
+  struct Sequence;
+  // The live sequence `id` of `tenant` (refreshing its idle timer), or
+  // NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<Sequence>> Use(const std::string& tenant, const std::string& id);
+  // Appends dense rows to layer `layer` of `seq`, packing full blocks; on
+  // error `seq` is unchanged. REQUIRES: seq.mu held.
+  absl::Status AppendLocked(Sequence& seq, int layer, const DenseView& k, const DenseView& v);
+
+  const SequenceOptions options_;
+  ComputeBackend* const backend_;
+  storage::Clock* const clock_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
+  // Ids of owned block versions: 1, 2, ... (stored blocks' ids have the top
+  // bit set, see sequence_manager.cc).
+  std::atomic<uint64_t> next_owned_id_{1};
+};
+
+}  // namespace tqkv::service
+
+#endif  // TQKV_SERVICE_SEQUENCE_MANAGER_H_

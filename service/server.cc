@@ -1,0 +1,147 @@
+#include "service/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
+#include <exception>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "codec/status_macros.h"
+
+namespace tqkv::service {
+
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("address '", address, "' is not HOST:PORT (port 0..65535)"));
+  return std::make_pair(address.substr(0, colon), port);
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
+                                                      const CudaBackendFactory& cuda) {
+  std::unique_ptr<Server> s(new Server(options));
+  TQ_ASSIGN_OR_RETURN(auto listen, SplitHostPort(options.listen));
+  if (options.max_message_bytes < 1024)
+    return absl::InvalidArgumentError("--max_message_bytes must be at least 1024");
+  if (!options.auth_tokens_file.empty()) {
+    TQ_ASSIGN_OR_RETURN(s->auth_, Authenticator::FromFile(options.auth_tokens_file));
+  }
+  if (options.log != nullptr) s->log_ = std::make_unique<LineLog>(options.log);
+  auto note = [&](const std::string& line) {
+    if (s->log_) s->log_->Write(absl::StrCat("tqkv-server: ", line));
+  };
+
+  if (options.clock == nullptr) s->owned_clock_ = std::make_unique<storage::RealClock>();
+  s->clock_ = options.clock ? options.clock : s->owned_clock_.get();
+
+  storage::BlockStoreOptions so;
+  so.host_capacity_bytes = options.host_budget_bytes;
+  so.disk_capacity_bytes = options.disk_budget_bytes;
+  so.max_pin_ttl = options.service.max_pin_ttl;
+  so.clock = s->clock_;
+  if (!options.data_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.data_dir, ec);
+    if (ec)
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create --data_dir ", options.data_dir, ": ", ec.message()));
+    so.disk_path = (std::filesystem::path(options.data_dir) / "rocksdb").string();
+  }
+  TQ_ASSIGN_OR_RETURN(s->store_, storage::BlockStore::Open(so));
+  s->registry_ = std::make_unique<ModelRegistry>(s->store_.get());
+  TQ_ASSIGN_OR_RETURN(std::vector<std::string> warnings, s->registry_->Load());
+  for (const std::string& w : warnings) note(w);
+
+  TQ_ASSIGN_OR_RETURN(SelectedBackend b, SelectBackend(options.backend, options.threads, cuda));
+  s->backend_ = std::move(b.backend);
+  s->backend_note_ = b.note;
+  if (!b.note.empty()) note(b.note);
+
+  s->service_ = std::make_unique<KvService>(options.service, s->store_.get(), s->registry_.get(),
+                                            s->backend_.get(), s->clock_);
+
+  s->prom_registry_ = std::make_shared<prometheus::Registry>();
+  s->rpc_metrics_ = std::make_unique<RpcMetrics>(*s->prom_registry_);
+  s->collector_ =
+      std::make_shared<StoreCollector>(s->store_.get(), s->registry_.get(), s->service_.get());
+  if (!options.metrics_listen.empty()) {
+    TQ_ASSIGN_OR_RETURN(auto mhost, SplitHostPort(options.metrics_listen));
+    try {
+      s->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
+    }
+    s->exposer_->RegisterCollectable(s->prom_registry_);
+    s->exposer_->RegisterCollectable(s->collector_);
+    std::vector<int> ports = s->exposer_->GetListeningPorts();
+    s->metrics_address_ =
+        absl::StrCat(mhost.first, ":", ports.empty() ? mhost.second : ports.front());
+  }
+
+  s->env_ = RpcEnv{&s->auth_, s->rpc_metrics_.get(),
+                   options.log_rpc_errors ? s->log_.get() : nullptr};
+  s->kv_handler_ = std::make_unique<KvStoreHandler>(s->service_.get(), &s->env_);
+  s->admin_handler_ = std::make_unique<AdminHandler>(s->service_.get(), &s->env_);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(s->kv_handler_.get());
+  builder.RegisterService(s->admin_handler_.get());
+  s->grpc_server_ = builder.BuildAndStart();
+  if (s->grpc_server_ == nullptr || bound_port == 0)
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  s->address_ = absl::StrCat(listen.first, ":", bound_port);
+  s->maintenance_ = std::thread([p = s.get()] { p->MaintenanceLoop(); });
+  return s;
+}
+
+void Server::MaintenanceLoop() {
+  while (!stop_maintenance_.WaitForNotificationWithTimeout(options_.maintenance_interval))
+    service_->Maintain();
+}
+
+absl::Status Server::Shutdown() {
+  if (shut_down_) return absl::OkStatus();
+  shut_down_ = true;
+  absl::Status status;
+  if (grpc_server_) {
+    if (auto* health = grpc_server_->GetHealthCheckService()) health->Shutdown();
+    grpc_server_->Shutdown(std::chrono::system_clock::now() +
+                           absl::ToChronoNanoseconds(options_.shutdown_grace));
+    grpc_server_->Wait();
+    grpc_server_.reset();
+  }
+  if (maintenance_.joinable()) {
+    stop_maintenance_.Notify();
+    maintenance_.join();
+  }
+  exposer_.reset();  // no scrape may run while the store goes away
+  service_.reset();  // sequences release their block references
+  if (store_ && options_.spill_on_shutdown && store_->Stats().disk_enabled) {
+    storage::EvictSpec all;
+    absl::StatusOr<storage::EvictResult> r = store_->Evict(all);
+    if (!r.ok()) status.Update(r.status());
+  }
+  if (registry_ && store_ && store_->Stats().disk_enabled) status.Update(registry_->SyncRecords());
+  store_.reset();
+  return status;
+}
+
+Server::Server(const ServerOptions& options) : options_(options) {}
+
+Server::~Server() { Shutdown().IgnoreError(); }
+
+}  // namespace tqkv::service

@@ -1,0 +1,139 @@
+// Server: the composition root of tqkv-server. It builds the block store
+// (RocksDB under data_dir), the model registry (reloaded from the store),
+// the compute backend, the KvService, metrics and the gRPC server, and
+// tears them down in order.
+//
+// Thread safety: Start and Shutdown are called from one thread; the
+// accessors are const and may be called from any thread after Start.
+#ifndef TQKV_SERVICE_SERVER_H_
+#define TQKV_SERVICE_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "service/auth.h"
+#include "service/backend_select.h"
+#include "service/grpc_service.h"
+#include "service/kv_service.h"
+#include "service/metrics.h"
+#include "service/model_registry.h"
+#include "service/rpc_scope.h"
+#include "storage/block_store.h"
+#include "storage/clock.h"
+
+namespace prometheus {
+class Exposer;
+class Registry;
+}  // namespace prometheus
+
+namespace tqkv::service {
+
+struct ServerOptions {
+  // gRPC address; port 0 picks a free port. Default: 0.0.0.0:50051.
+  std::string listen = "0.0.0.0:50051";
+  // Prometheus /metrics address; port 0 picks a free port; empty disables.
+  // Default: 0.0.0.0:9464.
+  std::string metrics_listen = "0.0.0.0:9464";
+  // Directory of the RocksDB disk tier (created if missing); empty: no disk
+  // tier (host memory only, nothing survives a restart). Default: ./data.
+  std::string data_dir = "./data";
+  // auto, cpu or cuda (see backend_select.h). Default: auto.
+  std::string backend = "auto";
+  // Host-memory budget for block payloads. Default: 1 GiB.
+  uint64_t host_budget_bytes = uint64_t{1} << 30;
+  // Disk budget for spilled/durable payloads. Default: 64 GiB.
+  uint64_t disk_budget_bytes = uint64_t{64} << 30;
+  // Largest gRPC message received or sent. Default: 64 MiB.
+  int max_message_bytes = 64 << 20;
+  // `token tenant [admin]` lines; empty: auth off (tenant "default").
+  // Default: empty.
+  std::string auth_tokens_file;
+  // CPU backend worker threads; -1: cores − 1. Default: -1.
+  int threads = -1;
+  // On graceful shutdown, move every host-resident block to disk (as far
+  // as the disk budget allows) so a restart finds it. Default: true.
+  bool spill_on_shutdown = true;
+  // How long Shutdown waits for in-flight RPCs before cancelling them.
+  // Default: 10 s.
+  absl::Duration shutdown_grace = absl::Seconds(10);
+  // How often idle sequences and stale staged parts are expired.
+  // Default: 1 s.
+  absl::Duration maintenance_interval = absl::Seconds(1);
+  // Log failed RPCs (not NOT_FOUND) to `log`. Default: true.
+  bool log_rpc_errors = true;
+  // Where startup notes and RPC failures go. Not owned. Default: null (none).
+  std::ostream* log = nullptr;
+  KvServiceOptions service;
+  // Time source for leases, sequences and staging. Not owned. Default: null
+  // (real time).
+  storage::Clock* clock = nullptr;
+};
+
+class Server {
+ public:
+  // Builds everything and starts serving. `cuda` is the CUDA backend
+  // factory when linked (null otherwise). Errors: bad options
+  // (INVALID_ARGUMENT), backend selection errors, store open errors,
+  // UNAVAILABLE when an address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
+                                                        const CudaBackendFactory& cuda);
+  // Shuts down if still running.
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // "HOST:PORT" actually bound (port resolved when 0 was asked for).
+  const std::string& address() const { return address_; }
+  // Empty when metrics are disabled.
+  const std::string& metrics_address() const { return metrics_address_; }
+  std::string backend_name() const { return backend_->name(); }
+  const std::string& backend_note() const { return backend_note_; }
+
+  // Graceful: health turns NOT_SERVING, new calls are refused, in-flight
+  // calls get up to shutdown_grace to finish, then host blocks are spilled
+  // (spill_on_shutdown), the WAL is synced and the store closed.
+  // Idempotent. Returns the first error of the spill/sync steps.
+  absl::Status Shutdown();
+
+ private:
+  explicit Server(const ServerOptions& options);
+  void MaintenanceLoop();
+
+  const ServerOptions options_;
+  std::unique_ptr<storage::Clock> owned_clock_;
+  storage::Clock* clock_ = nullptr;
+  std::unique_ptr<storage::BlockStore> store_;
+  std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<ComputeBackend> backend_;
+  std::string backend_note_;
+  std::unique_ptr<KvService> service_;
+  Authenticator auth_;
+  std::unique_ptr<LineLog> log_;
+  std::shared_ptr<prometheus::Registry> prom_registry_;
+  std::unique_ptr<RpcMetrics> rpc_metrics_;
+  std::shared_ptr<StoreCollector> collector_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  RpcEnv env_;
+  std::unique_ptr<KvStoreHandler> kv_handler_;
+  std::unique_ptr<AdminHandler> admin_handler_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::string address_, metrics_address_;
+  absl::Notification stop_maintenance_;
+  std::thread maintenance_;
+  bool shut_down_ = false;
+};
+
+// Splits "host:port" / "[v6]:port". INVALID_ARGUMENT if malformed.
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
+
+}  // namespace tqkv::service
+
+#endif  // TQKV_SERVICE_SERVER_H_
