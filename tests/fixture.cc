@@ -1,0 +1,105 @@
+#include "tests/fixture.h"
+
+#include "codec/dtype.h"
+
+namespace tqkv::testing {
+
+void ServerTest::StartServer(const std::vector<std::string>& flags) {
+  if (data_dir_.empty()) data_dir_ = MakeTempDir("tqkv-data");
+  flags_ = flags;
+  auto p = ServerProcess::Start(data_dir_, flags_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  server_ = std::move(*p);
+  client::ClientOptions o;
+  o.target = server_->address();
+  o.deadline = absl::Seconds(60);
+  auto c = client::Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  client_ = std::move(*c);
+}
+
+void ServerTest::Restart(bool kill9) {
+  client_.reset();
+  if (kill9) {
+    server_->Kill();
+  } else {
+    ASSERT_EQ(server_->Stop(), 0) << "graceful shutdown must exit 0";
+  }
+  server_.reset();
+  StartServer(flags_);
+}
+
+v1::ModelRef ServerTest::RegisterSmall(const std::string& name) {
+  auto r = client_->RegisterModel(client::SmallModel(name));
+  EXPECT_TRUE(r.ok()) << r.status();
+  v1::ModelRef ref;
+  if (!r.ok()) return ref;
+  ref.set_model_id(r->model_id());
+  ref.set_layout_fingerprint(r->layout_fingerprint());
+  return ref;
+}
+
+std::vector<v1::PutBlock> ServerTest::PutDense(const v1::ModelRef& model,
+                                               const std::vector<std::string>& hashes,
+                                               uint64_t seed0, bool durable) {
+  const v1::ModelLayout layout = client::SmallModel("x").layout();
+  std::vector<v1::PutBlock> blocks;
+  std::string parent;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    blocks.push_back(client::DenseBlock(layout, hashes[i], parent, seed0 + i));
+    parent = hashes[i];
+  }
+  v1::PutHeader h;
+  *h.mutable_model() = model;
+  h.set_durable(durable);
+  auto r = client_->PutBlocks(h, blocks);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return blocks;
+}
+
+v1::ModelStats ServerTest::ModelStats(const v1::ModelRef& model) {
+  v1::StatsRequest req;
+  req.set_model_id(model.model_id());
+  auto r = client_->Stats(req);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok() || r->models_size() != 1) return v1::ModelStats();
+  return r->models(0);
+}
+
+uint64_t ServerTest::Blocks(const v1::ModelRef& model, v1::Tier tier) {
+  uint64_t n = 0;
+  const v1::ModelStats stats = ModelStats(model);
+  for (const v1::TierBytes& t : stats.tiers())
+    if (tier == v1::TIER_UNSPECIFIED || t.tier() == tier) n += t.blocks();
+  return n;
+}
+
+std::unique_ptr<ModelCodec> SmallCodec() {
+  ModelShape s{.num_layers = 2, .num_kv_heads = 2, .num_q_heads = 4, .head_dim = 64,
+               .block_size = 16};
+  CodecOptions o;
+  o.format = "k4v4";
+  o.seed = 7;
+  return std::move(ModelCodec::Create(s, o, nullptr)).value();
+}
+
+std::string EncodeLocally(ModelCodec& codec, CpuBackend& backend, const v1::PutBlock& block) {
+  const ModelShape& s = codec.shape();
+  const int layers = static_cast<int>(block.k().shape(0));
+  const int64_t tokens = block.k().shape(1);
+  const size_t layer_bytes = static_cast<size_t>(tokens) * s.num_kv_heads * s.head_dim * 2;
+  std::vector<DenseView> k, v;
+  for (int l = 0; l < layers; ++l) {
+    k.push_back({block.k().data().data() + l * layer_bytes, DType::kF16, tokens, s.num_kv_heads,
+                 s.head_dim});
+    v.push_back({block.v().data().data() + l * layer_bytes, DType::kF16, tokens, s.num_kv_heads,
+                 s.head_dim});
+  }
+  std::string out(codec.layer_range_bytes(0, layers), '\0');
+  absl::Status st =
+      backend.EncodeBlock(codec, 0, layers, k, v, reinterpret_cast<uint8_t*>(out.data()));
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+}  // namespace tqkv::testing

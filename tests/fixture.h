@@ -1,0 +1,66 @@
+// Shared fixture of the integration tests: a real tqkv-server child process
+// (port 0, temporary data dir), the real C++ client, the small test model,
+// and a local ModelCodec/CpuBackend built independently of the server to
+// check its bytes.
+#ifndef TQKV_TESTS_FIXTURE_H_
+#define TQKV_TESTS_FIXTURE_H_
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/cpp/client.h"
+#include "client/cpp/synthetic.h"
+#include "codec/cpu_backend.h"
+#include "codec/model_codec.h"
+#include "tests/server_process.h"
+
+namespace tqkv::testing {
+
+// Asserts an absl::StatusOr is OK and yields its value.
+#define TQ_ASSERT_OK_AND_ASSIGN(lhs, expr)                             \
+  auto TQ_CONCAT_T_(sor_, __LINE__) = (expr);                          \
+  ASSERT_TRUE(TQ_CONCAT_T_(sor_, __LINE__).ok())                       \
+      << TQ_CONCAT_T_(sor_, __LINE__).status();                        \
+  lhs = std::move(TQ_CONCAT_T_(sor_, __LINE__)).value()
+#define TQ_CONCAT_T_(a, b) TQ_CONCAT_T_INNER_(a, b)
+#define TQ_CONCAT_T_INNER_(a, b) a##b
+
+class ServerTest : public ::testing::Test {
+ protected:
+  // Starts the server with `flags` on data_dir_ (a fresh temp dir unless
+  // already set) and connects client_.
+  void StartServer(const std::vector<std::string>& flags = {});
+  // Stops (SIGTERM, expecting exit 0) or kills (SIGKILL) the server, then
+  // starts it again on the same data dir with the same flags.
+  void Restart(bool kill9);
+  // Registers client::SmallModel(name); returns its ref.
+  v1::ModelRef RegisterSmall(const std::string& name = "small");
+  // Dense puts of blocks `hashes` (block i from seed seed0 + i), in one
+  // stream. Returns the blocks sent.
+  std::vector<v1::PutBlock> PutDense(const v1::ModelRef& model,
+                                     const std::vector<std::string>& hashes, uint64_t seed0,
+                                     bool durable = false);
+  // Stats of one model (asserts success).
+  v1::ModelStats ModelStats(const v1::ModelRef& model);
+  // Total blocks of a model over all tiers where the tier matches (or all
+  // tiers when tier is TIER_UNSPECIFIED).
+  uint64_t Blocks(const v1::ModelRef& model, v1::Tier tier = v1::TIER_UNSPECIFIED);
+
+  std::string data_dir_;
+  std::vector<std::string> flags_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<client::Client> client_;
+};
+
+// The codec the server must use for client::SmallModel, built locally.
+std::unique_ptr<ModelCodec> SmallCodec();
+// The packed payload the server must store for a dense block (local CPU
+// encode of the same input).
+std::string EncodeLocally(ModelCodec& codec, CpuBackend& backend, const v1::PutBlock& block);
+
+}  // namespace tqkv::testing
+
+#endif  // TQKV_TESTS_FIXTURE_H_
