@@ -1,0 +1,404 @@
+"""`tqkv.Client`: a synchronous Python client for the tqkv.v1 gRPC service.
+
+Thread safety: a Client may be shared by threads (gRPC channels are).
+Retries: calls that are safe to repeat are retried with exponential backoff
+and jitter when the server answers UNAVAILABLE (the contract's "retry the same
+call"). Append is never retried (a repeat would append twice); a PutBlocks
+stream is retried only when `blocks` is a sequence (a generator cannot be
+replayed) - a failed stream commits nothing, so a replay is safe. A GetBlocks
+stream that breaks with UNAVAILABLE resumes from the first block not yet
+received.
+"""
+import collections.abc
+import itertools
+import random
+import time
+
+import grpc
+
+from . import errors
+from . import tensors
+from ._proto import pb, pb_grpc
+from .types import (TIER_NAMES, Block, BlockData, EvictResult, Format, LookupResult, Model,
+                    PutResult, Stats)
+
+_DEFAULT_MAX_MESSAGE = 1 << 30
+
+
+def _hash_bytes(h):
+    if isinstance(h, str):
+        return h.encode()
+    if isinstance(h, (bytes, bytearray, memoryview)):
+        return bytes(h)
+    raise TypeError(f"block hash must be bytes or str, got {type(h).__name__}")
+
+
+def _hashes(hs):
+    if isinstance(hs, (bytes, str)):
+        hs = [hs]
+    return [_hash_bytes(h) for h in hs]
+
+
+class Client:
+    """Connects to a tqkv server.
+
+    address: "host:port". token: bearer token sent as `authorization` metadata
+    (None: no auth). timeout: per-attempt deadline in seconds for unary calls
+    and whole streams. retries/backoff_s/max_backoff_s: UNAVAILABLE retry
+    policy (attempts after the first; first delay; cap). credentials: a
+    grpc.ChannelCredentials for TLS (default plaintext).
+    """
+
+    def __init__(self, address, token=None, timeout=30.0, *, retries=5, backoff_s=0.05,
+                 max_backoff_s=2.0, credentials=None, max_message_bytes=_DEFAULT_MAX_MESSAGE,
+                 options=()):
+        opts = [("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes)] + list(options)
+        if credentials is not None:
+            self._channel = grpc.secure_channel(address, credentials, options=opts)
+        else:
+            self._channel = grpc.insecure_channel(address, options=opts)
+        self._kv = pb_grpc.KvStoreStub(self._channel)
+        self._admin = pb_grpc.AdminStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.address = address
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    # ---- lifecycle ---------------------------------------------------------
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def wait_ready(self, timeout=10.0):
+        """Blocks until the channel connects; errors.Unavailable on timeout."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise errors.Unavailable(f"{self.address} not reachable within {timeout}s",
+                                     method="wait_ready") from None
+
+    # ---- plumbing ----------------------------------------------------------
+    def _sleep(self, attempt):
+        d = min(self.max_backoff_s, self.backoff_s * (2 ** attempt))
+        time.sleep(d * (0.5 + random.random() / 2))
+
+    def _call(self, method, fn, request, *, retry=True):
+        attempt = 0
+        while True:
+            try:
+                return fn(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError as e:
+                if retry and e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    self._sleep(attempt)
+                    attempt += 1
+                    continue
+                raise errors.from_rpc_error(e, method) from None
+
+    @staticmethod
+    def _ref(model):
+        if isinstance(model, Model):
+            return model.ref()
+        if isinstance(model, pb.ModelRef):
+            return model
+        model_id, fingerprint = model
+        return pb.ModelRef(model_id=model_id, layout_fingerprint=fingerprint)
+
+    # ---- models ------------------------------------------------------------
+    def register_model(self, name, *, num_layers, num_kv_heads, head_dim, block_size,
+                       num_q_heads=None, dtype="fp16", cache_dtype="k4v4",
+                       layer_cache_dtypes=None, dense_first_layers=0, dense_last_layers=0,
+                       recipe_metadata_json="", rotation="", rotation_seed=0,
+                       block_hash_scheme=""):
+        """Registers (or re-attaches to an identical registration of) a model.
+
+        Returns a `Model` with model_id, fingerprint, the packed `format` and
+        `created` (False when an identical registration existed). Raises
+        AlreadyExists when `name` is registered with a different layout or
+        codec, InvalidArgument for an unusable layout or cache dtype.
+        """
+        req = pb.RegisterModelRequest(
+            model_name=name,
+            layout=pb.ModelLayout(num_layers=num_layers, num_kv_heads=num_kv_heads,
+                                  num_q_heads=num_q_heads if num_q_heads else num_kv_heads,
+                                  head_dim=head_dim, block_size=block_size,
+                                  dtype=tensors.parse_dtype(dtype)),
+            codec=pb.CodecConfig(cache_dtype=cache_dtype,
+                                 layer_cache_dtypes=dict(layer_cache_dtypes or {}),
+                                 dense_first_layers=dense_first_layers,
+                                 dense_last_layers=dense_last_layers,
+                                 recipe_metadata_json=recipe_metadata_json,
+                                 rotation=rotation, rotation_seed=rotation_seed),
+            block_hash_scheme=block_hash_scheme)
+        r = self._call("RegisterModel", self._kv.RegisterModel, req)
+        lay = req.layout
+        return Model(model_id=r.model_id, fingerprint=r.layout_fingerprint,
+                     format=Format.from_proto(r.format), created=r.created, name=name,
+                     num_layers=lay.num_layers, num_kv_heads=lay.num_kv_heads,
+                     num_q_heads=lay.num_q_heads, head_dim=lay.head_dim,
+                     block_size=lay.block_size)
+
+    # ---- blocks ------------------------------------------------------------
+    def put_blocks(self, model, blocks, *, first_layer=0, last_layer=0, durable=False,
+                   dtype=None):
+        """Streams blocks to the server; nothing is visible until the stream
+        commits, then all of them are.
+
+        blocks: an iterable of `Block` (or tuples (hash, k, v[, parent]) for
+        dense, (hash, payload) for packed); all dense or all packed. Dense k/v
+        are [layers in range, tokens <= block_size, kv_heads, d]; `dtype`
+        optionally converts them before sending ("fp16", "bf16", "fp32").
+        Layers [first_layer, last_layer) (0: all). durable: acknowledged only
+        once synced to disk. Returns a PutResult. Raises InvalidArgument (bad
+        shapes, sizes or dtypes), FailedPrecondition (fingerprint),
+        AlreadyExists (different bytes under a stored hash),
+        ResourceExhausted (budget or message size); an exception raised while
+        iterating `blocks` cancels the stream (nothing committed) and is
+        re-raised.
+        """
+        replayable = isinstance(blocks, collections.abc.Sequence)
+        ref = self._ref(model)
+        attempt = 0
+        while True:
+            it = iter(blocks)
+            try:
+                first = _as_block(next(it))
+            except StopIteration:
+                first = None
+            packed = first is not None and first.payload is not None
+            header = pb.PutHeader(model=ref, first_layer=first_layer, last_layer=last_layer,
+                                  packed=packed, durable=durable)
+            failure = []
+
+            def requests(first=first, it=it):
+                yield pb.PutBlocksRequest(header=header)
+                if first is None:
+                    return
+                try:
+                    for b in itertools.chain([first], (_as_block(x) for x in it)):
+                        yield pb.PutBlocksRequest(block=_block_proto(b, packed, dtype))
+                except BaseException as e:  # cancel the stream: nothing commits
+                    failure.append(e)
+                    raise
+
+            try:
+                r = self._kv.PutBlocks(requests(), timeout=self.timeout, metadata=self._metadata)
+                return PutResult(r.committed, r.already_present, r.staged, r.packed_bytes,
+                                 r.dense_equivalent_bytes)
+            except grpc.RpcError as e:
+                if failure:
+                    raise failure[0] from None
+                if (replayable and e.code() == grpc.StatusCode.UNAVAILABLE
+                        and attempt < self.retries):
+                    self._sleep(attempt)
+                    attempt += 1
+                    continue
+                raise errors.from_rpc_error(e, "PutBlocks") from None
+
+    def put(self, model, hashes, k=None, v=None, *, payloads=None, parents=None, **kw):
+        """Convenience over put_blocks: hashes[i] gets k[i], v[i] (dense,
+        [n, layers, tokens, kv_heads, d]) or payloads[i] (packed)."""
+        hs = _hashes(hashes)
+        parents = parents or [b""] * len(hs)
+        if payloads is not None:
+            bl = [Block(h, payload=p, parent=_hash_bytes(pa))
+                  for h, p, pa in zip(hs, payloads, parents)]
+        else:
+            bl = [Block(h, k=k[i], v=v[i], parent=_hash_bytes(parents[i]))
+                  for i, h in enumerate(hs)]
+        return self.put_blocks(model, bl, **kw)
+
+    def lookup(self, model, hashes):
+        """Counts consecutive leading hits of a prefix chain. Returns a
+        LookupResult(hits, tiers)."""
+        r = self._call("Lookup", self._kv.Lookup,
+                       pb.LookupRequest(model=self._ref(model), block_hashes=_hashes(hashes)))
+        return LookupResult(r.hits, [TIER_NAMES.get(t, str(t)) for t in r.tiers])
+
+    def iter_blocks(self, model, hashes, *, first_layer=0, last_layer=0, dense=False,
+                    dtype="fp16", as_torch=False):
+        """Yields a BlockData per requested hash, in order, as they stream in.
+
+        Packed (default): `payload` bytes of layers [first_layer, last_layer)
+        and the `format`. dense=True: `k`, `v` arrays [layers, block_size,
+        kv_heads, d] in `dtype` (numpy, bf16 as uint16; torch when as_torch).
+        Raises NotFound for a missing block, FailedPrecondition for a stale
+        fingerprint, DataLoss for a block that failed its checksum.
+        """
+        hs = _hashes(hashes)
+        ref = self._ref(model)
+        fmt = None
+        done = 0
+        attempt = 0
+        while done < len(hs) or (done == 0 and not hs):
+            req = pb.GetBlocksRequest(model=ref, block_hashes=hs[done:], first_layer=first_layer,
+                                      last_layer=last_layer, dense=dense,
+                                      dense_dtype=tensors.parse_dtype(dtype) if dense else 0)
+            try:
+                for r in self._kv.GetBlocks(req, timeout=self.timeout, metadata=self._metadata):
+                    if r.HasField("format"):
+                        fmt = Format.from_proto(r.format)
+                    tier = TIER_NAMES.get(r.tier, str(r.tier))
+                    if dense:
+                        yield BlockData(r.block_hash, tier,
+                                        k=tensors.from_proto(r.k, as_torch),
+                                        v=tensors.from_proto(r.v, as_torch))
+                    else:
+                        yield BlockData(r.block_hash, tier, payload=r.payload, format=fmt)
+                    done += 1
+                return
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    self._sleep(attempt)
+                    attempt += 1
+                    continue
+                raise errors.from_rpc_error(e, "GetBlocks") from None
+
+    def get_blocks(self, model, hashes, **kw):
+        """List form of iter_blocks (same arguments)."""
+        return list(self.iter_blocks(model, hashes, **kw))
+
+    def pin(self, model, hashes, ttl_ms=0):
+        """Pins blocks against eviction for a lease of ttl_ms (server-capped).
+        Returns the number pinned."""
+        return self._call("Pin", self._kv.Pin, pb.PinRequest(
+            model=self._ref(model), block_hashes=_hashes(hashes), ttl_ms=ttl_ms)).pinned
+
+    def unpin(self, model, hashes):
+        """Releases pins; returns the number unpinned."""
+        return self._call("Unpin", self._kv.Unpin, pb.UnpinRequest(
+            model=self._ref(model), block_hashes=_hashes(hashes))).unpinned
+
+    def delete(self, model, hashes):
+        """Deletes blocks; returns the number deleted."""
+        return self._call("Delete", self._kv.Delete, pb.DeleteRequest(
+            model=self._ref(model), block_hashes=_hashes(hashes))).deleted
+
+    def evict(self, model_id=0, max_bytes=0, drop=False):
+        """Admin: evicts up to max_bytes (0: no limit) of a model (0: every model
+        of the tenant), spilling to disk or dropping. Returns EvictResult."""
+        if isinstance(model_id, Model):
+            model_id = model_id.model_id
+        r = self._call("Evict", self._admin.Evict,
+                       pb.EvictRequest(model_id=model_id, max_bytes=max_bytes, drop=drop))
+        return EvictResult(r.blocks, r.bytes)
+
+    def stats(self, model_id=0):
+        """Per-model, per-tier byte accounting of the caller's tenant."""
+        if isinstance(model_id, Model):
+            model_id = model_id.model_id
+        return Stats.from_proto(self._call("Stats", self._kv.Stats,
+                                           pb.StatsRequest(model_id=model_id)))
+
+    # ---- sequences ---------------------------------------------------------
+    def create_sequence(self, model, hashes=(), tail_k=None, tail_v=None, ttl_ms=0):
+        """Creates a decode sequence over stored blocks (pinned while it lives)
+        plus optional dense tail tokens [layers, tokens, kv_heads, d]. Returns
+        a `Sequence` (a context manager that drops it)."""
+        req = pb.CreateSequenceRequest(model=self._ref(model), block_hashes=_hashes(hashes),
+                                       ttl_ms=ttl_ms)
+        if tail_k is not None:
+            req.tail_k.CopyFrom(tensors.to_proto(tail_k))
+        if tail_v is not None:
+            req.tail_v.CopyFrom(tensors.to_proto(tail_v))
+        r = self._call("CreateSequence", self._kv.CreateSequence, req)
+        return Sequence(self, r.sequence_id, r.num_tokens)
+
+    def append(self, sequence_id, layer, k, v):
+        """Appends tokens' K/V ([tokens, kv_heads, d]) to one layer of a
+        sequence; returns that layer's token count. Never retried."""
+        req = pb.AppendRequest(sequence_id=_seq_id(sequence_id), layer=layer,
+                               k=tensors.to_proto(k), v=tensors.to_proto(v))
+        return self._call("Append", self._kv.Append, req, retry=False).num_tokens
+
+    def attend(self, layer, items, scale=0.0, *, return_kernel_micros=False):
+        """Attention of queries over stored sequences at one layer.
+
+        items: iterable of (sequence, q) or (sequence, q, positions), q of shape
+        [num_queries, q_heads, d]; positions per query (empty: decode at the
+        last token). Returns one output [num_queries, q_heads, d] per item in
+        q's dtype - a torch tensor when q was one. scale 0: 1/sqrt(d).
+        """
+        req = pb.AttendRequest(layer=layer, scale=scale)
+        torch_out = []
+        for item in items:
+            seq, q = item[0], item[1]
+            positions = item[2] if len(item) > 2 and item[2] is not None else ()
+            req.items.append(pb.AttendItem(sequence_id=_seq_id(seq), q=tensors.to_proto(q),
+                                           positions=[int(p) for p in positions]))
+            torch_out.append(tensors.is_torch(q))
+        r = self._call("Attend", self._kv.Attend, req)
+        outs = [tensors.from_proto(t, as_torch=tt) for t, tt in zip(r.outputs, torch_out)]
+        return (outs, r.kernel_micros) if return_kernel_micros else outs
+
+    def drop_sequence(self, sequence_id):
+        self._call("DropSequence", self._kv.DropSequence,
+                   pb.DropSequenceRequest(sequence_id=_seq_id(sequence_id)))
+
+
+class Sequence:
+    """Handle of a server-side decode sequence; `with` drops it on exit."""
+
+    def __init__(self, client, sequence_id, num_tokens):
+        self.client = client
+        self.id = sequence_id
+        self.num_tokens = num_tokens
+
+    def append(self, layer, k, v):
+        return self.client.append(self.id, layer, k, v)
+
+    def attend(self, layer, q, positions=None, scale=0.0):
+        return self.client.attend(layer, [(self.id, q, positions)], scale)[0]
+
+    def drop(self):
+        self.client.drop_sequence(self.id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.drop()
+        except errors.NotFound:
+            pass
+
+    def __repr__(self):
+        return f"Sequence({self.id!r}, num_tokens={self.num_tokens})"
+
+
+def _seq_id(s):
+    return s.id if isinstance(s, Sequence) else str(s)
+
+
+def _as_block(x):
+    if isinstance(x, Block):
+        return x
+    if isinstance(x, tuple):
+        if len(x) == 2:
+            return Block(_hash_bytes(x[0]), payload=x[1])
+        if len(x) in (3, 4):
+            return Block(_hash_bytes(x[0]), k=x[1], v=x[2],
+                         parent=_hash_bytes(x[3]) if len(x) == 4 else b"")
+    raise TypeError("blocks must be Block objects or (hash, k, v[, parent]) / "
+                    "(hash, payload) tuples")
+
+
+def _block_proto(b, packed, dtype):
+    if (b.payload is not None) != packed:
+        raise ValueError("a put stream must be all packed or all dense blocks")
+    msg = pb.PutBlock(block_hash=_hash_bytes(b.hash), parent_hash=_hash_bytes(b.parent or b""))
+    if packed:
+        msg.payload = bytes(b.payload)
+    else:
+        if b.k is None or b.v is None:
+            raise ValueError("a dense block needs both k and v")
+        msg.k.CopyFrom(tensors.to_proto(b.k, dtype))
+        msg.v.CopyFrom(tensors.to_proto(b.v, dtype))
+    return msg
