@@ -1,8 +1,13 @@
 """cuda_library: compiles .cu files with the system nvcc for Hopper (sm_90a).
 
-Each .cu becomes one position-independent object through a genrule; the
-objects form a cc_library that ordinary cc_* targets link. cudart is linked
-statically (@cuda//:cudart), so binaries need only the driver at run time.
+Each .cu becomes one position-independent object through a genrule (named
+`.pic.o` so that Bazel links it into both PIC and non-PIC outputs, e.g. the
+shared library that the Python benchmark loads); the objects form a
+cc_library that ordinary cc_* targets link. cudart is linked statically
+(@cuda//:cudart), so binaries need only the driver at run time.
+
+IEEE division and sqrt stay on (no --use_fast_math): the encode kernels
+reproduce the CPU codec bit for bit.
 """
 
 NVCC = "/usr/local/cuda/bin/nvcc"
@@ -15,26 +20,29 @@ NVCC_FLAGS = [
     "--expt-relaxed-constexpr",
     "-Xcompiler -fPIC",
     "-Xcompiler -Wall",
+    "-Xcompiler -Wno-sign-compare",
     "-lineinfo",
 ]
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], nvcc_srcs = [], deps = [], copts = [], **kwargs):
     """A cc_library whose srcs are .cu files compiled by nvcc.
 
     Args:
       name: target name.
       srcs: .cu files.
-      hdrs: headers the .cu files and users include (.h, .cuh).
-      deps: cc_library deps; their headers must be listed in `hdrs` of those
-        targets so the genrule sees them (passed as srcs).
+      hdrs: headers exported to users of the library (plain C++ headers).
+      nvcc_srcs: extra files the .cu files include (.cuh, headers of deps);
+        they are inputs of every nvcc action.
+      deps: cc_library deps the objects need at link time.
       copts: extra nvcc flags.
     """
     objs = []
     for src in srcs:
-        obj = "_objs_%s/%s.o" % (name, src.replace("/", "_").replace(".cu", ""))
+        base = src.replace("/", "_").rsplit(".", 1)[0]
+        obj = "_objs_%s/%s.pic.o" % (name, base)
         native.genrule(
-            name = "%s_%s_nvcc" % (name, src.replace("/", "_").replace(".", "_")),
-            srcs = [src] + hdrs + ["//codec:headers", "//gpu:headers"],
+            name = "%s_%s_nvcc" % (name, base),
+            srcs = [src] + hdrs + nvcc_srcs,
             outs = [obj],
             cmd = "%s %s %s -I. -I$(GENDIR) -c $(location %s) -o $@" % (
                 NVCC,

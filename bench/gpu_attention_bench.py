@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Fused paged TurboQuant decode vs torch fp16 SDPA decode, in one process.
+
+Loads libtqkv_gpu_capi.so (ctypes) and times, with CUDA events (median of
+--iters runs after warm-up, random data): a D2D copy (HBM ceiling), torch
+scaled_dot_product_attention decode on contiguous fp16 K/V (enable_gqa), and
+tqkv's paged decode for TQ4 (k4v4) and K4/V2 on randomly permuted pages.
+Prints time ratios against SDPA and achieved bandwidth on packed bytes
+against the copy ceiling.
+
+Usage: gpu_attention_bench.py --lib path/libtqkv_gpu_capi.so [--iters 50]
+"""
+import argparse
+import ctypes
+import statistics
+import sys
+
+import torch
+
+QH, KVH, D, BS = 32, 8, 128, 16
+SHAPES = [(64, 4096), (16, 16384), (32, 32768), (4, 65536), (1, 131072)]
+GOALS = {"k4v4": 0.35, "k4v2": 0.28}
+
+
+def timed(fn, iters):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def load(path):
+    lib = ctypes.CDLL(path)
+    vp, i64, i32, u64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64
+    lib.tqkv_gpu_create.restype = vp
+    lib.tqkv_gpu_create.argtypes = [ctypes.c_char_p, i32, i32, i32, i32, u64]
+    lib.tqkv_gpu_last_error.restype = ctypes.c_char_p
+    lib.tqkv_gpu_row_bytes.restype = i64
+    lib.tqkv_gpu_row_bytes.argtypes = [vp, i32]
+    lib.tqkv_gpu_encode.argtypes = [vp, vp, vp, i32, i64, vp, vp, vp, i64, vp, vp]
+    lib.tqkv_gpu_attention_workspace.restype = u64
+    lib.tqkv_gpu_attention_workspace.argtypes = [vp, i64, i64, i64, i32]
+    lib.tqkv_gpu_attention.argtypes = [vp, vp, vp, i64, vp, i32, vp, vp, vp, i64, i64, vp, vp, vp, u64, i32, i32, vp]
+    lib.tqkv_gpu_attention_uses_fast_path.argtypes = [vp, i64]
+    lib.tqkv_gpu_destroy.argtypes = [vp]
+    return lib
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args()
+    lib = load(args.lib)
+    dev = torch.device("cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    print(f"device: {torch.cuda.get_device_name(0)}  torch {torch.__version__}")
+
+    src = torch.empty(2 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    ms = timed(lambda: dst.copy_(src), args.iters)
+    ceiling = 2 * src.numel() / (ms * 1e-3)
+    print(f"copy ceiling (D2D, read+write): {ceiling / 1e12:.2f} TB/s ({ms:.3f} ms for 2 GiB)")
+    del src, dst
+
+    handles = {f: lib.tqkv_gpu_create(f.encode(), D, KVH, QH, BS, 7) for f in GOALS}
+    for f, h in handles.items():
+        if not h:
+            sys.exit(f"create {f}: {lib.tqkv_gpu_last_error().decode()}")
+    flag = torch.empty(8, dtype=torch.uint8, device=dev)
+    rows = []
+    for batch, ctx in SHAPES:
+        torch.manual_seed(0)
+        k = torch.randn(batch, KVH, ctx, D, dtype=torch.float16, device=dev)
+        v = torch.randn(batch, KVH, ctx, D, dtype=torch.float16, device=dev)
+        q16 = torch.randn(batch, QH, 1, D, dtype=torch.float16, device=dev)
+        sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q16, k, v, enable_gqa=True)
+        ref = sdpa().float().reshape(batch, QH, D)
+        t_sdpa = timed(sdpa, args.iters)
+        fp16_bytes = 2 * k.numel() * 2
+        line = f"{batch:3d} x {ctx:6d}: SDPA {t_sdpa:.3f} ms ({fp16_bytes / t_sdpa / 1e9:.2f} TB/s of fp16 KV)"
+        nblocks_per = ctx // BS
+        nblocks = batch * nblocks_per
+        perm = torch.randperm(nblocks, device=dev, dtype=torch.int64)
+        table = perm.reshape(batch, nblocks_per).to(torch.int32).contiguous()
+        packed = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
+        qseq = torch.arange(batch, dtype=torch.int32, device=dev)
+        pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)
+        q32 = q16.float().reshape(batch, QH, D).contiguous()
+        for f, h in handles.items():
+            kr, vr = lib.tqkv_gpu_row_bytes(h, 0), lib.tqkv_gpu_row_bytes(h, 1)
+            stride = BS * KVH * max(kr, vr)
+            kp = torch.empty(nblocks * stride, dtype=torch.uint8, device=dev)
+            vp = torch.empty(nblocks * stride, dtype=torch.uint8, device=dev)
+            # Encode per sequence from [ctx, KVH, D] token-major copies.
+            for b in range(batch):
+                kt = k[b].transpose(0, 1).contiguous()
+                vt = v[b].transpose(0, 1).contiguous()
+                t = torch.arange(ctx, device=dev)
+                slots = (table[b].long()[t // BS] * BS + t % BS).contiguous()
+                # Pages are written at stride `stride`: encode into a scratch
+                # contiguous region and scatter pages.
+                kpg = torch.empty(nblocks * BS * KVH * kr, dtype=torch.uint8, device=dev) if b == 0 else kpg
+                vpg = torch.empty(nblocks * BS * KVH * vr, dtype=torch.uint8, device=dev) if b == 0 else vpg
+                rc = lib.tqkv_gpu_encode(h, kt.data_ptr(), vt.data_ptr(), 0, ctx, slots.data_ptr(), kpg.data_ptr(),
+                                         vpg.data_ptr(), nblocks, flag.data_ptr(), stream)
+                if rc:
+                    sys.exit(f"encode: {lib.tqkv_gpu_last_error().decode()}")
+            kp.view(nblocks, stride)[:, : BS * KVH * kr] = kpg.view(nblocks, BS * KVH * kr)
+            vp.view(nblocks, stride)[:, : BS * KVH * vr] = vpg.view(nblocks, BS * KVH * vr)
+            del kpg, vpg
+            ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0)
+            ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
+            out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
+            call = lambda fast=1: lib.tqkv_gpu_attention(
+                h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nblocks_per, packed.data_ptr(),
+                qseq.data_ptr(), pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
+                ws_bytes, 0, fast, stream)
+            if call():
+                sys.exit(f"attention: {lib.tqkv_gpu_last_error().decode()}")
+            torch.cuda.synchronize()
+            err = ((out - ref).norm() / ref.norm()).item()
+            t_tq = timed(call, args.iters)
+            floor = batch * ctx * KVH * (kr + vr)
+            bw = floor / (t_tq * 1e-3)
+            fast = lib.tqkv_gpu_attention_uses_fast_path(h, stride)
+            t_gen = timed(lambda: call(0), max(5, args.iters // 5)) if batch * ctx <= 16 * 16384 else float("nan")
+            ratio = t_tq / t_sdpa
+            line += (f"\n    {f}: {t_tq:.3f} ms  ratio {ratio:.3f}x SDPA (goal <= {GOALS[f]})  "
+                     f"packed {floor / 1e6:.1f} MB -> {bw / 1e12:.2f} TB/s = {bw / ceiling:.2f} of copy ceiling  "
+                     f"fast_path={fast} generic={t_gen:.3f} ms  rel.err vs fp16 SDPA {err:.3f}")
+            rows.append((batch, ctx, f, t_sdpa, t_tq, ratio, bw / 1e12))
+            del kp, vp, ws, out
+        print(line, flush=True)
+        del k, v
+        torch.cuda.empty_cache()
+    print("\nsummary (batch, ctx, format, sdpa_ms, tq_ms, ratio, packed_TB/s)")
+    for r in rows:
+        print("  %3d %6d %-5s %.3f %.3f %.3f %.2f" % r)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+// Launchers of the attention kernels: split planning, workspace layout,
+// dispatch of the fast path (switch over K bits, V bits, GQA group) and of
+// the generic kernel (switch over values per lane).
+#include <algorithm>
+
+#include "gpu/kernels.h"
+#include "gpu/kernels/attention.cuh"
+#include "gpu/kernels/attention_fast.cuh"
+
+namespace tqkv::gpu {
+namespace {
+
+constexpr int64_t kMinSplitTokens = 256;
+
+int StateSize(const GpuComponent& c, int dim) { return c.kind == kGpuDense ? dim : c.state_size; }
+int Vpl(const GpuComponent& c) { return (std::max(c.max_group_channels, 1) + 31) / 32; }
+
+bool FastEligible(const AttentionLaunch& a) {
+  const GpuComponent& k = a.host_k;
+  const GpuComponent& v = a.host_v;
+  if (!a.allow_fast_path || a.has_tail || a.dim != 128) return false;
+  if (k.kind != kGpuMse || v.kind != kGpuMse || k.groups[0].qjl || v.groups[0].qjl) return false;
+  const int kb = k.groups[0].mse_bits, vb = v.groups[0].mse_bits;
+  if ((kb != 2 && kb != 4) || (vb != 2 && vb != 4)) return false;
+  const int g = a.q_heads / a.kv_heads;
+  if (g != 1 && g != 2 && g != 4 && g != 8) return false;
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3) == 0; };
+  return aligned(a.k_base) && aligned(a.v_base) && a.block_stride % 4 == 0 && k.row_bytes % 4 == 0 &&
+         v.row_bytes % 4 == 0;
+}
+
+AttnDims Dims(const AttentionLaunch& a) {
+  AttnDims d;
+  d.sk = StateSize(a.host_k, a.dim);
+  d.sv = StateSize(a.host_v, a.dim);
+  d.record = 2 + d.sv + a.dim;
+  d.group = a.q_heads / a.kv_heads;
+  d.head_chunks = FastEligible(a) ? 1 : (d.group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
+  d.splits = PlanAttentionSplits(a);
+  const int64_t ctx = std::max<int64_t>(a.max_context, 1);
+  d.chunk = (ctx + d.splits - 1) / d.splits;
+  d.chunk = (d.chunk + 127) / 128 * 128;
+  return d;
+}
+
+size_t StatesBytes(const AttentionLaunch& a, const AttnDims& d) {
+  return ((static_cast<size_t>(a.num_queries) * a.q_heads * d.sk * sizeof(float)) + 255) / 256 * 256;
+}
+
+template <int KB, int VB, int G>
+cudaError_t FastWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
+                     cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
+  FastDecodeKernel<KB, VB, G><<<grid, 32 * kAttnWarps, 0, stream>>>(a, d, states, recs);
+  return cudaGetLastError();
+}
+
+template <int KB, int VB>
+cudaError_t FastG(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r, cudaStream_t st) {
+  switch (d.group) {
+    case 1: return FastWith<KB, VB, 1>(a, d, s, r, st);
+    case 2: return FastWith<KB, VB, 2>(a, d, s, r, st);
+    case 4: return FastWith<KB, VB, 4>(a, d, s, r, st);
+    case 8: return FastWith<KB, VB, 8>(a, d, s, r, st);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+cudaError_t LaunchFast(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r,
+                       cudaStream_t st) {
+  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
+  switch (kb * 10 + vb) {
+    case 44: return FastG<4, 4>(a, d, s, r, st);
+    case 42: return FastG<4, 2>(a, d, s, r, st);
+    case 24: return FastG<2, 4>(a, d, s, r, st);
+    case 22: return FastG<2, 2>(a, d, s, r, st);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+template <int VPL>
+cudaError_t PrepareWith(const AttentionLaunch& a, const AttnDims& d, float* states, cudaStream_t st) {
+  const int64_t warps = a.num_queries * a.q_heads;
+  PrepareQueryKernel<VPL><<<static_cast<unsigned>((warps + kAttnWarps - 1) / kAttnWarps), 32 * kAttnWarps, 0, st>>>(
+      a, d, states);
+  return cudaGetLastError();
+}
+
+template <int VPL>
+cudaError_t MergeWith(const AttentionLaunch& a, const AttnDims& d, const float* recs, cudaStream_t st) {
+  const int64_t warps = a.num_queries * a.q_heads;
+  const size_t smem = kAttnWarps * (d.sv + a.dim + VPL * 32) * sizeof(float);
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(MergeKernel<VPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  MergeKernel<VPL><<<static_cast<unsigned>((warps + kAttnWarps - 1) / kAttnWarps), 32 * kAttnWarps, smem, st>>>(
+      a, d, recs, a.has_tail);
+  return cudaGetLastError();
+}
+
+// Dispatch on values per lane (ceil(group channels / 32)).
+template <template <int> class F, typename... Args>
+cudaError_t ByVpl(int vpl, Args&&... args) {
+  switch (vpl) {
+    case 1: return F<1>::Run(args...);
+    case 2: return F<2>::Run(args...);
+    case 3: return F<3>::Run(args...);
+    case 4: return F<4>::Run(args...);
+    case 5:
+    case 6: return F<6>::Run(args...);
+    case 7:
+    case 8: return F<8>::Run(args...);
+    default: return cudaErrorNotSupported;  // groups wider than kMaxGroupChannels
+  }
+}
+template <int V>
+struct PrepareF {
+  static cudaError_t Run(const AttentionLaunch& a, const AttnDims& d, float* s, cudaStream_t st) {
+    return PrepareWith<V>(a, d, s, st);
+  }
+};
+template <int V>
+struct MergeF {
+  static cudaError_t Run(const AttentionLaunch& a, const AttnDims& d, const float* r, cudaStream_t st) {
+    return MergeWith<V>(a, d, r, st);
+  }
+};
+
+}  // namespace
+
+int PlanAttentionSplits(const AttentionLaunch& a) {
+  if (a.splits > 0) return a.splits;
+  const int group = a.q_heads / a.kv_heads;
+  const int64_t head_chunks = FastEligible(a) ? 1 : (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
+  const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads * head_chunks);
+  const int64_t target = static_cast<int64_t>(std::max(a.num_sms, 1)) * 8;
+  int64_t splits = (target + blocks - 1) / blocks;
+  const int64_t by_ctx = std::max<int64_t>(1, (a.max_context + kMinSplitTokens - 1) / kMinSplitTokens);
+  splits = std::clamp<int64_t>(splits, 1, by_ctx);
+  return static_cast<int>(std::min<int64_t>(splits, 1024));
+}
+
+bool AttentionUsesFastPath(const AttentionLaunch& a) { return FastEligible(a); }
+
+size_t AttentionWorkspaceBytes(const AttentionLaunch& a) {
+  const AttnDims d = Dims(a);
+  return StatesBytes(a, d) +
+         static_cast<size_t>(a.num_queries) * a.q_heads * d.splits * d.record * sizeof(float);
+}
+
+cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
+  if (a.num_queries == 0) return cudaSuccess;
+  if (a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || a.dim <= 0) return cudaErrorInvalidValue;
+  if (a.workspace_bytes < AttentionWorkspaceBytes(a)) return cudaErrorInvalidValue;
+  AttentionLaunch l = a;
+  if (l.scale == 0.0f) l.scale = 1.0f / sqrtf(static_cast<float>(a.dim));
+  const AttnDims d = Dims(l);
+  float* states = static_cast<float*>(l.workspace);
+  float* recs = reinterpret_cast<float*>(static_cast<char*>(l.workspace) + StatesBytes(l, d));
+  cudaError_t e = ByVpl<PrepareF>(Vpl(l.host_k), l, d, states, stream);
+  if (e != cudaSuccess) return e;
+  if (FastEligible(l)) {
+    e = LaunchFast(l, d, states, recs, stream);
+  } else {
+    const size_t smem = (kMaxHeadsPerBlock * (d.sk + l.dim) +
+                         kAttnWarps * kMaxHeadsPerBlock * (d.sv + l.dim) + kAttnWarps * kMaxHeadsPerBlock * 2) *
+                        sizeof(float);
+    if (smem > 48 * 1024) {
+      e = cudaFuncSetAttribute(GenericAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+    }
+    const dim3 grid(static_cast<unsigned>(l.num_queries * l.kv_heads * d.head_chunks), d.splits);
+    GenericAttentionKernel<<<grid, 32 * kAttnWarps, smem, stream>>>(l, d, states, recs);
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess) return e;
+  return ByVpl<MergeF>(Vpl(l.host_v), l, d, recs, stream);
+}
+
+}  // namespace tqkv::gpu

@@ -1,0 +1,155 @@
+// extern "C" entry points over the CUDA kernels for benchmarks driven from
+// Python (ctypes): bench/gpu_attention_bench.py times them next to torch's
+// scaled_dot_product_attention in one process. All data pointers are device
+// pointers (e.g. torch tensors' data_ptr()); `stream` is a cudaStream_t
+// (torch.cuda.current_stream().cuda_stream). Functions return 0 on success,
+// else a cudaError_t value (or -1 for bad arguments); tqkv_gpu_last_error
+// returns the message of the last failure in this thread.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "codec/model_codec.h"
+#include "gpu/codec_tables.h"
+#include "gpu/kernels.h"
+
+namespace {
+
+thread_local std::string g_error;
+
+struct Handle {
+  std::unique_ptr<tqkv::ModelCodec> codec;
+  std::unique_ptr<tqkv::gpu::DeviceCodecTables> tables;
+  int sms = 132;
+};
+
+tqkv::gpu::AttentionLaunch MakeLaunch(const Handle* h) {
+  tqkv::gpu::AttentionLaunch a;
+  const tqkv::ModelShape& s = h->codec->shape();
+  a.k_comp = h->tables->device(0, tqkv::Component::kKey);
+  a.v_comp = h->tables->device(0, tqkv::Component::kValue);
+  a.host_k = h->tables->host(0, 0, tqkv::Component::kKey);
+  a.host_v = h->tables->host(0, 0, tqkv::Component::kValue);
+  a.block_size = s.block_size;
+  a.q_heads = s.num_q_heads;
+  a.kv_heads = s.num_kv_heads;
+  a.dim = s.head_dim;
+  a.num_sms = h->sms;
+  return a;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tqkv_gpu_last_error() { return g_error.c_str(); }
+
+// A one-layer model of `format` (mse formats and fp16; recipes need
+// metadata and are not offered here). Null on failure.
+void* tqkv_gpu_create(const char* format, int dim, int kv_heads, int q_heads, int block_size, uint64_t seed) {
+  auto codec = tqkv::ModelCodec::Create({1, kv_heads, q_heads, dim, block_size},
+                                        {.format = format, .seed = seed}, nullptr);
+  if (!codec.ok()) {
+    g_error = codec.status().ToString();
+    return nullptr;
+  }
+  auto tables = tqkv::gpu::DeviceCodecTables::Upload(**codec);
+  if (!tables.ok()) {
+    g_error = tables.status().ToString();
+    return nullptr;
+  }
+  auto* h = new Handle{std::move(*codec), std::move(*tables)};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&h->sms, cudaDevAttrMultiProcessorCount, dev);
+  return h;
+}
+
+void tqkv_gpu_destroy(void* h) { delete static_cast<Handle*>(h); }
+
+// Row bytes of K (component 0) or V (1).
+int64_t tqkv_gpu_row_bytes(void* hp, int component) {
+  auto* h = static_cast<Handle*>(hp);
+  return component == 0 ? h->codec->layer(0).k_row_bytes() : h->codec->layer(0).v_row_bytes();
+}
+
+// Encodes fp16/bf16/fp32 K/V [tokens, kv_heads, dim] into K and V page
+// regions of num_blocks pages each (page bytes = block_size·kv_heads·row).
+// `flag`: 8 bytes of device scratch.
+int tqkv_gpu_encode(void* hp, const void* k, const void* v, int dtype, int64_t tokens, const int64_t* slots,
+                    void* k_pages, void* v_pages, int64_t num_blocks, void* flag, void* stream) {
+  auto* h = static_cast<Handle*>(hp);
+  const tqkv::ModelShape& s = h->codec->shape();
+  tqkv::gpu::EncodeLaunch a;
+  a.k = k;
+  a.v = v;
+  a.dtype = dtype;
+  a.tokens = tokens;
+  a.heads = s.num_kv_heads;
+  a.dim = s.head_dim;
+  a.slots = slots;
+  a.k_pages = {static_cast<uint8_t*>(k_pages), static_cast<int64_t>(h->codec->k_page_bytes(0)), s.block_size,
+               num_blocks * s.block_size};
+  a.v_pages = {static_cast<uint8_t*>(v_pages), static_cast<int64_t>(h->codec->v_page_bytes(0)), s.block_size,
+               num_blocks * s.block_size};
+  a.k_comp = h->tables->device(0, tqkv::Component::kKey);
+  a.v_comp = h->tables->device(0, tqkv::Component::kValue);
+  a.max_group_channels = h->tables->max_group_channels(0);
+  a.bad_slot = static_cast<unsigned long long*>(flag);
+  cudaError_t e = tqkv::gpu::LaunchEncode(a, static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) g_error = cudaGetErrorString(e);
+  return static_cast<int>(e);
+}
+
+// Workspace bytes of a decode/prefill call (see tqkv_gpu_attention).
+uint64_t tqkv_gpu_attention_workspace(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride,
+                                      int splits) {
+  auto* h = static_cast<Handle*>(hp);
+  tqkv::gpu::AttentionLaunch a = MakeLaunch(h);
+  a.num_queries = num_queries;
+  a.max_context = max_context;
+  a.block_stride = block_stride;
+  a.splits = splits;
+  a.k_base = a.v_base = reinterpret_cast<const uint8_t*>(256);  // alignment only
+  return tqkv::gpu::AttentionWorkspaceBytes(a);
+}
+
+// Paged attention, no dense tail. K page p at k_base + p·block_stride, V
+// page at v_base + p·block_stride. q/out fp32 [nq, q_heads, dim].
+int tqkv_gpu_attention(void* hp, const uint8_t* k_base, const uint8_t* v_base, int64_t block_stride,
+                       const int32_t* block_table, int max_blocks, const int64_t* packed_tokens,
+                       const int32_t* query_seq, const int64_t* positions, int64_t num_queries,
+                       int64_t max_context, const float* q, float* out, void* workspace, uint64_t workspace_bytes,
+                       int splits, int allow_fast, void* stream) {
+  auto* h = static_cast<Handle*>(hp);
+  tqkv::gpu::AttentionLaunch a = MakeLaunch(h);
+  a.k_base = k_base;
+  a.v_base = v_base;
+  a.block_stride = block_stride;
+  a.block_table = block_table;
+  a.max_blocks = max_blocks;
+  a.packed_tokens = packed_tokens;
+  a.query_seq = query_seq;
+  a.positions = positions;
+  a.num_queries = num_queries;
+  a.max_context = max_context;
+  a.q = q;
+  a.out = out;
+  a.workspace = workspace;
+  a.workspace_bytes = workspace_bytes;
+  a.splits = splits;
+  a.allow_fast_path = allow_fast != 0;
+  cudaError_t e = tqkv::gpu::LaunchAttention(a, static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) g_error = cudaGetErrorString(e);
+  return static_cast<int>(e);
+}
+
+int tqkv_gpu_attention_uses_fast_path(void* hp, int64_t block_stride) {
+  auto* h = static_cast<Handle*>(hp);
+  tqkv::gpu::AttentionLaunch a = MakeLaunch(h);
+  a.block_stride = block_stride;
+  a.k_base = a.v_base = reinterpret_cast<const uint8_t*>(256);
+  return tqkv::gpu::AttentionUsesFastPath(a) ? 1 : 0;
+}
+
+}  // extern "C"

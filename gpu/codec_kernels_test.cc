@@ -1,0 +1,243 @@
+// Encode/decode kernels vs the CPU codec: packed bytes identical to
+// RowCodec::Encode (norms within 1 ulp) for every format family, at awkward
+// sizes (odd token counts, partial blocks, d = 64/96/128/256, a QR
+// rotation), with unreferenced slots poisoned (0xFF) and left untouched.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "codec/page_codec.h"
+#include "codec/test_util.h"
+#include "gpu/codec_tables.h"
+#include "gpu/kernels.h"
+#include "gpu/test_support.h"
+
+namespace tqkv::gpu {
+namespace {
+
+using ::tqkv::gpu::testing_util::ToDevice;
+using ::tqkv::gpu::testing_util::ToHost;
+using ::tqkv::testing_util::RandomRows;
+
+struct Case {
+  std::string format;
+  int dim;
+  DType dtype;
+  bool qr = false;
+};
+
+std::string Name(const Case& c) {
+  return c.format + "_d" + std::to_string(c.dim) + "_" + std::string(DTypeName(c.dtype)) + (c.qr ? "_qr" : "");
+}
+
+std::vector<uint8_t> Convert(const std::vector<float>& x, DType t) {
+  std::vector<uint8_t> out(x.size() * DTypeSize(t));
+  FromFloat(t, x.data(), out.data(), x.size());
+  return out;
+}
+
+uint32_t Ulps(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return static_cast<uint32_t>(std::abs(static_cast<int64_t>(ia) - ib));
+}
+
+// Compares a GPU row with the CPU row: index/sign bytes exactly, norms
+// within 1 ulp. Returns a description of the first difference, or "".
+std::string CompareRow(const RowLayout& layout, const uint8_t* gpu, const uint8_t* cpu) {
+  if (layout.spec.kind == ComponentSpec::Kind::kDense)
+    return std::memcmp(gpu, cpu, layout.row_bytes) == 0 ? "" : "dense bytes differ";
+  for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+    const GroupLayout& g = layout.groups[gi];
+    for (size_t b = 0; b < g.index_bytes; ++b)
+      if (gpu[g.index_offset + b] != cpu[g.index_offset + b])
+        return "group " + std::to_string(gi) + " index byte " + std::to_string(b) + " gpu " +
+               std::to_string(gpu[g.index_offset + b]) + " cpu " + std::to_string(cpu[g.index_offset + b]);
+    for (size_t b = 0; b < g.sign_bytes; ++b)
+      if (gpu[g.sign_offset + b] != cpu[g.sign_offset + b]) return "group " + std::to_string(gi) + " sign byte differs";
+    auto norm = [&](const uint8_t* r, size_t off) {
+      if (g.fp16_norms) {
+        uint16_t h;
+        std::memcpy(&h, r + off, 2);
+        return HalfToFloat(h);
+      }
+      float f;
+      std::memcpy(&f, r + off, 4);
+      return f;
+    };
+    // fp16 norms: 1 ulp of fp16 is at most 2^13 fp32 ulps.
+    const uint32_t tol = g.fp16_norms ? (1u << 13) : 1u;
+    if (Ulps(norm(gpu, g.norm_offset), norm(cpu, g.norm_offset)) > tol)
+      return "group " + std::to_string(gi) + " norm " + std::to_string(norm(gpu, g.norm_offset)) + " vs " +
+             std::to_string(norm(cpu, g.norm_offset));
+    if (g.qjl && Ulps(norm(gpu, g.residual_offset), norm(cpu, g.residual_offset)) > tol)
+      return "group " + std::to_string(gi) + " residual norm differs";
+  }
+  return "";
+}
+
+class CodecKernels : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
+  TQ_SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+  const int heads = 3, bs = 16, num_blocks = 5, dim = c.dim;
+  const int64_t tokens = 37;  // odd; with gaps: blocks partly used
+  auto fmt = *ParseFormat(c.format);
+  RecipeMetadata meta;
+  if (fmt.needs_metadata()) meta = ::tqkv::testing_util::MakeMetadata(c.format.substr(0, 12), dim, 1, heads);
+  CodecOptions opts{.format = c.format, .seed = 1234};
+  if (c.qr) opts.rotation = RotationKind::kQr;
+  auto codec_or = ModelCodec::Create({1, heads, heads, dim, bs}, opts, fmt.needs_metadata() ? &meta : nullptr);
+  ASSERT_TRUE(codec_or.ok()) << codec_or.status();
+  const ModelCodec& codec = **codec_or;
+  auto tables_or = DeviceCodecTables::Upload(codec);
+  ASSERT_TRUE(tables_or.ok()) << tables_or.status();
+  const DeviceCodecTables& tables = **tables_or;
+
+  // Inputs: outliers, a zero row and a row of large values.
+  std::vector<float> k = RandomRows(tokens * heads, dim, 11, 4), v = RandomRows(tokens * heads, dim, 12);
+  for (int j = 0; j < dim; ++j) {
+    k[5 * dim + j] = 0.0f;  // token 1 head 2: zero vector
+    v[7 * dim + j] *= 300.0f;
+  }
+  std::vector<int64_t> slots(tokens);
+  for (int64_t t = 0; t < tokens; ++t) slots[t] = (t * 7 + 3) % (num_blocks * bs);  // scattered
+  slots[4] = -1;                                                                     // skipped
+  PageGeometry kg = codec.k_geometry(0), vg = codec.v_geometry(0);
+  kg.num_blocks = vg.num_blocks = num_blocks;
+  std::vector<uint8_t> kp_cpu(kg.total_bytes(), 0xFF), vp_cpu(vg.total_bytes(), 0xFF);
+  // The CPU reference sees the same rounded inputs.
+  std::vector<uint8_t> kin = Convert(k, c.dtype), vin = Convert(v, c.dtype);
+  ASSERT_TRUE(EncodeToPages(codec.layer(0), {kin.data(), c.dtype, tokens, heads, dim},
+                            {vin.data(), c.dtype, tokens, heads, dim}, slots.data(), {kp_cpu.data(), kg},
+                            {vp_cpu.data(), vg}, nullptr)
+                  .ok());
+
+  DeviceBuffer dk = ToDevice(kin), dv = ToDevice(vin), ds = ToDevice(slots);
+  DeviceBuffer kp = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+  DeviceBuffer vp = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
+  DeviceBuffer flag = *DeviceBuffer::Allocate(8);
+  EncodeLaunch a;
+  a.k = dk.get();
+  a.v = dv.get();
+  a.dtype = static_cast<int32_t>(c.dtype);
+  a.tokens = tokens;
+  a.heads = heads;
+  a.dim = dim;
+  a.slots = ds.as<int64_t>();
+  a.k_pages = {kp.as<uint8_t>(), static_cast<int64_t>(kg.page_bytes()), bs, kg.num_slots()};
+  a.v_pages = {vp.as<uint8_t>(), static_cast<int64_t>(vg.page_bytes()), bs, vg.num_slots()};
+  a.k_comp = tables.device(0, Component::kKey);
+  a.v_comp = tables.device(0, Component::kValue);
+  a.max_group_channels = tables.max_group_channels(0);
+  a.bad_slot = flag.as<unsigned long long>();
+  ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(ToHost<unsigned long long>(flag, 1)[0], kNoBadSlot);
+  std::vector<uint8_t> kp_gpu = ToHost<uint8_t>(kp, kg.total_bytes()), vp_gpu = ToHost<uint8_t>(vp, vg.total_bytes());
+  int failures = 0;
+  for (int comp = 0; comp < 2; ++comp) {
+    const PageGeometry& g = comp == 0 ? kg : vg;
+    const auto& cpu = comp == 0 ? kp_cpu : vp_cpu;
+    const auto& gpu = comp == 0 ? kp_gpu : vp_gpu;
+    const RowLayout& layout = comp == 0 ? codec.layer(0).k(0).layout() : codec.layer(0).v(0).layout();
+    for (int64_t slot = 0; slot < g.num_slots(); ++slot)
+      for (int h = 0; h < heads; ++h) {
+        const size_t off = g.offset(slot, h);
+        const std::string diff = CompareRow(layout, gpu.data() + off, cpu.data() + off);
+        if (!diff.empty() && failures++ < 5)
+          ADD_FAILURE() << (comp ? "V" : "K") << " slot " << slot << " head " << h << ": " << diff;
+        // Untouched (poisoned) rows stay poisoned.
+        bool poisoned = true;
+        for (size_t b = 0; b < g.row_bytes; ++b) poisoned = poisoned && cpu[off + b] == 0xFF;
+        if (poisoned && std::memcmp(gpu.data() + off, cpu.data() + off, g.row_bytes) != 0 && failures++ < 5)
+          ADD_FAILURE() << "poisoned row written at slot " << slot;
+      }
+  }
+  EXPECT_EQ(failures, 0);
+
+  // Out-of-range slot: error reported, nothing written.
+  std::vector<int64_t> bad = slots;
+  bad[tokens - 1] = kg.num_slots();
+  DeviceBuffer dbad = ToDevice(bad);
+  DeviceBuffer kp2 = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+  DeviceBuffer vp2 = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
+  EncodeLaunch b = a;
+  b.slots = dbad.as<int64_t>();
+  b.k_pages.base = kp2.as<uint8_t>();
+  b.v_pages.base = vp2.as<uint8_t>();
+  ASSERT_EQ(LaunchEncode(b, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(ToHost<unsigned long long>(flag, 1)[0], static_cast<unsigned long long>(tokens - 1));
+  EXPECT_EQ(ToHost<uint8_t>(kp2, kg.total_bytes()), std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+
+  // Decode the CPU pages on the GPU (fp32 out) vs RowCodec::Decode.
+  DeviceBuffer kc = ToDevice(kp_cpu), vc = ToDevice(vp_cpu);
+  DeviceBuffer ko = *DeviceBuffer::Allocate(tokens * heads * dim * 4), vo = *DeviceBuffer::Allocate(tokens * heads * dim * 4);
+  DecodeLaunch d;
+  d.k = ko.get();
+  d.v = vo.get();
+  d.dtype = kGpuF32;
+  d.tokens = tokens;
+  d.heads = heads;
+  d.dim = dim;
+  d.slots = ds.as<int64_t>();
+  d.k_pages = {kc.as<uint8_t>(), static_cast<int64_t>(kg.page_bytes()), bs, kg.num_slots()};
+  d.v_pages = {vc.as<uint8_t>(), static_cast<int64_t>(vg.page_bytes()), bs, vg.num_slots()};
+  d.k_comp = a.k_comp;
+  d.v_comp = a.v_comp;
+  d.max_group_channels = a.max_group_channels;
+  d.bad_slot = a.bad_slot;
+  ASSERT_EQ(LaunchDecode(d, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> kout = ToHost<float>(ko, tokens * heads * dim), vout = ToHost<float>(vo, tokens * heads * dim);
+  double worst = 0;
+  double energy = 0;
+  std::vector<float> ref(dim);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int comp = 0; comp < 2; ++comp) {
+        const float* got = (comp ? vout.data() : kout.data()) + (t * heads + h) * dim;
+        if (slots[t] < 0) {
+          for (int j = 0; j < dim; ++j) ASSERT_EQ(got[j], 0.0f);
+          continue;
+        }
+        const PageGeometry& g = comp ? vg : kg;
+        const RowCodec& rc = comp ? codec.layer(0).v(h) : codec.layer(0).k(h);
+        rc.Decode((comp ? vp_cpu : kp_cpu).data() + g.offset(slots[t], h), ref.data());
+        double num = 0, den = 0;
+        for (int j = 0; j < dim; ++j) {
+          num += (double(got[j]) - ref[j]) * (double(got[j]) - ref[j]);
+          den += double(ref[j]) * ref[j];
+        }
+        energy += den;
+        if (den > 0) worst = std::max(worst, std::sqrt(num / den));
+      }
+  EXPECT_LT(worst, 1e-4) << "decode differs from RowCodec::Decode";
+  EXPECT_GT(energy, 0.0);
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (const char* f : {"k2v2", "k3v3", "k4v4", "k5v5", "k8v8", "k4v2", "k2v5", "turboquant25", "turboquant35",
+                        "turboquant25_noqjl", "turboquant35_noqjl", "fp16"})
+    for (int d : {64, 96, 128, 256}) cases.push_back({f, d, DType::kF16});
+  cases.push_back({"k4v4", 128, DType::kBF16});
+  cases.push_back({"k3v5", 96, DType::kF32});
+  cases.push_back({"turboquant35", 128, DType::kF32});
+  cases.push_back({"k4v2", 128, DType::kF16, true});
+  cases.push_back({"k3v4", 80, DType::kF16, true});
+  cases.push_back({"k4v4", 80, DType::kF16});  // block Hadamard 64 + 16
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, CodecKernels, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return Name(i.param); });
+
+}  // namespace
+}  // namespace tqkv::gpu

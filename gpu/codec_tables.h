@@ -1,0 +1,52 @@
+// DeviceCodecTables: device copies of one ModelCodec's rotation signs, QR
+// matrices, codebooks, QJL matrices and channel maps, plus the GpuComponent
+// descriptors that point at them (one per layer, kv head and K|V). Built
+// once per model from the tables the CPU computed (RowCodec::groups()).
+//
+// Thread safety: immutable after Upload; safe to share.
+#ifndef TQKV_GPU_CODEC_TABLES_H_
+#define TQKV_GPU_CODEC_TABLES_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "codec/model_codec.h"
+#include "gpu/cuda_util.h"
+#include "gpu/gpu_codec.h"
+
+namespace tqkv::gpu {
+
+// Fills a descriptor from a RowCodec; table pointers are left null (tests
+// and Upload patch them).
+GpuComponent DescribeComponent(const RowCodec& codec);
+
+class DeviceCodecTables {
+ public:
+  // Uploads every table with synchronous copies. RESOURCE_EXHAUSTED /
+  // UNAVAILABLE from CUDA; UNIMPLEMENTED for groups wider than
+  // kMaxGroupChannels channels.
+  static absl::StatusOr<std::unique_ptr<DeviceCodecTables>> Upload(const ModelCodec& codec);
+
+  // Device array [kv_heads] of layer l's descriptors for component c.
+  const GpuComponent* device(int layer, Component c) const {
+    return components_.as<GpuComponent>() + (static_cast<size_t>(layer) * 2 + static_cast<int>(c)) * heads_;
+  }
+  // Host copy (device pointers inside) of one descriptor.
+  const GpuComponent& host(int layer, int head, Component c) const {
+    return host_[(static_cast<size_t>(layer) * 2 + static_cast<int>(c)) * heads_ + head];
+  }
+  // Widest channel group of layer l over K and V (kernel dispatch).
+  int max_group_channels(int layer) const { return max_group_[layer]; }
+
+ private:
+  DeviceCodecTables() = default;
+  int heads_ = 0;
+  DeviceBuffer floats_, ints_, components_;
+  std::vector<GpuComponent> host_;
+  std::vector<int> max_group_;
+};
+
+}  // namespace tqkv::gpu
+
+#endif  // TQKV_GPU_CODEC_TABLES_H_

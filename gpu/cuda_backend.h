@@ -1,0 +1,34 @@
+// CudaBackend: ComputeBackend on one NVIDIA GPU (plain C++ header; no CUDA
+// types). Encode/decode stage host tensors through pinned buffers; Attend
+// keeps stored blocks resident in a device arena keyed by BlockRef::id
+// (upload on miss, LRU eviction, Forget frees) and runs the fused paged
+// attention kernels.
+#ifndef TQKV_GPU_CUDA_BACKEND_H_
+#define TQKV_GPU_CUDA_BACKEND_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "codec/backend.h"
+
+namespace tqkv::gpu {
+
+struct CudaBackendOptions {
+  // CUDA device ordinal. Default 0.
+  int device = 0;
+  // Bytes of the block arena (one cudaMalloc at creation). Default 1 GiB.
+  size_t arena_bytes = size_t{1} << 30;
+  // Allow the specialised d=128 mse decode kernel. Default true.
+  bool fast_path = true;
+};
+
+// A CudaBackend, or UNAVAILABLE (with the CUDA error) when no GPU/driver is
+// present, RESOURCE_EXHAUSTED when the arena cannot be allocated.
+// Codecs passed to the backend must outlive it (device tables are cached
+// per ModelCodec address).
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const CudaBackendOptions& options);
+
+}  // namespace tqkv::gpu
+
+#endif  // TQKV_GPU_CUDA_BACKEND_H_

@@ -1,0 +1,134 @@
+// CudaBackend vs CpuBackend: identical encoded blocks, matching decode, and
+// attention through the device arena (hits, misses, LRU eviction, Forget).
+#include "gpu/cuda_backend.h"
+
+#include <cstring>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "codec/cpu_backend.h"
+#include "codec/quality.h"
+#include "codec/test_util.h"
+#include "gpu/test_support.h"
+
+namespace tqkv::gpu {
+namespace {
+
+using ::tqkv::testing_util::RandomRows;
+using ::tqkv::testing_util::ToHalf;
+
+TEST(CudaBackend, UnavailableWithoutDevice) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a device is present";
+  auto b = CreateCudaBackend({});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable) << b.status();
+}
+
+TEST(CudaBackend, MatchesCpuBackend) {
+  TQ_SKIP_WITHOUT_GPU();
+  for (const char* format : {"k4v4", "k3v2", "turboquant35", "fp16"}) {
+    SCOPED_TRACE(format);
+    const int layers = 3, H = 2, QH = 8, dim = 128, bs = 16;
+    auto fmt = *ParseFormat(format);
+    RecipeMetadata meta;
+    if (fmt.needs_metadata()) meta = ::tqkv::testing_util::MakeMetadata(std::string(format).substr(0, 12), dim, layers, H);
+    auto codec = *ModelCodec::Create({layers, H, QH, dim, bs}, {.format = format, .dense_last_layers = 1, .seed = 3},
+                                     fmt.needs_metadata() ? &meta : nullptr);
+    CpuBackend cpu({.threads = 0});
+    // Arena of 4 slots: a 5-block batch cannot fit.
+    auto gpu_or = CreateCudaBackend({.arena_bytes = 4 * ((codec->block_bytes() + 255) / 256 * 256)});
+    ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+    ComputeBackend& gpu = **gpu_or;
+    const int blocks = 5;
+    std::vector<std::vector<uint8_t>> payloads(blocks, std::vector<uint8_t>(codec->block_bytes()));
+    for (int b = 0; b < blocks; ++b) {
+      const int tokens = b == blocks - 1 ? 9 : bs;  // partial last block
+      std::vector<std::vector<uint16_t>> hk, hv;
+      std::vector<DenseView> k, v;
+      for (int l = 0; l < layers; ++l) {
+        hk.push_back(ToHalf(RandomRows(tokens * H, dim, 10 * b + l, 2)));
+        hv.push_back(ToHalf(RandomRows(tokens * H, dim, 10 * b + l + 500)));
+      }
+      for (int l = 0; l < layers; ++l) {
+        k.push_back({hk[l].data(), DType::kF16, tokens, H, dim});
+        v.push_back({hv[l].data(), DType::kF16, tokens, H, dim});
+      }
+      std::vector<uint8_t> want(codec->block_bytes(), 0x11);
+      ASSERT_TRUE(cpu.EncodeBlock(*codec, 0, layers, k, v, want.data()).ok());
+      absl::Status s = gpu.EncodeBlock(*codec, 0, layers, k, v, payloads[b].data());
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(payloads[b], want) << "block " << b;
+      // Decode layers [0, 2) on both.
+      std::vector<float> gk(2 * bs * H * dim), gv(gk.size()), ck(gk.size()), cv(gk.size());
+      std::vector<MutableDenseView> gkv, gvv, ckv, cvv;
+      for (int l = 0; l < 2; ++l) {
+        gkv.push_back({gk.data() + l * bs * H * dim, DType::kF32, bs, H, dim});
+        gvv.push_back({gv.data() + l * bs * H * dim, DType::kF32, bs, H, dim});
+        ckv.push_back({ck.data() + l * bs * H * dim, DType::kF32, bs, H, dim});
+        cvv.push_back({cv.data() + l * bs * H * dim, DType::kF32, bs, H, dim});
+      }
+      ASSERT_TRUE(gpu.DecodeBlock(*codec, 0, 2, payloads[b].data(), gkv, gvv).ok());
+      ASSERT_TRUE(cpu.DecodeBlock(*codec, 0, 2, payloads[b].data(), ckv, cvv).ok());
+      EXPECT_LT(RelativeMse(ck.data(), gk.data(), ck.size()), 1e-8);
+      EXPECT_LT(RelativeMse(cv.data(), gv.data(), cv.size()), 1e-8);
+    }
+    // Two sequences of 2 blocks (+ a dense tail on one) per batch.
+    std::vector<float> tail = RandomRows(3 * H, dim, 77);
+    for (int layer = 0; layer < layers; ++layer) {
+      AttendBatch batch;
+      batch.layer = layer;
+      batch.shape = {QH, H, dim, 0};
+      AttendSequence s0, s1;
+      s0.blocks = {{1, payloads[0].data()}, {2, payloads[1].data()}};
+      s0.packed_tokens = 29;
+      s1.blocks = {{3, payloads[2].data()}, {5, payloads[4].data()}};
+      s1.packed_tokens = 25;
+      s1.tail_k = {tail.data(), DType::kF32, 3, H, dim};
+      s1.tail_v = {tail.data(), DType::kF32, 3, H, dim};
+      batch.sequences = {s0, s1};
+      batch.query_offsets = {0, 1, 3};
+      batch.positions = {28, 20, 27};
+      std::vector<float> q = RandomRows(3 * QH, dim, 1000 + layer);
+      batch.q = q.data();
+      std::vector<float> got(q.size()), want(q.size());
+      batch.out = got.data();
+      absl::Status st = gpu.Attend(*codec, batch);
+      ASSERT_TRUE(st.ok()) << st;
+      batch.out = want.data();
+      ASSERT_TRUE(cpu.Attend(*codec, batch).ok());
+      std::vector<double> wd(want.begin(), want.end());
+      EXPECT_LT(RelativeError(wd.data(), got.data(), got.size()), 2e-3) << "layer " << layer;
+    }
+    BackendStats st = gpu.Stats();
+    EXPECT_EQ(st.device_blocks, 4u);
+    EXPECT_EQ(st.uploads, 4u);  // cached across the three layers
+    EXPECT_EQ(st.evictions, 0u);
+    EXPECT_EQ(st.device_bytes_used, 4 * codec->block_bytes());
+    gpu.Forget(5);
+    EXPECT_EQ(gpu.Stats().device_blocks, 3u);
+    auto run = [&](int first_id, int n) {
+      AttendBatch big;
+      big.layer = 0;
+      big.shape = {QH, H, dim, 0};
+      AttendSequence all;
+      for (int b = 0; b < n; ++b) all.blocks.push_back({uint64_t(first_id + b), payloads[b].data()});
+      all.packed_tokens = 16 * (n - 1) + 9;
+      big.sequences = {all};
+      big.query_offsets = {0, 1};
+      big.positions = {all.packed_tokens - 1};
+      std::vector<float> q(QH * dim, 0.1f), o(QH * dim);
+      big.q = q.data();
+      big.out = o.data();
+      return gpu.Attend(*codec, big);
+    };
+    EXPECT_TRUE(run(10, 4).ok());  // one free slot + 3 LRU evictions
+    st = gpu.Stats();
+    EXPECT_EQ(st.uploads, 8u);
+    EXPECT_EQ(st.evictions, 3u);
+    EXPECT_EQ(run(20, 5).code(), absl::StatusCode::kResourceExhausted);
+
+  }
+}
+
+}  // namespace
+}  // namespace tqkv::gpu

@@ -1,0 +1,120 @@
+// Launchers of the TurboQuant CUDA kernels. All pointers are DEVICE memory
+// unless a field says otherwise; every launcher enqueues work on `stream`,
+// returns the launch's cudaError_t (cudaGetLastError after the launch) and
+// never allocates: callers size workspaces with the *WorkspaceBytes
+// functions and pass them in.
+//
+// Page addressing (both K and V regions): row (slot, head) of a component
+// lives at base + (slot / block_size) · block_stride
+//                 + ((slot % block_size) · kv_heads + head) · row_bytes,
+// which covers contiguous pages (block_stride = page bytes) and the block
+// arena (block_stride = arena slot bytes, base = arena + layer offset).
+#ifndef TQKV_GPU_KERNELS_H_
+#define TQKV_GPU_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpu/gpu_codec.h"
+
+namespace tqkv::gpu {
+
+inline constexpr unsigned long long kNoBadSlot = ~0ull;
+
+struct PageRegion {
+  uint8_t* base = nullptr;
+  int64_t block_stride = 0;  // bytes between consecutive blocks
+  int32_t block_size = 16;
+  int64_t num_slots = 0;     // slots >= num_slots are errors
+};
+
+// Encode dense K/V [tokens, heads, dim] (dtype GpuDType) into packed rows at
+// flat `slots` (negative: skipped). k_comp/v_comp: [heads] descriptors.
+// `bad_slot` (one unsigned long long of device memory) receives kNoBadSlot,
+// or the position of the first out-of-range slot, in which case NOTHING is
+// written. The caller reads it back after synchronising.
+struct EncodeLaunch {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int32_t dtype = kGpuF16;
+  int64_t tokens = 0;
+  int32_t heads = 0;
+  int32_t dim = 0;
+  const int64_t* slots = nullptr;
+  PageRegion k_pages, v_pages;
+  const GpuComponent* k_comp = nullptr;
+  const GpuComponent* v_comp = nullptr;
+  int32_t max_group_channels = 0;  // max over both components (host value)
+  unsigned long long* bad_slot = nullptr;
+};
+cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream);
+
+// Decode the rows at `slots` into dense K/V [n, heads, dim] of `dtype`
+// (negative slot: zero rows). Same bad-slot contract as encode (outputs
+// untouched on a bad slot).
+struct DecodeLaunch {
+  void* k = nullptr;
+  void* v = nullptr;
+  int32_t dtype = kGpuF16;
+  int64_t tokens = 0;
+  int32_t heads = 0;
+  int32_t dim = 0;
+  const int64_t* slots = nullptr;
+  PageRegion k_pages, v_pages;
+  const GpuComponent* k_comp = nullptr;
+  const GpuComponent* v_comp = nullptr;
+  int32_t max_group_channels = 0;
+  unsigned long long* bad_slot = nullptr;
+};
+cudaError_t LaunchDecode(const DecodeLaunch& a, cudaStream_t stream);
+
+// Paged attention over packed K/V (decode: one query per sequence; prefill /
+// chunked prefill: many queries with causal positions). Query i belongs to
+// sequence query_seq[i], sits at positions[i] and attends tokens
+// 0..positions[i]: tokens < packed_tokens[s] come from the pages listed in
+// block_table[s, :] (arena/page slot indices), later ones from the dense
+// tail rows tail_k/v[tail_offset[s] + (t − packed), kv_head, :].
+// q: [nq, q_heads, dim] fp32; out: [nq, q_heads, dim] fp32.
+struct AttentionLaunch {
+  const GpuComponent* k_comp = nullptr;  // [kv_heads]
+  const GpuComponent* v_comp = nullptr;
+  GpuComponent host_k, host_v;           // host copies of head 0's descriptors
+  const uint8_t* k_base = nullptr;
+  const uint8_t* v_base = nullptr;
+  int64_t block_stride = 0;
+  int32_t block_size = 16;
+  const int32_t* block_table = nullptr;  // [num_seqs, max_blocks]
+  int32_t max_blocks = 0;
+  const int64_t* packed_tokens = nullptr;  // [num_seqs]
+  const void* tail_k = nullptr;            // [T, kv_heads, dim] of tail_dtype
+  const void* tail_v = nullptr;
+  int32_t tail_dtype = kGpuF16;
+  const int64_t* tail_offset = nullptr;    // [num_seqs]; null when no tails
+  bool has_tail = false;                   // any query reaches a tail token
+  const int32_t* query_seq = nullptr;      // [nq]
+  const int64_t* positions = nullptr;      // [nq]
+  int64_t num_queries = 0;
+  const float* q = nullptr;
+  float* out = nullptr;
+  int32_t q_heads = 0, kv_heads = 0, dim = 0;
+  float scale = 0;            // softmax scale (1/sqrt(dim) when 0)
+  int64_t max_context = 0;    // max over queries of positions + 1 (host value)
+  int32_t num_sms = 132;      // SMs of the device (split planning)
+  int32_t splits = 0;         // context splits per query; 0 = plan automatically
+  bool allow_fast_path = true;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+// Context splits the launch will use (deterministic in the host fields).
+int PlanAttentionSplits(const AttentionLaunch& a);
+size_t AttentionWorkspaceBytes(const AttentionLaunch& a);
+// True when the specialised kernel (mse K/V at d = 128, bits 2 or 4, GQA
+// group 1..8 with power-of-two size, no dense tail) serves this launch.
+bool AttentionUsesFastPath(const AttentionLaunch& a);
+cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream);
+
+}  // namespace tqkv::gpu
+
+#endif  // TQKV_GPU_KERNELS_H_
