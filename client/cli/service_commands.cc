@@ -1,0 +1,340 @@
+// `tqkv` subcommands that talk to a running tqkv-server through the C++
+// client (client/cpp). Every command takes --server HOST:PORT (default
+// localhost:50051), --token T and --timeout_ms MS.
+//
+//   status                        health and backend; exit 1 unless SERVING
+//   stats  [--model_id ID]        per-model blocks and bytes by tier
+//   put    [model flags] --blocks N [--seed S] [--durable]
+//                                 registers the model and puts N synthetic
+//                                 dense fp16 blocks (a hash chain from S)
+//   lookup [model flags] --blocks N [--seed S]
+//   get    [model flags] --blocks N [--seed S] [--dense]
+//   bench  [model flags] --blocks N [--threads T] [--rounds R]
+//                                 put/get/lookup throughput
+// Model flags: --model NAME (default "synthetic"), --layers 2, --kv_heads 2,
+// --q_heads 4, --head_dim 64, --block_size 16, --format k4v4.
+#include "client/cli/service_commands.h"
+
+#include <atomic>
+#include <chrono>
+#include <iomanip>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli/args.h"
+#include "client/cpp/client.h"
+#include "client/cpp/synthetic.h"
+
+namespace tqkv::cli {
+namespace {
+
+// Flag names shared by the commands (constexpr arrays: no global objects).
+constexpr const char* kCommon[] = {"server", "token", "timeout_ms", "help"};
+constexpr const char* kModel[] = {"model",      "layers", "kv_heads", "q_heads", "head_dim",
+                                  "block_size", "format", "blocks",   "seed"};
+
+std::set<std::string> Flags(bool model, std::initializer_list<const char*> extra = {}) {
+  std::set<std::string> out(std::begin(kCommon), std::end(kCommon));
+  if (model) out.insert(std::begin(kModel), std::end(kModel));
+  for (const char* e : extra) out.insert(e);
+  return out;
+}
+
+const char* TierName(int t) {
+  switch (t) {
+    case v1::TIER_GPU: return "gpu";
+    case v1::TIER_HOST: return "host";
+    case v1::TIER_DISK: return "disk";
+    default: return "?";
+  }
+}
+
+struct Ctx {
+  std::unique_ptr<client::Client> client;
+  std::ostream& out;
+  std::ostream& err;
+};
+
+absl::StatusOr<std::unique_ptr<client::Client>> MakeClient(const Args& a) {
+  client::ClientOptions o;
+  o.target = a.Get("server", "localhost:50051");
+  o.token = a.Get("token", "");
+  auto ms = a.GetInt("timeout_ms", 30000);
+  if (!ms.ok()) return ms.status();
+  o.deadline = absl::Milliseconds(*ms);
+  return client::Client::Connect(o);
+}
+
+absl::StatusOr<v1::RegisterModelRequest> ModelFromFlags(const Args& a) {
+  v1::RegisterModelRequest r = client::SmallModel(a.Get("model", "synthetic"));
+  v1::ModelLayout* l = r.mutable_layout();
+  const std::pair<const char*, void (v1::ModelLayout::*)(uint32_t)> fields[] = {
+      {"layers", &v1::ModelLayout::set_num_layers},   {"kv_heads", &v1::ModelLayout::set_num_kv_heads},
+      {"q_heads", &v1::ModelLayout::set_num_q_heads}, {"head_dim", &v1::ModelLayout::set_head_dim},
+      {"block_size", &v1::ModelLayout::set_block_size}};
+  for (const auto& [name, setter] : fields) {
+    if (!a.Has(name)) continue;
+    auto v = a.GetInt(name, 0);
+    if (!v.ok()) return v.status();
+    if (*v <= 0 || *v > (1 << 20))
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be positive"));
+    (l->*setter)(static_cast<uint32_t>(*v));
+  }
+  if (a.Has("format")) r.mutable_codec()->set_cache_dtype(a.Get("format", ""));
+  return r;
+}
+
+// Registers the model named by the flags; returns its ref and layout.
+absl::StatusOr<std::pair<v1::ModelRef, v1::ModelLayout>> Register(client::Client& c,
+                                                                 const Args& a) {
+  auto req = ModelFromFlags(a);
+  if (!req.ok()) return req.status();
+  auto r = c.RegisterModel(*req);
+  if (!r.ok()) return r.status();
+  v1::ModelRef ref;
+  ref.set_model_id(r->model_id());
+  ref.set_layout_fingerprint(r->layout_fingerprint());
+  return std::make_pair(ref, req->layout());
+}
+
+absl::StatusOr<std::vector<std::string>> Chain(const Args& a) {
+  auto n = a.GetInt("blocks", 16);
+  auto seed = a.GetInt("seed", 1);
+  if (!n.ok()) return n.status();
+  if (!seed.ok()) return seed.status();
+  if (*n < 0 || *n > 10'000'000) return absl::InvalidArgumentError("--blocks out of range");
+  return client::HashChain(static_cast<uint64_t>(*seed), static_cast<size_t>(*n));
+}
+
+std::vector<v1::PutBlock> DenseBlocks(const v1::ModelLayout& layout,
+                                      const std::vector<std::string>& chain, size_t begin,
+                                      size_t end, uint64_t seed) {
+  std::vector<v1::PutBlock> blocks;
+  for (size_t i = begin; i < end; ++i)
+    blocks.push_back(client::DenseBlock(layout, chain[i], i ? chain[i - 1] : "", seed * 1000003 + i));
+  return blocks;
+}
+
+int Fail(std::ostream& err, const absl::Status& s) {
+  err << "tqkv: " << s << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int Status(const Args& a, Ctx& c) {
+  auto h = c.client->Health();
+  if (!h.ok()) return Fail(c.err, h.status());
+  auto s = c.client->Stats(v1::StatsRequest());
+  c.out << "server " << c.client->options().target << ": " << (*h ? "SERVING" : "NOT_SERVING");
+  if (s.ok()) c.out << ", backend " << s->backend() << ", tenant " << s->tenant();
+  c.out << "\n";
+  return *h ? 0 : 1;
+}
+
+int Stats(const Args& a, Ctx& c) {
+  auto id = a.GetInt("model_id", 0);
+  if (!id.ok()) return Fail(c.err, id.status());
+  v1::StatsRequest req;
+  req.set_model_id(static_cast<uint64_t>(*id));
+  auto s = c.client->Stats(req);
+  if (!s.ok()) return Fail(c.err, s.status());
+  c.out << "tenant " << s->tenant() << ", backend " << s->backend() << "\n";
+  for (const v1::ModelStats& m : s->models()) {
+    c.out << "model " << m.model_name() << " (id " << m.model_id() << "), compression "
+          << std::fixed << std::setprecision(2) << m.compression_ratio() << "x\n";
+    for (const v1::TierBytes& t : m.tiers())
+      c.out << "  " << TierName(t.tier()) << ": blocks=" << t.blocks() << " bytes=" << t.bytes()
+            << " dense_equivalent=" << t.dense_equivalent_bytes() << " packed_k=" << t.packed_k_bytes()
+            << " packed_v=" << t.packed_v_bytes() << " norms=" << t.norms_metadata_bytes()
+            << " dense_window=" << t.dense_window_bytes() << "\n";
+  }
+  return 0;
+}
+
+int Put(const Args& a, Ctx& c) {
+  auto m = Register(*c.client, a);
+  if (!m.ok()) return Fail(c.err, m.status());
+  auto chain = Chain(a);
+  if (!chain.ok()) return Fail(c.err, chain.status());
+  v1::PutHeader h;
+  *h.mutable_model() = m->first;
+  h.set_durable(a.Has("durable"));
+  v1::PutBlocksResponse total;
+  const size_t batch = 256;
+  for (size_t s = 0; s < chain->size(); s += batch) {
+    const size_t e = std::min(chain->size(), s + batch);
+    auto r = c.client->PutBlocks(h, DenseBlocks(m->second, *chain, s, e, a.GetInt("seed", 1).value()));
+    if (!r.ok()) return Fail(c.err, r.status());
+    total.set_committed(total.committed() + r->committed());
+    total.set_already_present(total.already_present() + r->already_present());
+    total.set_packed_bytes(total.packed_bytes() + r->packed_bytes());
+    total.set_dense_equivalent_bytes(total.dense_equivalent_bytes() + r->dense_equivalent_bytes());
+  }
+  c.out << "model_id " << m->first.model_id() << " fingerprint " << m->first.layout_fingerprint()
+        << "\ncommitted " << total.committed() << " already_present " << total.already_present()
+        << " packed_bytes " << total.packed_bytes() << " dense_equivalent_bytes "
+        << total.dense_equivalent_bytes() << "\n";
+  return 0;
+}
+
+int Lookup(const Args& a, Ctx& c) {
+  auto m = Register(*c.client, a);
+  if (!m.ok()) return Fail(c.err, m.status());
+  auto chain = Chain(a);
+  if (!chain.ok()) return Fail(c.err, chain.status());
+  v1::LookupRequest req;
+  *req.mutable_model() = m->first;
+  for (const auto& h : *chain) req.add_block_hashes(h);
+  auto r = c.client->Lookup(req);
+  if (!r.ok()) return Fail(c.err, r.status());
+  std::map<std::string, int> tiers;
+  for (int t : r->tiers()) ++tiers[TierName(t)];
+  c.out << "hits " << r->hits() << "/" << chain->size();
+  for (const auto& [t, n] : tiers) c.out << " " << t << "=" << n;
+  c.out << "\n";
+  return 0;
+}
+
+int Get(const Args& a, Ctx& c) {
+  auto m = Register(*c.client, a);
+  if (!m.ok()) return Fail(c.err, m.status());
+  auto chain = Chain(a);
+  if (!chain.ok()) return Fail(c.err, chain.status());
+  v1::GetBlocksRequest req;
+  *req.mutable_model() = m->first;
+  for (const auto& h : *chain) req.add_block_hashes(h);
+  req.set_dense(a.Has("dense"));
+  auto r = c.client->GetBlocks(req);
+  if (!r.ok()) return Fail(c.err, r.status());
+  uint64_t bytes = 0;
+  for (const auto& b : *r) bytes += b.payload().size() + b.k().data().size() + b.v().data().size();
+  c.out << "blocks " << r->size() << " bytes " << bytes << (req.dense() ? " (dense fp16)" : " (packed)")
+        << "\n";
+  return 0;
+}
+
+int Bench(const Args& a, Ctx& c) {
+  auto m = Register(*c.client, a);
+  if (!m.ok()) return Fail(c.err, m.status());
+  auto chain = Chain(a);
+  if (!chain.ok()) return Fail(c.err, chain.status());
+  auto threads = a.GetInt("threads", 4);
+  auto rounds = a.GetInt("rounds", 3);
+  if (!threads.ok() || !rounds.ok() || *threads < 1 || *rounds < 1)
+    return Fail(c.err, absl::InvalidArgumentError("--threads and --rounds must be >= 1"));
+  const v1::ModelRef ref = m->first;
+  // Same bytes as `tqkv put` for the same --seed: a hash never gets two
+  // different blocks.
+  const auto blocks = DenseBlocks(m->second, *chain, 0, chain->size(), a.GetInt("seed", 1).value());
+  uint64_t dense_bytes = 0;
+  for (const auto& b : blocks) dense_bytes += b.k().data().size() + b.v().data().size();
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  // Each thread has its own connection and a disjoint slice of the chain.
+  auto run = [&](const std::function<absl::Status(client::Client&, size_t, size_t)>& op) {
+    std::atomic<bool> ok{true};
+    std::mutex mu;
+    std::vector<std::thread> ts;
+    const size_t n = chain->size(), per = (n + *threads - 1) / *threads;
+    for (int t = 0; t < *threads; ++t) {
+      ts.emplace_back([&, t] {
+        auto cl = MakeClient(a);
+        absl::Status s = cl.status();
+        const size_t b = std::min(n, t * per), e = std::min(n, b + per);
+        for (int r = 0; s.ok() && r < *rounds && b < e; ++r) s = op(**cl, b, e);
+        if (!s.ok() && ok.exchange(false)) {
+          std::lock_guard<std::mutex> l(mu);
+          c.err << "tqkv bench: " << s << "\n";
+        }
+      });
+    }
+    for (auto& th : ts) th.join();
+    return ok.load();
+  };
+  auto t0 = Clock::now();
+  bool ok = run([&](client::Client& cl, size_t b, size_t e) {
+    v1::PutHeader h;
+    *h.mutable_model() = ref;
+    return cl.PutBlocks(h, {blocks.begin() + b, blocks.begin() + e}).status();
+  });
+  const double put_s = seconds(t0);
+  t0 = Clock::now();
+  std::atomic<uint64_t> got_bytes{0};
+  ok = ok && run([&](client::Client& cl, size_t b, size_t e) {
+    v1::GetBlocksRequest req;
+    *req.mutable_model() = ref;
+    for (size_t i = b; i < e; ++i) req.add_block_hashes((*chain)[i]);
+    auto r = cl.GetBlocks(req);
+    if (r.ok()) for (const auto& x : *r) got_bytes += x.payload().size();
+    return r.status();
+  });
+  const double get_s = seconds(t0);
+  t0 = Clock::now();
+  ok = ok && run([&](client::Client& cl, size_t b, size_t e) {
+    v1::LookupRequest req;
+    *req.mutable_model() = ref;
+    for (size_t i = b; i < e; ++i) req.add_block_hashes((*chain)[i]);
+    return cl.Lookup(req).status();
+  });
+  const double look_s = seconds(t0);
+  if (!ok) return Fail(c.err, absl::InternalError("some bench calls failed"));
+  const double n = static_cast<double>(chain->size()) * *rounds;
+  c.out << std::fixed << std::setprecision(1) << "put    " << n / put_s << " blocks/s, "
+        << dense_bytes * *rounds / put_s / 1e6 << " MB/s dense fp16 in\n"
+        << "get    " << n / get_s << " blocks/s, " << got_bytes / get_s / 1e6 << " MB/s packed out\n"
+        << "lookup " << n / look_s << " hashes/s (" << *threads << " threads, chains of "
+        << chain->size() / *threads << ")\n";
+  return 0;
+}
+
+void Usage(const std::string& cmd, std::ostream& out) {
+  out << "usage: tqkv " << cmd
+      << " [--server HOST:PORT] [--token T] [--timeout_ms MS]"
+         " [--model NAME --layers L --kv_heads H --q_heads Q --head_dim D --block_size B"
+         " --format F] [--blocks N --seed S] [--durable] [--dense] [--threads T --rounds R]"
+         " [--model_id ID]\n";
+}
+
+}  // namespace
+
+int ServiceCommand(const std::string& cmd, int argc, char** argv, std::ostream& out,
+                   std::ostream& err) {
+  using Fn = int (*)(const Args&, Ctx&);
+  const std::map<std::string, std::pair<Fn, std::set<std::string>>> commands = {
+          {"status", {&Status, Flags(false)}},
+          {"stats", {&Stats, Flags(false, {"model_id"})}},
+          {"put", {&Put, Flags(true, {"durable"})}},
+          {"lookup", {&Lookup, Flags(true)}},
+          {"get", {&Get, Flags(true, {"dense"})}},
+          {"bench", {&Bench, Flags(true, {"threads", "rounds"})}},
+      };
+  auto it = commands.find(cmd);
+  if (it == commands.end()) return -1;
+  // Boolean flags may be given bare: rewrite `--durable` / `--dense` /
+  // `--help` to `--x=1` so the value parser accepts them.
+  std::vector<std::string> words(argv, argv + argc);
+  for (std::string& w : words)
+    if (w == "--durable" || w == "--dense" || w == "--help") w += "=1";
+  std::vector<char*> ptrs;
+  for (std::string& w : words) ptrs.push_back(w.data());
+  auto args = Args::Parse(static_cast<int>(ptrs.size()), ptrs.data(), 2, it->second.second);
+  if (!args.ok()) {
+    err << "tqkv " << cmd << ": " << args.status().message() << "\n";
+    Usage(cmd, err);
+    return 2;
+  }
+  if (args->Has("help")) {
+    Usage(cmd, out);
+    return 0;
+  }
+  auto client = MakeClient(*args);
+  if (!client.ok()) return Fail(err, client.status());
+  Ctx ctx{std::move(*client), out, err};
+  return it->second.first(*args, ctx);
+}
+
+}  // namespace tqkv::cli

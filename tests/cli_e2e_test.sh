@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The `tqkv` CLI's server commands against the real tqkv-server: status,
+# put, lookup, get (packed and dense), stats and bench, then a graceful
+# SIGTERM that must exit 0.
+set -euo pipefail
+RUNFILES="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-tqkv}"
+SERVER="$RUNFILES/service/tqkv-server"
+TQKV="$RUNFILES/client/cli/tqkv"
+TMP="$(mktemp -d "${TEST_TMPDIR:-/tmp}/cli.XXXXXX")"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$SERVER" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --data_dir="$TMP/data" \
+  --threads=1 >"$TMP/out" 2>"$TMP/err" &
+PID=$!
+trap 'kill -9 $PID 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do
+  grep -q '^tqkv-server listening on ' "$TMP/out" && break
+  kill -0 $PID 2>/dev/null || fail "server died: $(cat "$TMP/err")"
+  sleep 0.1
+done
+ADDR=$(sed -n 's/^tqkv-server listening on //p' "$TMP/out")
+[ -n "$ADDR" ] || fail "no listening line"
+S=(--server "$ADDR")
+
+out=$("$TQKV" status "${S[@]}")
+echo "$out" | grep -q 'SERVING, backend cpu, tenant default' || fail "status: $out"
+
+out=$("$TQKV" put "${S[@]}" --blocks 40 --seed 3)
+echo "$out" | grep -q '^committed 40 already_present 0 ' || fail "put: $out"
+out=$("$TQKV" put "${S[@]}" --blocks 40 --seed 3)
+echo "$out" | grep -q '^committed 0 already_present 40 ' || fail "re-put: $out"
+
+out=$("$TQKV" lookup "${S[@]}" --blocks 45 --seed 3)
+[ "$out" = "hits 40/45 host=40" ] || fail "lookup: $out"
+out=$("$TQKV" get "${S[@]}" --blocks 40 --seed 3)
+echo "$out" | grep -q '^blocks 40 bytes 184320 (packed)' || fail "get: $out"
+out=$("$TQKV" get "${S[@]}" --blocks 2 --seed 3 --dense)
+echo "$out" | grep -q '^blocks 2 bytes 32768 (dense fp16)' || fail "get dense: $out"
+"$TQKV" get "${S[@]}" --blocks 41 --seed 3 >/dev/null 2>"$TMP/get_err" && fail "get of a missing block must fail"
+grep -q 'NOT_FOUND' "$TMP/get_err" || fail "missing block message: $(cat "$TMP/get_err")"
+
+out=$("$TQKV" stats "${S[@]}")
+echo "$out" | grep -q 'model synthetic (id [0-9]*), compression 3.56x' || fail "stats: $out"
+echo "$out" | grep -q 'host: blocks=40 bytes=184320 dense_equivalent=655360' || fail "stats tiers: $out"
+
+out=$("$TQKV" bench "${S[@]}" --blocks 200 --threads 2 --rounds 1 --seed 9)
+echo "$out" | grep -q '^put .* blocks/s' || fail "bench: $out"
+echo "$out" | grep -q '^lookup .* hashes/s' || fail "bench: $out"
+
+"$TQKV" put "${S[@]}" --bogus 1 >/dev/null 2>&1 && fail "unknown flag must fail"
+
+kill -TERM $PID
+wait $PID || fail "graceful shutdown exited $?"
+trap - EXIT
+echo "cli_e2e_test: all checks passed"
