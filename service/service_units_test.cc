@@ -1,0 +1,158 @@
+// Unit tests of the small service components: auth token files, backend
+// selection, the staging area, and sequence idle expiry (fake clock).
+#include <gtest/gtest.h>
+
+#include "codec/cpu_backend.h"
+#include "service/auth.h"
+#include "service/backend_select.h"
+#include "service/model_registry.h"
+#include "service/sequence_manager.h"
+#include "service/staging_area.h"
+#include "storage/clock.h"
+
+namespace tqkv::service {
+namespace {
+
+TEST(AuthTest, ParsesTokenFilesAndAuthenticates) {
+  auto a = Authenticator::FromString("# comment\n\ntok1 alpha admin\n  tok2\tbeta  \n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto id = a->Authenticate("Bearer tok1");
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(id->tenant, "alpha");
+  EXPECT_TRUE(id->admin);
+  id = a->Authenticate("Bearer tok2");
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(id->tenant, "beta");
+  EXPECT_FALSE(id->admin);
+  EXPECT_EQ(a->Authenticate("").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(a->Authenticate("tok1").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(a->Authenticate("Bearer tok3").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_FALSE(Authenticator::FromString("tok1 alpha\ntok1 beta\n").ok());
+  EXPECT_FALSE(Authenticator::FromString("tok1 alpha root\n").ok());
+  EXPECT_FALSE(Authenticator::FromString("lonely\n").ok());
+  Authenticator off;
+  auto anyone = off.Authenticate("");
+  ASSERT_TRUE(anyone.ok());
+  EXPECT_EQ(anyone->tenant, "default");
+  EXPECT_TRUE(anyone->admin);
+}
+
+class FakeBackend : public CpuBackend {
+ public:
+  FakeBackend() : CpuBackend(Options{0}) {}
+  std::string name() const override { return "cuda"; }
+};
+
+TEST(BackendSelectTest, AutoFallsBackAndCudaFailsClearly) {
+  auto cpu = SelectBackend("cpu", 0, nullptr);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->backend->name(), "cpu");
+  auto auto_none = SelectBackend("auto", 0, nullptr);
+  ASSERT_TRUE(auto_none.ok());
+  EXPECT_EQ(auto_none->backend->name(), "cpu");
+  EXPECT_NE(auto_none->note, "");
+  EXPECT_EQ(SelectBackend("cuda", 0, nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  CudaBackendFactory no_gpu = [] {
+    return absl::StatusOr<std::unique_ptr<ComputeBackend>>(absl::UnavailableError("no GPU"));
+  };
+  EXPECT_EQ(SelectBackend("cuda", 0, no_gpu).status().code(), absl::StatusCode::kUnavailable);
+  auto fallback = SelectBackend("auto", 0, no_gpu);
+  ASSERT_TRUE(fallback.ok());
+  EXPECT_EQ(fallback->backend->name(), "cpu");
+  EXPECT_NE(fallback->note.find("no GPU"), std::string::npos);
+  CudaBackendFactory gpu = [] {
+    return absl::StatusOr<std::unique_ptr<ComputeBackend>>(std::make_unique<FakeBackend>());
+  };
+  EXPECT_EQ(SelectBackend("auto", 0, gpu)->backend->name(), "cuda");
+  EXPECT_EQ(SelectBackend("cuda", 0, gpu)->backend->name(), "cuda");
+  EXPECT_EQ(SelectBackend("tpu", 0, gpu).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+v1::RegisterModelRequest Small() {
+  v1::RegisterModelRequest r;
+  r.set_model_name("m");
+  auto* l = r.mutable_layout();
+  l->set_num_layers(3);
+  l->set_num_kv_heads(1);
+  l->set_num_q_heads(1);
+  l->set_head_dim(16);
+  l->set_block_size(4);
+  return r;
+}
+
+TEST(StagingAreaTest, CompletesBlocksKeepsStateOnFailureAndExpires) {
+  auto model = std::move(BuildModel("t", Small())).value();
+  const ModelCodec& c = *model->codec;
+  StagingArea area(StagingOptions{absl::Seconds(10), 1 << 20});
+  const absl::Time t0 = absl::UnixEpoch();
+  auto part = [&](const std::string& hash, int first, int last, char fill) {
+    return StagingArea::Part{{"t", model->model_id, hash}, "", first, last,
+                             std::string(c.layer_range_bytes(first, last), fill)};
+  };
+  uint32_t staged = 0;
+  int commits = 0;
+  auto never = [&](std::vector<StagingArea::Completed>&) {
+    ++commits;
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(area.Apply(*model, {part("a", 0, 1, 'x'), part("b", 0, 2, 'y')}, t0, never, &staged).ok());
+  EXPECT_EQ(staged, 2u);
+  EXPECT_EQ(commits, 0);
+  // A failing commit leaves the staged parts as they were.
+  auto fail = [](std::vector<StagingArea::Completed>& done) {
+    EXPECT_EQ(done.size(), 1u);
+    return absl::InternalError("disk");
+  };
+  EXPECT_FALSE(area.Apply(*model, {part("a", 1, 3, 'z')}, t0, fail, &staged).ok());
+  EXPECT_EQ(area.size(), 2u);
+  std::string payload;
+  auto keep = [&](std::vector<StagingArea::Completed>& done) {
+    payload = done[0].payload;
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(area.Apply(*model, {part("a", 1, 3, 'z')}, t0, keep, &staged).ok());
+  EXPECT_EQ(staged, 0u);
+  EXPECT_EQ(area.size(), 1u);
+  EXPECT_EQ(payload, std::string(c.layer_range_bytes(0, 1), 'x') +
+                         std::string(c.layer_range_bytes(1, 3), 'z'));
+  EXPECT_EQ(area.Expire(t0 + absl::Seconds(5)), 0u);
+  EXPECT_EQ(area.Expire(t0 + absl::Seconds(11)), 1u);
+  EXPECT_EQ(area.bytes(), 0u);
+  StagingArea tiny(StagingOptions{absl::Seconds(10), c.block_bytes()});
+  EXPECT_EQ(tiny.Apply(*model, {part("a", 0, 1, 'x'), part("b", 0, 1, 'x')}, t0, never, &staged)
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(tiny.size(), 0u);
+}
+
+TEST(SequenceManagerTest, IdleSequencesExpire) {
+  std::shared_ptr<const RegisteredModel> model = std::move(BuildModel("t", Small())).value();
+  CpuBackend backend(CpuBackend::Options{0});
+  storage::FakeClock clock;
+  SequenceManager seqs(SequenceOptions{}, &backend, &clock);
+  v1::CreateSequenceRequest req;
+  req.set_ttl_ms(1000);
+  auto s = seqs.Create("t", model, {}, req);
+  ASSERT_TRUE(s.ok()) << s.status();
+  v1::AppendRequest ap;
+  ap.set_sequence_id(s->sequence_id());
+  ap.mutable_k()->set_dtype(v1::DTYPE_FP32);
+  for (int d : {5, 1, 16}) ap.mutable_k()->add_shape(d);
+  ap.mutable_k()->mutable_data()->assign(5 * 16 * 4, '\0');
+  *ap.mutable_v() = ap.k();
+  clock.Advance(absl::Milliseconds(900));
+  auto r = seqs.Append("t", ap);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->num_tokens(), 5u);
+  EXPECT_EQ(seqs.Append("u", ap).status().code(), absl::StatusCode::kNotFound) << "other tenant";
+  clock.Advance(absl::Milliseconds(900));  // used 900 ms ago: still alive
+  EXPECT_EQ(seqs.ExpireIdle(), 0u);
+  clock.Advance(absl::Milliseconds(200));
+  EXPECT_EQ(seqs.ExpireIdle(), 1u);
+  EXPECT_EQ(seqs.Append("t", ap).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(seqs.size(), 0u);
+}
+
+}  // namespace
+}  // namespace tqkv::service
