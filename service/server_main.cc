@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "gpu/cuda_backend.h"
 #include "service/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address HOST:PORT (port 0: any free port)");
@@ -32,6 +33,9 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "file of `token tenant [admin]` lines; empty: auth off, every caller is tenant "
           "\"default\" with admin rights");
 ABSL_FLAG(int, threads, -1, "CPU backend worker threads (-1: cores - 1)");
+ABSL_FLAG(int, gpu_device, 0, "CUDA device ordinal of the cuda backend");
+ABSL_FLAG(uint64_t, gpu_arena_bytes, uint64_t{1} << 30,
+          "device memory the cuda backend reserves for resident blocks");
 ABSL_FLAG(bool, spill_on_shutdown, true,
           "on SIGTERM/SIGINT move host-resident blocks to disk so a restart finds them");
 ABSL_FLAG(int, shutdown_grace_ms, 10000,
@@ -78,9 +82,12 @@ int main(int argc, char** argv) {
   o.log_rpc_errors = absl::GetFlag(FLAGS_log_rpc_errors);
   o.log = &std::cerr;
 
-  // The CUDA backend (//gpu:cuda_backend) is not linked into this build yet:
-  // pass its factory here once it exists, e.g. [] { return tqkv::gpu::CreateCudaBackend({}); }.
-  tqkv::service::CudaBackendFactory cuda = nullptr;
+  // The CUDA backend (//gpu:cuda_backend) is linked in; it answers
+  // UNAVAILABLE where there is no usable GPU (then auto falls back to cpu).
+  tqkv::gpu::CudaBackendOptions gpu;
+  gpu.device = absl::GetFlag(FLAGS_gpu_device);
+  gpu.arena_bytes = absl::GetFlag(FLAGS_gpu_arena_bytes);
+  tqkv::service::CudaBackendFactory cuda = [gpu] { return tqkv::gpu::CreateCudaBackend(gpu); };
   absl::StatusOr<std::unique_ptr<tqkv::service::Server>> server =
       tqkv::service::Server::Start(o, cuda);
   if (!server.ok()) {

@@ -10,7 +10,7 @@ TMP="$(mktemp -d "${TEST_TMPDIR:-/tmp}/cli.XXXXXX")"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 "$SERVER" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --data_dir="$TMP/data" \
-  --threads=1 >"$TMP/out" 2>"$TMP/err" &
+  --threads=1 --backend=cpu >"$TMP/out" 2>"$TMP/err" &
 PID=$!
 trap 'kill -9 $PID 2>/dev/null || true' EXIT
 for _ in $(seq 1 300); do

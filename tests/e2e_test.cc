@@ -338,13 +338,13 @@ TEST_F(E2eTest, SequencesAppendAndAttendMatchReference) {
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(E2eTest, HealthAndStatsReportTheCpuBackend) {
+TEST_F(E2eTest, HealthAndStatsReportTheBackend) {
   auto h = client_->Health();
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_TRUE(*h);
   auto s = client_->Stats(v1::StatsRequest());
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->backend(), "cpu");
+  EXPECT_EQ(s->backend(), TestBackend());
   EXPECT_EQ(s->tenant(), "default");
 }
 

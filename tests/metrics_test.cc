@@ -82,7 +82,7 @@ TEST_F(MetricsTest, ExpositionIsValidAndCountersMoveByTheRightAmounts) {
   EXPECT_EQ(delta("tqkv_rpc_requests_total{method=\"Lookup\"}"), 2);
   EXPECT_EQ(delta("tqkv_rpc_errors_total{code=\"FAILED_PRECONDITION\",method=\"Lookup\"}"), 1);
   EXPECT_EQ(delta("tqkv_rpc_duration_seconds_count{method=\"PutBlocks\"}"), 1);
-  EXPECT_EQ(Value(after, "tqkv_backend_info{backend=\"cpu\"}"), 1);
+  EXPECT_EQ(Value(after, "tqkv_backend_info{backend=\"" + TestBackend() + "\"}"), 1);
 
   // Spilling moves the bytes to the disk tier and counts the spills; a get
   // from disk counts a disk hit.

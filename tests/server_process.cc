@@ -27,6 +27,11 @@ std::string ServerBinary() {
   return "service/tqkv-server";
 }
 
+std::string TestBackend() {
+  const char* b = std::getenv("TQKV_TEST_BACKEND");
+  return b != nullptr && *b != '\0' ? b : "cpu";
+}
+
 std::string MakeTempDir(const std::string& prefix) {
   const char* base = std::getenv("TEST_TMPDIR");
   std::string tmpl = absl::StrCat(base ? base : "/tmp", "/", prefix, "XXXXXX");
@@ -40,7 +45,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   if (pipe(fds) != 0) return absl::InternalError("pipe failed");
   std::vector<std::string> args = {ServerBinary(), "--listen=127.0.0.1:0",
                                    "--metrics_listen=127.0.0.1:0", "--data_dir=" + data_dir,
-                                   "--threads=1"};
+                                   "--threads=1", "--backend=" + TestBackend()};
   args.insert(args.end(), flags.begin(), flags.end());
   std::vector<char*> argv;  // built before fork: the child only execs
   for (std::string& a : args) argv.push_back(a.data());

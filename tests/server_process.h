@@ -17,7 +17,7 @@ namespace tqkv::testing {
 class ServerProcess {
  public:
   // Starts `tqkv-server --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0
-  // --data_dir <data_dir> <flags...>` and waits (up to 30 s) for both
+  // --data_dir <data_dir> --threads=1 --backend=<TestBackend()> <flags...>` and waits (up to 30 s) for both
   // "listening on" lines. UNAVAILABLE if the process exits first.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::string& data_dir,
                                                               const std::vector<std::string>& flags);
@@ -42,6 +42,8 @@ class ServerProcess {
 
 // Path of the tqkv-server binary in the test's runfiles.
 std::string ServerBinary();
+// The --backend the tests run the server with: $TQKV_TEST_BACKEND, or cpu.
+std::string TestBackend();
 // A fresh empty directory under $TEST_TMPDIR.
 std::string MakeTempDir(const std::string& prefix);
 // Body of GET http://address/path (HTTP/1.0), or an error.
