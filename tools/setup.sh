@@ -15,6 +15,7 @@ PKGS=(
   # tests and benchmarks
   prometheus redis-server redis-tools
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest
+  libhiredis-dev  # bench/service_bench (Redis baseline client)
   curl procps
 )
 
