@@ -162,6 +162,18 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   counter("tqkv_puts_rejected_total", "Puts refused for lack of host memory.", c.puts_rejected);
   counter("tqkv_deletes_total", "Blocks deleted.", c.deletes);
 
+  // GPU tier (packed pages resident in HBM, a cache above host memory).
+  const BackendStats gpu = service_->backend().Stats();
+  gauge("tqkv_gpu_capacity_bytes", "GPU tier arena bytes (0 on the CPU backend).",
+        static_cast<double>(gpu.device_bytes_capacity));
+  gauge("tqkv_gpu_used_bytes", "Packed block bytes resident in the GPU tier.",
+        static_cast<double>(gpu.device_bytes_used));
+  gauge("tqkv_gpu_blocks", "Blocks resident in the GPU tier.", static_cast<double>(gpu.device_blocks));
+  counter("tqkv_gpu_promotions_total", "Blocks copied from host memory into the GPU tier.",
+          gpu.uploads);
+  counter("tqkv_gpu_demotions_total", "Blocks dropped from the GPU tier to make room (their host copy stays).",
+          gpu.evictions);
+
   MetricFamily info = Family("tqkv_backend_info", "The compute backend serving this process.",
                              MetricType::Gauge);
   Add(info, {{"backend", service_->backend().name()}}, 1);
