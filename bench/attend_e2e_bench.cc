@@ -1,0 +1,147 @@
+// One decode step of a model served as one Attend call per layer over
+// loopback, end to end (issue #4): register a model, store a context of
+// `--context` tokens as dense fp16 blocks (the server encodes them), create a
+// sequence over them, then time `--steps` decode steps of `--layers` Attend
+// calls each. Reports per-call latency and its split into kernel time (the
+// server's `kernel_micros`) and the rest (RPC, (de)serialisation, copies),
+// against a baseline measured in the same run: a trivial RPC (Lookup of one
+// hash) on the same channel.
+//
+// Usage: attend_e2e_bench --server HOST:PORT [--layers 32 --context 32768
+//        --kv_heads 8 --q_heads 32 --head_dim 128 --format k4v4 --steps 20]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "client/cli/args.h"
+#include "client/cpp/client.h"
+#include "client/cpp/synthetic.h"
+
+namespace tqkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Micros(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+int Fail(const absl::Status& s, const char* what) {
+  std::fprintf(stderr, "attend_e2e_bench: %s: %s\n", what, std::string(s.message()).c_str());
+  return 1;
+}
+
+int Run(int argc, char** argv) {
+  auto args = cli::Args::Parse(argc, argv, 1,
+                               {"server", "layers", "context", "kv_heads", "q_heads", "head_dim",
+                                "format", "steps", "put_batch"});
+  if (!args.ok()) return Fail(args.status(), "arguments");
+  const std::string server = args->Get("server", "localhost:50051");
+  const int layers = *args->GetInt("layers", 32), kv = *args->GetInt("kv_heads", 8),
+            qh = *args->GetInt("q_heads", 32), d = *args->GetInt("head_dim", 128),
+            steps = *args->GetInt("steps", 20), put_batch = *args->GetInt("put_batch", 32);
+  const int64_t context = *args->GetInt("context", 32768);
+  const int bs = 16;
+  const std::string format = args->Get("format", "k4v4");
+
+  client::ClientOptions opts;
+  opts.target = server;
+  opts.deadline = absl::Seconds(600);
+  auto c = client::Client::Connect(opts);
+  if (!c.ok()) return Fail(c.status(), "connect");
+  v1::RegisterModelRequest reg;
+  reg.set_model_name(absl::StrFormat("attend-e2e-%s-%d", format, layers));
+  auto* l = reg.mutable_layout();
+  l->set_num_layers(layers);
+  l->set_num_kv_heads(kv);
+  l->set_num_q_heads(qh);
+  l->set_head_dim(d);
+  l->set_block_size(bs);
+  l->set_dtype(v1::DTYPE_FP16);
+  reg.mutable_codec()->set_cache_dtype(format);
+  auto model = (*c)->RegisterModel(reg);
+  if (!model.ok()) return Fail(model.status(), "register");
+
+  const int64_t blocks = context / bs;
+  std::vector<std::string> chain = client::HashChain(77, blocks);
+  auto t0 = Clock::now();
+  v1::PutHeader header;
+  header.mutable_model()->set_model_id(model->model_id());
+  header.mutable_model()->set_layout_fingerprint(model->layout_fingerprint());
+  for (int64_t b = 0; b < blocks; b += put_batch) {
+    std::vector<v1::PutBlock> batch;
+    for (int64_t i = b; i < std::min(blocks, b + put_batch); ++i)
+      batch.push_back(client::DenseBlock(*l, chain[i], i ? chain[i - 1] : "", 1000 + i));
+    auto put = (*c)->PutBlocks(header, batch);
+    if (!put.ok()) return Fail(put.status(), "put");
+    std::fprintf(stderr, "\rput %lld/%lld blocks", (long long)std::min(blocks, b + put_batch),
+                 (long long)blocks);
+  }
+  const double put_s = Micros(t0, Clock::now()) / 1e6;
+  std::fprintf(stderr, "\n");
+
+  v1::CreateSequenceRequest cs;
+  *cs.mutable_model() = header.model();
+  for (const std::string& h : chain) cs.add_block_hashes(h);
+  cs.set_ttl_ms(3600 * 1000);
+  auto seq = (*c)->CreateSequence(cs);
+  if (!seq.ok()) return Fail(seq.status(), "create sequence");
+
+  v1::AttendRequest req;
+  auto* item = req.add_items();
+  item->set_sequence_id(seq->sequence_id());
+  *item->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, qh, d}, 5);
+  v1::LookupRequest ping;
+  *ping.mutable_model() = header.model();
+  ping.add_block_hashes(chain[0]);
+
+  std::vector<double> call_us, kernel_us, rest_us, step_us, ping_us;
+  for (int s = -1; s < steps; ++s) {  // step -1 warms up (uploads, caches)
+    auto step_start = Clock::now();
+    for (int layer = 0; layer < layers; ++layer) {
+      req.set_layer(layer);
+      auto a = Clock::now();
+      auto r = (*c)->Attend(req);
+      auto b = Clock::now();
+      if (!r.ok()) return Fail(r.status(), "attend");
+      if (s < 0) continue;
+      call_us.push_back(Micros(a, b));
+      kernel_us.push_back(static_cast<double>(r->kernel_micros()));
+      rest_us.push_back(Micros(a, b) - static_cast<double>(r->kernel_micros()));
+    }
+    if (s >= 0) step_us.push_back(Micros(step_start, Clock::now()));
+    auto a = Clock::now();
+    auto p = (*c)->Lookup(ping);
+    if (!p.ok()) return Fail(p.status(), "lookup");
+    if (s >= 0) ping_us.push_back(Micros(a, Clock::now()));
+  }
+  const double packed_gb = double(model->format().block_bytes()) * blocks / 1e9;
+  std::printf("model: %d layers, %d kv heads, %d q heads, d=%d, format %s; context %lld tokens "
+              "(%lld blocks, %.3f GB packed); put %.1f s\n",
+              layers, kv, qh, d, format.c_str(), (long long)context, (long long)blocks, packed_gb,
+              put_s);
+  std::printf("Attend per call (us): median %.0f p99 %.0f | kernel median %.0f | rest (RPC, "
+              "copies) median %.0f\n",
+              Percentile(call_us, 0.5), Percentile(call_us, 0.99), Percentile(kernel_us, 0.5),
+              Percentile(rest_us, 0.5));
+  std::printf("decode step (%d calls) median %.2f ms; baseline trivial RPC (Lookup of 1 hash) "
+              "median %.0f us -> Attend call = %.1fx a trivial RPC\n",
+              layers, Percentile(step_us, 0.5) / 1e3, Percentile(ping_us, 0.5),
+              Percentile(call_us, 0.5) / std::max(1.0, Percentile(ping_us, 0.5)));
+  return 0;
+}
+
+}  // namespace
+}  // namespace tqkv
+
+int main(int argc, char** argv) { return tqkv::Run(argc, argv); }
