@@ -3,7 +3,8 @@
 # (-c opt), starts tqkv-server (CPU backend, temp data dir, port 0) and
 # redis-server (free loopback port, no persistence), runs the harness against
 # both, and stops them. Extra arguments go to service_bench
-# (e.g. --mode get --seconds 5). Results: bench/RESULTS.md, "Service" section.
+# (e.g. --mode get --seconds 5); TQKV_SERVER_ARGS adds server flags (e.g.
+# "--threads 2"). Results: bench/RESULTS.md, "Service" section.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +23,7 @@ trap cleanup EXIT
 
 mkdir "$work/data"
 "$work/tqkv-server" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 \
-  --data_dir "$work/data" --backend cpu >"$work/server.log" 2>&1 &
+  --data_dir "$work/data" --backend cpu ${TQKV_SERVER_ARGS:-} >"$work/server.log" 2>&1 &
 pids+=($!)
 tqkv_addr=""
 for _ in $(seq 600); do
@@ -45,5 +46,5 @@ done
 
 echo "load average before: $(cut -d" " -f1-3 /proc/loadavg)"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores;" \
-  "tqkv $tqkv_addr (cpu backend), redis $(redis-server --version | awk '{print $3}') 127.0.0.1:$redis_port"
+  "tqkv $tqkv_addr (cpu backend${TQKV_SERVER_ARGS:+, $TQKV_SERVER_ARGS}), redis $(redis-server --version | awk '{print $3}') 127.0.0.1:$redis_port"
 "$work/service_bench" --tqkv "$tqkv_addr" --redis "127.0.0.1:$redis_port" "$@"
