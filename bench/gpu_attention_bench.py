@@ -4,9 +4,12 @@
 Loads libtqkv_gpu_capi.so (ctypes) and times, with CUDA events (median of
 --iters runs after warm-up, random data): a D2D copy (HBM ceiling), torch
 scaled_dot_product_attention decode on contiguous fp16 K/V (enable_gqa), and
-tqkv's paged decode for TQ4 (k4v4) and K4/V2 on randomly permuted pages.
-Prints time ratios against SDPA and achieved bandwidth on packed bytes
-against the copy ceiling.
+tqkv's paged decode for TQ4 (k4v4) and K4/V2 on randomly permuted pages
+(planned splits; the kernel the launcher picks: the tensor-core kernel for
+these shapes). Also times the CUDA-core fast kernel (allow_fast=2) and the
+generic kernel for comparison, and sweeps forced split counts. Prints time
+ratios against SDPA and achieved bandwidth on packed bytes against the copy
+ceiling.
 
 Usage: gpu_attention_bench.py --lib path/libtqkv_gpu_capi.so [--iters 50]
 """
@@ -117,13 +120,18 @@ def main():
             kp.view(nblocks, stride)[:, : BS * KVH * kr] = kpg.view(nblocks, BS * KVH * kr)
             vp.view(nblocks, stride)[:, : BS * KVH * vr] = vpg.view(nblocks, BS * KVH * vr)
             del kpg, vpg
-            ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0)
+            # Split counts: planned (0), the CUDA-core kernel's plan, and a sweep.
+            old_splits = min(max(1, -(-(132 * 8) // (batch * KVH))), max(1, -(-ctx // 256)), 1024)
+            sweep = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+                     if s * batch * KVH <= 8192 and s <= max(1, ctx // 256)]
+            ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, s)
+                           for s in [0, old_splits] + sweep)
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
             out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
-            call = lambda fast=1: lib.tqkv_gpu_attention(
+            call = lambda fast=1, splits=0: lib.tqkv_gpu_attention(
                 h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nblocks_per, packed.data_ptr(),
                 qseq.data_ptr(), pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
-                ws_bytes, 0, fast, stream)
+                ws_bytes, splits, fast, stream)
             if call():
                 sys.exit(f"attention: {lib.tqkv_gpu_last_error().decode()}")
             torch.cuda.synchronize()
@@ -133,18 +141,33 @@ def main():
             bw = floor / (t_tq * 1e-3)
             fast = lib.tqkv_gpu_attention_uses_fast_path(h, stride)
             t_gen = timed(lambda: call(0), max(5, args.iters // 5)) if batch * ctx <= 16 * 16384 else float("nan")
+            if call(2, old_splits):
+                sys.exit(f"attention (CUDA-core kernel): {lib.tqkv_gpu_last_error().decode()}")
+            torch.cuda.synchronize()
+            err_old = ((out - ref).norm() / ref.norm()).item()
+            t_old = timed(lambda: call(2, old_splits), args.iters)
+            sw = []
+            for s in sweep:
+                if call(1, s):
+                    sys.exit(f"attention splits={s}: {lib.tqkv_gpu_last_error().decode()}")
+                sw.append((timed(lambda: call(1, s), max(5, args.iters // 2)), s))
+            best_t, best_s = min(sw)
             ratio = t_tq / t_sdpa
             line += (f"\n    {f}: {t_tq:.3f} ms  ratio {ratio:.3f}x SDPA (goal <= {GOALS[f]})  "
                      f"packed {floor / 1e6:.1f} MB -> {bw / 1e12:.2f} TB/s = {bw / ceiling:.2f} of copy ceiling  "
-                     f"fast_path={fast} generic={t_gen:.3f} ms  rel.err vs fp16 SDPA {err:.3f}")
-            rows.append((batch, ctx, f, t_sdpa, t_tq, ratio, bw / 1e12))
+                     f"fast_path={fast} generic={t_gen:.3f} ms  rel.err vs fp16 SDPA {err:.3f}"
+                     f"\n        CUDA-core fast kernel (splits {old_splits}): {t_old:.3f} ms (rel.err {err_old:.3f});"
+                     f" split sweep best {best_t:.3f} ms at {best_s} splits ("
+                     + " ".join(f"{s}:{t:.3f}" for t, s in sorted(sw, key=lambda x: x[1])) + ")")
+            rows.append((batch, ctx, f, t_sdpa, t_tq, ratio, bw / 1e12, t_old, best_t, best_s))
             del kp, vp, ws, out
         print(line, flush=True)
         del k, v
         torch.cuda.empty_cache()
-    print("\nsummary (batch, ctx, format, sdpa_ms, tq_ms, ratio, packed_TB/s)")
+    print("\nsummary (batch, ctx, format, sdpa_ms, tq_ms, ratio, packed_TB/s, cuda_core_kernel_ms, sweep_best_ms, "
+          "sweep_best_splits)")
     for r in rows:
-        print("  %3d %6d %-5s %.3f %.3f %.3f %.2f" % r)
+        print("  %3d %6d %-5s %.3f %.3f %.3f %.2f %.3f %.3f %d" % r)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include "gpu/kernels.h"
 #include "gpu/kernels/attention.cuh"
 #include "gpu/kernels/attention_fast.cuh"
+#include "gpu/kernels/attention_mma.cuh"
 
 namespace tqkv::gpu {
 namespace {
@@ -27,6 +28,30 @@ bool FastEligible(const AttentionLaunch& a) {
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3) == 0; };
   return aligned(a.k_base) && aligned(a.v_base) && a.block_stride % 4 == 0 && k.row_bytes % 4 == 0 &&
          v.row_bytes % 4 == 0;
+}
+
+// The tensor-core kernel (attention_mma.cuh): the fast path's formats with
+// fp32 norms right after the indices, rows at 4 mod 16 bytes with
+// kv_heads % 4 == 0 (one misalignment per kv head), 16-byte aligned pages
+// and pages of whole 16-token tiles.
+bool MmaEligible(const AttentionLaunch& a) {
+  if (!FastEligible(a) || !a.allow_mma_path) return false;
+  for (const GpuComponent* c : {&a.host_k, &a.host_v}) {
+    const GpuGroup& g = c->groups[0];
+    const int b = g.mse_bits;
+    if (c->num_groups != 1 || g.channels != 128 || g.fp16_norms || g.index_offset != 0 || g.norm_offset != 16 * b ||
+        c->row_bytes != 16 * b + 4 || c->state_size != 128)
+      return false;
+  }
+  auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return a.kv_heads % 4 == 0 && a.block_size % 16 == 0 && a.block_stride % 16 == 0 && aligned16(a.k_base) &&
+         aligned16(a.v_base);
+}
+
+// Merge kernel of the specialised paths: one group of <= 128 channels.
+bool FastMergeEligible(const AttentionLaunch& a) {
+  return FastEligible(a) && a.host_v.num_groups == 1 && a.host_v.groups[0].channels <= 128 &&
+         a.host_v.state_size <= 128;
 }
 
 AttnDims Dims(const AttentionLaunch& a) {
@@ -62,6 +87,48 @@ cudaError_t FastG(const AttentionLaunch& a, const AttnDims& d, const float* s, f
     case 2: return FastWith<KB, VB, 2>(a, d, s, r, st);
     case 4: return FastWith<KB, VB, 4>(a, d, s, r, st);
     case 8: return FastWith<KB, VB, 8>(a, d, s, r, st);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+template <int KB, int VB, int G, int TPS>
+cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
+                       cudaStream_t stream) {
+  constexpr size_t smem = MmaSmemBytes<KB, VB, G>();
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(MmaDecodeKernel<KB, VB, G, TPS>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
+  MmaDecodeKernel<KB, VB, G, TPS><<<grid, 32 * kMmaWarps, smem, stream>>>(a, d, states, recs);
+  return cudaGetLastError();
+}
+
+template <int KB, int VB, int G>
+cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
+                    cudaStream_t stream) {
+  return MmaWithTps<KB, VB, G, kMmaTilesPerStep>(a, d, states, recs, stream);
+}
+
+template <int KB, int VB>
+cudaError_t MmaG(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r, cudaStream_t st) {
+  switch (d.group) {
+    case 1: return MmaWith<KB, VB, 1>(a, d, s, r, st);
+    case 2: return MmaWith<KB, VB, 2>(a, d, s, r, st);
+    case 4: return MmaWith<KB, VB, 4>(a, d, s, r, st);
+    case 8: return MmaWith<KB, VB, 8>(a, d, s, r, st);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+cudaError_t LaunchMma(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r, cudaStream_t st) {
+  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
+  switch (kb * 10 + vb) {
+    case 44: return MmaG<4, 4>(a, d, s, r, st);
+    case 42: return MmaG<4, 2>(a, d, s, r, st);
+    case 24: return MmaG<2, 4>(a, d, s, r, st);
+    case 22: return MmaG<2, 2>(a, d, s, r, st);
     default: return cudaErrorNotSupported;
   }
 }
@@ -132,6 +199,29 @@ struct MergeF {
 
 int PlanAttentionSplits(const AttentionLaunch& a) {
   if (a.splits > 0) return a.splits;
+  if (MmaEligible(a)) {
+    // Fewest waves of resident blocks × tokens per block, plus a per-block
+    // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.
+    constexpr int64_t kMmaBlockOverheadTokens = 192;
+    const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads);
+    const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * MmaCtasPerSm(kMmaTilesPerStep);
+    const int64_t ctx = std::max<int64_t>(a.max_context, 1);
+    const int64_t max_splits = std::clamp<int64_t>((ctx + kMinSplitTokens - 1) / kMinSplitTokens, 1, 1024);
+    int64_t best = 1;
+    double best_cost = 0;
+    for (int64_t s = 1; s <= max_splits; ++s) {
+      const int64_t chunk = ((ctx + s - 1) / s + 127) / 128 * 128;
+      const int64_t used = (ctx + chunk - 1) / chunk;
+      if (used < s) continue;  // same chunk as a smaller split count
+      const int64_t waves = (blocks * s + resident - 1) / resident;
+      const double cost = static_cast<double>(waves) * static_cast<double>(chunk + kMmaBlockOverheadTokens);
+      if (s == 1 || cost < best_cost) {
+        best = s;
+        best_cost = cost;
+      }
+    }
+    return static_cast<int>(best);
+  }
   const int group = a.q_heads / a.kv_heads;
   const int64_t head_chunks = FastEligible(a) ? 1 : (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
   const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads * head_chunks);
@@ -161,7 +251,9 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
   float* recs = reinterpret_cast<float*>(static_cast<char*>(l.workspace) + StatesBytes(l, d));
   cudaError_t e = ByVpl<PrepareF>(Vpl(l.host_k), l, d, states, stream);
   if (e != cudaSuccess) return e;
-  if (FastEligible(l)) {
+  if (MmaEligible(l)) {
+    e = LaunchMma(l, d, states, recs, stream);
+  } else if (FastEligible(l)) {
     e = LaunchFast(l, d, states, recs, stream);
   } else {
     const size_t smem = (kMaxHeadsPerBlock * (d.sk + l.dim) +
@@ -177,6 +269,11 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
     e = cudaGetLastError();
   }
   if (e != cudaSuccess) return e;
+  if (FastMergeEligible(l)) {
+    FastMergeKernel<<<static_cast<unsigned>(l.num_queries * l.q_heads), 128, d.splits * sizeof(float), stream>>>(
+        l, d, recs);
+    return cudaGetLastError();
+  }
   return ByVpl<MergeF>(Vpl(l.host_v), l, d, recs, stream);
 }
 

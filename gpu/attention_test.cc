@@ -202,6 +202,13 @@ std::vector<Case> Cases() {
   c.push_back({"k2v4", 128, 16, 2, {77, 3}, {}, 1, 0, true});
   c.push_back({"k2v2", 128, 4, 4, {129}, {}, 1, 3, true});
   c.push_back({"k4v4", 128, 8, 1, {2000}, {}, 1, 0, true});
+  // Tensor-core kernel (kv_heads % 4 == 0): G = 2 and 8, long contexts with
+  // planned splits, prefill.
+  c.push_back({"k2v4", 128, 8, 4, {77, 300, 16}, {}, 1, 0, true});
+  c.push_back({"k4v4", 128, 64, 8, {1500}, {}, 1, 5, true});
+  c.push_back({"k4v4", 128, 32, 8, {6000, 17}, {}, 1, 0, true});
+  c.push_back({"k4v2", 128, 16, 4, {9000}, {}, 1, 0, true});
+  c.push_back({"k4v2", 128, 16, 4, {100, 33}, {}, 20, 0, true});
   // Generic kernel: other bits, dims, recipes, dense layers, tails, G = 3 / 12.
   c.push_back({"k4v4", 128, 32, 8, {40, 7}, {5, 0}, 1, 0, false});
   c.push_back({"k3v5", 96, 12, 4, {33, 100}, {}, 1, 0, false});

@@ -96,6 +96,8 @@ int tqkv_gpu_encode(void* hp, const void* k, const void* v, int dtype, int64_t t
   a.v_comp = h->tables->device(0, tqkv::Component::kValue);
   a.max_group_channels = h->tables->max_group_channels(0);
   a.bad_slot = static_cast<unsigned long long*>(flag);
+  a.host_k = &h->tables->host(0, 0, tqkv::Component::kKey);
+  a.host_v = &h->tables->host(0, 0, tqkv::Component::kValue);
   cudaError_t e = tqkv::gpu::LaunchEncode(a, static_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) g_error = cudaGetErrorString(e);
   return static_cast<int>(e);
@@ -139,6 +141,7 @@ int tqkv_gpu_attention(void* hp, const uint8_t* k_base, const uint8_t* v_base, i
   a.workspace_bytes = workspace_bytes;
   a.splits = splits;
   a.allow_fast_path = allow_fast != 0;
+  a.allow_mma_path = allow_fast != 2;  // 2: the CUDA-core fast kernel (comparison)
   cudaError_t e = tqkv::gpu::LaunchAttention(a, static_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) g_error = cudaGetErrorString(e);
   return static_cast<int>(e);

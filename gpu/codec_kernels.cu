@@ -1,6 +1,7 @@
 // Launchers of the encode/decode kernels (gpu/kernels/codec_kernels.cuh).
 #include "gpu/kernels.h"
 #include "gpu/kernels/codec_kernels.cuh"
+#include "gpu/kernels/encode_fast.cuh"
 
 namespace tqkv::gpu {
 namespace {
@@ -33,13 +34,58 @@ cudaError_t DecodeWith(const DecodeLaunch& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Bits of the specialised encode if every head's component qualifies, else 0.
+int FastEncodeBits(const GpuComponent* comps, int heads) {
+  int bits = 0;
+  for (int h = 0; h < heads; ++h) {
+    const GpuComponent& c = comps[h];
+    const GpuGroup& g = c.groups[0];
+    const int b = g.mse_bits;
+    if (c.kind != kGpuMse || c.num_groups != 1 || c.dim != 128 || g.channels != 128 || (b != 2 && b != 4) ||
+        g.qjl || g.fp16_norms || g.index_offset != 0 || g.norm_offset != 16 * b || c.row_bytes != 16 * b + 4 ||
+        g.rotation != kGpuHadamard || g.num_blocks != 1 || g.block_size[0] != 128 || g.channel_map != nullptr ||
+        g.num_boundaries != (1 << b) - 1 || (bits != 0 && bits != b))
+      return 0;
+    bits = b;
+  }
+  return bits;
+}
+
+template <int KB, int VB>
+cudaError_t EncodeFastWith(const EncodeLaunch& a, cudaStream_t stream) {
+  const int64_t blocks = a.heads * ((a.tokens + kEncTokensPerBlock - 1) / kEncTokensPerBlock);
+  const dim3 grid(static_cast<unsigned>(blocks), 2);
+  EncodeFastKernel<KB, VB><<<grid, 32 * kEncWarps, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+bool EncodeUsesFastPath(const EncodeLaunch& a) {
+  if (!a.allow_fast_path || a.host_k == nullptr || a.host_v == nullptr || a.dtype != kGpuF16 || a.dim != 128 ||
+      a.heads <= 0)
+    return false;
+  auto aligned = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
+  if (!aligned(a.k, 8) || !aligned(a.v, 8) || !aligned(a.k_pages.base, 4) || !aligned(a.v_pages.base, 4) ||
+      a.k_pages.block_stride % 4 != 0 || a.v_pages.block_stride % 4 != 0)
+    return false;
+  return FastEncodeBits(a.host_k, a.heads) != 0 && FastEncodeBits(a.host_v, a.heads) != 0;
+}
 
 cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream) {
   if (a.bad_slot == nullptr || a.tokens < 0 || a.heads <= 0) return cudaErrorInvalidValue;
   const int64_t limit = a.k_pages.num_slots < a.v_pages.num_slots ? a.k_pages.num_slots : a.v_pages.num_slots;
   cudaError_t e = CheckSlots(a.slots, a.tokens, limit, a.bad_slot, stream);
   if (e != cudaSuccess || a.tokens == 0) return e;
+  if (EncodeUsesFastPath(a)) {
+    switch (FastEncodeBits(a.host_k, a.heads) * 10 + FastEncodeBits(a.host_v, a.heads)) {
+      case 44: return EncodeFastWith<4, 4>(a, stream);
+      case 42: return EncodeFastWith<4, 2>(a, stream);
+      case 24: return EncodeFastWith<2, 4>(a, stream);
+      case 22: return EncodeFastWith<2, 2>(a, stream);
+      default: return cudaErrorNotSupported;
+    }
+  }
   switch ((a.max_group_channels + 31) / 32) {
     case 0:  // dense components only
     case 1: return EncodeWith<1>(a, stream);

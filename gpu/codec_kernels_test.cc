@@ -136,6 +136,11 @@ TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
   a.v_comp = tables.device(0, Component::kValue);
   a.max_group_channels = tables.max_group_channels(0);
   a.bad_slot = flag.as<unsigned long long>();
+  a.host_k = &tables.host(0, 0, Component::kKey);
+  a.host_v = &tables.host(0, 0, Component::kValue);
+  const bool fast = (c.format == "k4v4" || c.format == "k4v2" || c.format == "k2v2") && dim == 128 &&
+                    c.dtype == DType::kF16 && !c.qr;
+  EXPECT_EQ(EncodeUsesFastPath(a), fast);
   ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(ToHost<unsigned long long>(flag, 1)[0], kNoBadSlot);

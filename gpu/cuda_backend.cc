@@ -105,6 +105,8 @@ class CudaBackend : public ComputeBackend {
       a.v_comp = tables->device(l, Component::kValue);
       a.max_group_channels = tables->max_group_channels(l);
       a.bad_slot = reinterpret_cast<unsigned long long*>(d + flag_off);
+      a.host_k = &tables->host(l, 0, Component::kKey);
+      a.host_v = &tables->host(l, 0, Component::kValue);
       TQ_CUDA_RETURN_IF_ERROR(LaunchEncode(a, stream_.get()), absl::StrCat("encode layer ", l));
     }
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d + pages_off, out_bytes, cudaMemcpyDeviceToHost, stream_.get()),

@@ -48,7 +48,15 @@ struct EncodeLaunch {
   const GpuComponent* v_comp = nullptr;
   int32_t max_group_channels = 0;  // max over both components (host value)
   unsigned long long* bad_slot = nullptr;
+  // Optional host copies of k_comp / v_comp ([heads] each). With them, fp16
+  // input at d = 128 whose components are all 2- or 4-bit mse rows (one RHT
+  // group, fp32 norm after the indices) takes the specialised kernel.
+  const GpuComponent* host_k = nullptr;
+  const GpuComponent* host_v = nullptr;
+  bool allow_fast_path = true;
 };
+// True when LaunchEncode(a) uses the specialised d = 128 kernel.
+bool EncodeUsesFastPath(const EncodeLaunch& a);
 cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream);
 
 // Decode the rows at `slots` into dense K/V [n, heads, dim] of `dtype`
@@ -104,14 +112,17 @@ struct AttentionLaunch {
   int32_t num_sms = 132;      // SMs of the device (split planning)
   int32_t splits = 0;         // context splits per query; 0 = plan automatically
   bool allow_fast_path = true;
+  bool allow_mma_path = true;  // tensor-core kernel where eligible (else the CUDA-core fast kernel)
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
 // Context splits the launch will use (deterministic in the host fields).
 int PlanAttentionSplits(const AttentionLaunch& a);
 size_t AttentionWorkspaceBytes(const AttentionLaunch& a);
-// True when the specialised kernel (mse K/V at d = 128, bits 2 or 4, GQA
-// group 1..8 with power-of-two size, no dense tail) serves this launch.
+// True when a specialised kernel (mse K/V at d = 128, bits 2 or 4, GQA
+// group 1..8 with power-of-two size, no dense tail) serves this launch: the
+// tensor-core kernel when kv_heads % 4 == 0, pages are 16-byte aligned and
+// hold whole 16-token tiles, else the CUDA-core one.
 bool AttentionUsesFastPath(const AttentionLaunch& a);
 cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream);
 

@@ -1,6 +1,8 @@
-// Specialised decode attention for TurboQuant_mse K/V at d = 128 with K and
-// V bits in {2, 4} and G = q_heads / kv_heads in {1, 2, 4, 8}: the TQ4 and
-// K4/V2 serving paths.
+// Specialised CUDA-core decode attention for TurboQuant_mse K/V at d = 128
+// with K and V bits in {2, 4} and G = q_heads / kv_heads in {1, 2, 4, 8}:
+// the TQ4 and K4/V2 paths where the tensor-core kernel (attention_mma.cuh)
+// does not apply (kv_heads % 4 != 0, unaligned pages, pages not a multiple
+// of 16 tokens).
 //
 // Block = (query, kv head) × split, 4 warps; a warp takes 32-token
 // sub-tiles. Keys: one lane per token scores its packed row against the G

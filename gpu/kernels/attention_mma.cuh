@@ -1,0 +1,456 @@
+// Tensor-core decode attention for TurboQuant_mse K/V at d = 128 (K and V
+// bits in {2, 4}, GQA group G in {1, 2, 4, 8}): the TQ4 and K4/V2 serving
+// paths. Block = (query, kv head) × split, 4 warps; a warp takes 16-token
+// tiles (one page slice) in turn.
+//
+// Scores: S[h, t] = n_t · <q_rot,h , c[idx_t]>, as mma.sync m16n8k16 with
+// the scaled rotated queries of the group as A (rows = heads, padded to 16)
+// and the dequantised keys as B (k = channels, n = tokens). Values: the
+// rotated accumulator O[c, h] += Σ_t V̂[c, t] · (p[h, t] · n_t) as m16n8k16
+// with V̂ᵀ as A (rows = channels) and P as B; the S accumulator fragment is
+// already P's B fragment (no shuffles). Norms go on the scores and on P,
+// never on the fp16 operands.
+//
+// Dequantisation: one shared-memory lookup per 2-channel unit (a byte of a
+// 4-bit row, a nibble of a 2-bit row) gives the fp16 pair (c[lo], c[hi]);
+// the tables are replicated 32 times (entry e of lane l at word 32e + l) so
+// a warp's lookups never conflict.
+//
+// Loads: rows are 16·bits + 4 bytes (≡ 4 mod 16), so with kv_heads % 4 == 0
+// every row of kv head h starts at 4·(h mod 4) = mis bytes past a 16-byte
+// boundary. Each thread loads 16- or 8-byte aligned pieces of the "region"
+// [row − mis, row − mis + index bytes) plus the aligned tail chunk after it
+// (the row's last mis index bytes and its fp32 norm); region units below mis
+// take the tail's units instead. The query fragments absorb the resulting
+// rotation of channels: region unit r holds physical unit (r − mis_units)
+// mod 64.
+//
+// Numerics: fp16 operands (scaled queries, centroids, p·n), fp32
+// accumulation, softmax in fp32 (log2 domain); same split records as the
+// other kernels.
+#ifndef TQKV_GPU_KERNELS_ATTENTION_MMA_CUH_
+#define TQKV_GPU_KERNELS_ATTENTION_MMA_CUH_
+
+#include "gpu/kernels/attention.cuh"
+
+namespace tqkv::gpu {
+
+inline constexpr int kMmaWarps = 4;
+// Resident blocks per SM (the __launch_bounds__ target; split planning) for
+// TPS tiles per softmax step. Served: one tile per step (two tiles per step,
+// 255 registers at 2 blocks/SM, measured 1.0-1.15x slower on H200).
+constexpr int MmaCtasPerSm(int tps) { return tps == 1 ? 3 : 2; }
+inline constexpr int kMmaTilesPerStep = 1;
+
+template <int B>
+struct MmaBits {
+  static constexpr int kUnitBits = B == 4 ? 8 : 4;        // one 2-channel unit
+  static constexpr int kLutEntries = 1 << kUnitBits;      // 256 or 16
+  static constexpr int kUnitsPerWord = 32 / kUnitBits;    // 4 or 8
+  static constexpr int kIndexBytes = 16 * B;              // d = 128
+};
+
+__device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                       uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// Byte offset in a replicated lookup table of unit `s` of word w.
+template <int UB>
+__device__ __forceinline__ uint32_t LutOffset(uint32_t w, int s, uint32_t lane4) {
+  const int sh = UB * s - 7;
+  const uint32_t x = sh >= 0 ? (w >> sh) : (w << -sh);
+  return (x & (((1u << UB) - 1u) << 7)) | lane4;
+}
+
+__device__ __forceinline__ uint32_t LdsU32(const uint32_t* base, uint32_t byte_off) {
+  return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(base) + byte_off);
+}
+
+template <int N>
+__device__ __forceinline__ void LoadWords(const uint8_t* p, uint32_t (&w)[N]) {
+  if constexpr (N == 4) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (N == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = __ldg(reinterpret_cast<const uint32_t*>(p));
+  }
+}
+
+template <int N>
+__device__ __forceinline__ uint32_t PickWord(const uint32_t (&w)[N], int k) {
+  uint32_t r = w[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) r = k == j ? w[j] : r;
+  return r;
+}
+
+// Raw words of one 16-token tile held by one thread.
+template <int KB, int VB>
+struct MmaTileRaw {
+  static constexpr int kKW = KB;      // K piece words (16 or 8 bytes)
+  static constexpr int kVW = VB / 2;  // V piece words (8 or 4 bytes)
+  uint32_t k[2][kKW], kt[2][kKW];     // tokens g, g + 8: piece, tail piece
+  uint32_t v[4][kVW], vt[4][kVW];     // tokens 2i, 2i+1, 2i+8, 2i+9
+};
+
+// Dynamic shared memory of the kernel (the tables, then reused for the
+// block merge).
+template <int KB, int VB, int G>
+constexpr size_t MmaSmemBytes() {
+  const size_t lut = (MmaBits<KB>::kLutEntries + MmaBits<VB>::kLutEntries) * 32 * 4;
+  const size_t merge = (kMmaWarps * G * 128 + kMmaWarps * G * 2) * 4;
+  return lut > merge ? lut : merge;
+}
+
+template <int KB, int VB, int G, int TPS>
+__global__ void __launch_bounds__(32 * kMmaWarps, MmaCtasPerSm(TPS))
+    MmaDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records) {
+  using KU = MmaBits<KB>;
+  using VU = MmaBits<VB>;
+  using Raw = MmaTileRaw<KB, VB>;
+  constexpr int PK = 4 * KB;  // K piece bytes per thread
+  constexpr int PV = 2 * VB;  // V piece bytes per thread
+  constexpr int KW = Raw::kKW, VW = Raw::kVW;
+  extern __shared__ __align__(16) uint32_t mma_smem[];
+  __shared__ float cent[32];
+  uint32_t* lut_k = mma_smem;
+  uint32_t* lut_v = mma_smem + KU::kLutEntries * 32;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
+  const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+  const int64_t qi = blockIdx.x / a.kv_heads;
+  const int kvh = static_cast<int>(blockIdx.x % a.kv_heads);
+  const int split = blockIdx.y;
+  const GpuComponent& kc = a.k_comp[kvh];
+  const GpuComponent& vc = a.v_comp[kvh];
+  if (tid < (1 << KB)) cent[tid] = __ldg(kc.groups[0].centroids + tid);
+  if (tid < (1 << VB)) cent[16 + tid] = __ldg(vc.groups[0].centroids + tid);
+  __syncthreads();
+  for (int e = tid; e < KU::kLutEntries * 32; e += blockDim.x) {
+    const int ent = e >> 5;
+    lut_k[e] = PackHalf2(cent[ent & ((1 << KB) - 1)], cent[ent >> KB]);
+  }
+  for (int e = tid; e < VU::kLutEntries * 32; e += blockDim.x) {
+    const int ent = e >> 5;
+    lut_v[e] = PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
+  }
+
+  const int mis = 4 * (kvh & 3);
+  const int muk = mis * 8 / KU::kUnitBits, muv = mis * 8 / VU::kUnitBits;
+  // Query fragments (A of the score mma): thread (g, i), k-tile kk covers
+  // region units 16i + 2kk (a0a1) and 16i + 2kk + 1 (a4a5).
+  uint32_t qa[8][2];
+  {
+    const float sl = a.scale * kLog2e;
+    const float* qrow = states + (qi * a.q_heads + kvh * G + (g < G ? g : 0)) * d.sk;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int p = (16 * i + 2 * kk + h - muk) & 63;
+        const float x0 = g < G ? qrow[2 * p] * sl : 0.0f;
+        const float x1 = g < G ? qrow[2 * p + 1] * sl : 0.0f;
+        qa[kk][h] = PackHalf2(x0, x1);
+      }
+    }
+  }
+  __syncthreads();
+
+  const int seq = a.query_seq[qi];
+  const int64_t limit = min(a.positions[qi] + 1, a.packed_tokens[seq]);
+  const int64_t t0 = split * d.chunk;
+  const int64_t t1 = min(limit, t0 + d.chunk);
+  const int64_t ntiles = t1 > t0 ? (t1 - t0 + 15) / 16 : 0;
+  const int krb = kc.row_bytes, vrb = vc.row_bytes;
+  const int64_t kstep = static_cast<int64_t>(a.kv_heads) * krb;  // token rows within a page
+  const int64_t vstep = static_cast<int64_t>(a.kv_heads) * vrb;
+  const int32_t* btab = a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
+  const int64_t kthr = static_cast<int64_t>(kvh) * krb - mis + PK * i;
+  const int64_t vthr = static_cast<int64_t>(kvh) * vrb - mis + PV * g;
+  const bool k_has_tail = PK * i < 16, v_has_tail = PV * g < 16;
+  // Norm holders: K norm of token τ in lane 4(τ mod 8) + ikn, word kwn of
+  // its tail piece; V norm of token τ in lane 4·gvn + (its i), word vwn.
+  const int ikn = mis / PK, kwn = (mis % PK) / 4;
+  const int gvn = mis / PV, vwn = (mis % PV) / 4;
+
+  // Tile tl of this split (tiles past the split's end are not loaded; their
+  // tokens are masked).
+  auto load = [&](int64_t tl, Raw& r) {
+    const int64_t tt = t0 + tl * 16;
+    if (tt >= t1) return;
+    const int64_t page = __ldg(btab + tt / a.block_size);
+    const int64_t off0 = tt % a.block_size;
+    const uint8_t* kp = a.k_base + page * a.block_stride + off0 * kstep + kthr;
+    const uint8_t* vp = a.v_base + page * a.block_stride + off0 * vstep + vthr;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint8_t* p = kp + (g + 8 * nt) * kstep;
+      LoadWords<KW>(p, r.k[nt]);
+      if (k_has_tail) LoadWords<KW>(p + KU::kIndexBytes, r.kt[nt]);
+    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const uint8_t* p = vp + (2 * i + (v & 1) + 8 * (v >> 1)) * vstep;
+      LoadWords<VW>(p, r.v[v]);
+      if (v_has_tail) LoadWords<VW>(p + VU::kIndexBytes, r.vt[v]);
+    }
+  };
+
+  float m = -CUDART_INF_F, l = 0.0f;
+  float acc[8][4];
+#pragma unroll
+  for (int u = 0; u < 8; ++u)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
+
+  // Scores of one tile: s[v] for tokens 2i + (v & 1) + 8 (v >> 1) of head g.
+  auto scores = [&](int64_t tl, const Raw& r, float (&s)[4]) {
+    const int64_t tt = t0 + tl * 16;
+    float sc[2][2][4];  // [n-tile][k-tile parity]: four chains of four mmas
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      uint32_t kw[KW];
+#pragma unroll
+      for (int w = 0; w < KW; ++w) kw[w] = PK * i + 4 * w < mis ? r.kt[nt][w] : r.k[nt][w];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][0][e] = sc[nt][1][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const int u0 = 2 * kk;
+        const uint32_t w = kw[u0 / KU::kUnitsPerWord];
+        const int s0 = u0 % KU::kUnitsPerWord;
+        const uint32_t b0 = LdsU32(lut_k, LutOffset<KU::kUnitBits>(w, s0, lane4));
+        const uint32_t b1 = LdsU32(lut_k, LutOffset<KU::kUnitBits>(w, s0 + 1, lane4));
+        MmaF16(sc[nt][kk & 1], qa[kk][0], 0u, qa[kk][1], 0u, b0, b1);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float hold = __uint_as_float(PickWord<KW>(r.kt[nt], kwn));
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float nk = __shfl_sync(kFullMask, hold, 4 * (2 * i + e) + ikn);
+        const bool valid = tt + 8 * nt + 2 * i + e < t1;
+        s[2 * nt + e] = valid ? (sc[nt][0][e] + sc[nt][1][e]) * nk : -CUDART_INF_F;
+      }
+    }
+  };
+  // Values of one tile with probabilities p (same token order as s).
+  auto values = [&](int64_t tl, const Raw& r, const float (&p)[4]) {
+    const int64_t tt = t0 + tl * 16;
+    float pn[4];
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float hold = __uint_as_float(PickWord<VW>(r.vt[v], vwn));
+      const float nv = __shfl_sync(kFullMask, hold, 4 * gvn + i);
+      const bool valid = tt + 2 * i + (v & 1) + 8 * (v >> 1) < t1;
+      pn[v] = valid ? p[v] * nv : 0.0f;
+    }
+    const uint32_t pb0 = PackHalf2(pn[0], pn[1]), pb1 = PackHalf2(pn[2], pn[3]);
+    uint32_t vw[4][VW];
+#pragma unroll
+    for (int v = 0; v < 4; ++v)
+#pragma unroll
+      for (int w = 0; w < VW; ++w) vw[v][w] = PV * g + 4 * w < mis ? r.vt[v][w] : r.v[v][w];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      uint32_t x[4];
+#pragma unroll
+      for (int v = 0; v < 4; ++v)
+        x[v] = LdsU32(lut_v, LutOffset<VU::kUnitBits>(vw[v][u / VU::kUnitsPerWord], u % VU::kUnitsPerWord, lane4));
+      MmaF16(acc[u], Prmt(x[0], x[1], 0x5410), Prmt(x[0], x[1], 0x7632), Prmt(x[2], x[3], 0x5410),
+             Prmt(x[2], x[3], 0x7632), pb0, pb1);
+    }
+  };
+  // One step: TPS consecutive tiles (first tile tl0) with one softmax update.
+  auto compute = [&](int64_t tl0, const Raw (&r)[TPS]) {
+    float s[TPS][4];
+#pragma unroll
+    for (int k = 0; k < TPS; ++k) scores(tl0 + k, r[k], s[k]);
+    float tmax = s[0][0];
+#pragma unroll
+    for (int k = 0; k < TPS; ++k)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) tmax = fmaxf(tmax, s[k][v]);
+    tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 2));
+    const float mnew = fmaxf(m, tmax);  // finite: the step's first token is valid
+    const float corr = exp2f(m - mnew);
+    m = mnew;
+    float psum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < TPS; ++k)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        s[k][v] = exp2f(s[k][v] - mnew);
+        psum += s[k][v];
+      }
+    l = fmaf(l, corr, psum);
+    if (__any_sync(kFullMask, corr != 1.0f)) {
+      const float ca = __shfl_sync(kFullMask, corr, 8 * i), cb = __shfl_sync(kFullMask, corr, 8 * i + 4);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        acc[u][0] *= ca;
+        acc[u][1] *= cb;
+        acc[u][2] *= ca;
+        acc[u][3] *= cb;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < TPS; ++k) values(tl0 + k, r[k], s[k]);
+  };
+
+  {
+    // Steps st = warp, warp + 4, ...; step st covers tiles TPS·st .. TPS·st + TPS − 1.
+    // Double-buffered: the next step's rows load while this one computes.
+    const int64_t nsteps = (ntiles + TPS - 1) / TPS;
+    Raw ra[TPS], rb[TPS];
+    auto load_step = [&](int64_t st, Raw (&r)[TPS]) {
+#pragma unroll
+      for (int k = 0; k < TPS; ++k) load(st * TPS + k, r[k]);
+    };
+    int64_t st = warp;
+    if (st < nsteps) load_step(st, ra);
+    while (st < nsteps) {
+      if (st + kMmaWarps < nsteps) load_step(st + kMmaWarps, rb);
+      compute(st * TPS, ra);
+      st += kMmaWarps;
+      if (st >= nsteps) break;
+      if (st + kMmaWarps < nsteps) load_step(st + kMmaWarps, ra);
+      compute(st * TPS, rb);
+      st += kMmaWarps;
+    }
+  }
+  l += __shfl_xor_sync(kFullMask, l, 1);
+  l += __shfl_xor_sync(kFullMask, l, 2);
+
+  // Block merge of the warps into one split record.
+  __syncthreads();  // tables no longer read
+  float* macc = reinterpret_cast<float*>(mma_smem);  // [warps][G][128]
+  float* mml = macc + kMmaWarps * G * 128;            // [warps][G][2]
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int pu = (8 * g + u - muv) & 63;
+    const int h0 = 2 * i, h1 = 2 * i + 1;
+    if (h0 < G) {
+      macc[(warp * G + h0) * 128 + 2 * pu] = acc[u][0];
+      macc[(warp * G + h0) * 128 + 2 * pu + 1] = acc[u][2];
+    }
+    if (h1 < G) {
+      macc[(warp * G + h1) * 128 + 2 * pu] = acc[u][1];
+      macc[(warp * G + h1) * 128 + 2 * pu + 1] = acc[u][3];
+    }
+  }
+  if (i == 0 && g < G) {
+    mml[(warp * G + g) * 2] = m;
+    mml[(warp * G + g) * 2 + 1] = l;
+  }
+  __syncthreads();
+  const int j = tid;  // one channel per thread (128 threads)
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) mx = fmaxf(mx, mml[(w * G + h) * 2]);
+    float v = 0.0f, lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) {
+      const float mw = mml[(w * G + h) * 2];
+      const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
+      v = fmaf(f, macc[(w * G + h) * 128 + j], v);
+      lsum = fmaf(f, mml[(w * G + h) * 2 + 1], lsum);
+    }
+    float* rec = records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record;
+    rec[2 + j] = v;
+    if (j == 0) {
+      rec[0] = mx;
+      rec[1] = lsum;
+    }
+  }
+}
+
+// Merge of the split records of the specialised kernels (mse, one group of
+// <= 128 channels, no dense part): block per (query, q head), a thread per
+// channel, split weights in shared memory; then Πᵀ once.
+__global__ void __launch_bounds__(128) FastMergeKernel(AttentionLaunch a, AttnDims d, const float* records) {
+  extern __shared__ float fm_w[];  // [splits]
+  __shared__ float red[4];
+  __shared__ float accs[128];
+  __shared__ float rbuf[128];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t w = blockIdx.x;
+  const float* rec = records + w * d.splits * d.record;
+  float mx = -CUDART_INF_F;
+  for (int s = tid; s < d.splits; s += 128) mx = fmaxf(mx, rec[s * d.record]);
+  mx = WarpMax(mx);
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+  __syncthreads();
+  float lsum = 0.0f;
+  for (int s = tid; s < d.splits; s += 128) {
+    const float ms = rec[s * d.record];
+    const float f = ms == -CUDART_INF_F ? 0.0f : exp2f(ms - mx);
+    fm_w[s] = f;
+    lsum = fmaf(f, rec[s * d.record + 1], lsum);
+  }
+  lsum = WarpSum(lsum);
+  if (lane == 0) red[warp] = lsum;
+  __syncthreads();
+  const float L = (red[0] + red[1]) + (red[2] + red[3]);
+  float v = 0.0f;
+  if (tid < d.sv) {
+    int s = 0;
+    float v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
+    for (; s + 4 <= d.splits; s += 4) {
+      v = fmaf(fm_w[s], rec[s * d.record + 2 + tid], v);
+      v1 = fmaf(fm_w[s + 1], rec[(s + 1) * d.record + 2 + tid], v1);
+      v2 = fmaf(fm_w[s + 2], rec[(s + 2) * d.record + 2 + tid], v2);
+      v3 = fmaf(fm_w[s + 3], rec[(s + 3) * d.record + 2 + tid], v3);
+    }
+    for (; s < d.splits; ++s) v = fmaf(fm_w[s], rec[s * d.record + 2 + tid], v);
+    v = (v + v1) + (v2 + v3);
+  }
+  accs[tid] = v;
+  __syncthreads();
+  if (warp != 0) return;
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  float* out = a.out + w * a.dim;
+  const int kvh = static_cast<int>(w % a.q_heads) / d.group;
+  const GpuGroup& g = a.v_comp[kvh].groups[0];
+  const int n = g.channels;
+  float y[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int j = lane + 32 * k;
+    y[k] = j < n ? accs[g.state_offset + j] : 0.0f;
+  }
+  RotateStrided<4>(g, y, lane, rbuf, false);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int j = lane + 32 * k;
+    if (j < n) out[g.channel_map ? g.channel_map[j] : j] = y[k] * inv;
+  }
+}
+
+}  // namespace tqkv::gpu
+
+#endif  // TQKV_GPU_KERNELS_ATTENTION_MMA_CUH_
