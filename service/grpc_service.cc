@@ -91,6 +91,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
   }
 
   void OnWriteDone(bool ok) override {
+    if (next_ == plan_.blocks.size() && !plan_.blocks.empty()) return;  // written and finished
     if (!ok) {
       Done(absl::CancelledError("GetBlocks stream broken by the client"));
       return;
@@ -114,6 +115,11 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
     plan_.blocks[next_].payload.reset();  // sent: let the bytes go
     ++next_;
     out_ = std::move(*r);
+    if (next_ == plan_.blocks.size()) {
+      // The last block carries the final status in the same write.
+      StartWriteAndFinish(&out_, grpc::WriteOptions(), scope_.Finish(absl::OkStatus()));
+      return;
+    }
     StartWrite(&out_);
   }
 
