@@ -68,7 +68,6 @@ std::unique_ptr<v1::KvStore::Stub> NewStub(const std::string& addr) {
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
   return v1::KvStore::NewStub(
       grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args));
 }

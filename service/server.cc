@@ -98,9 +98,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
-  // No per-call deadline/census filters on the server's hot path (deadlines
-  // are still honoured by the client stack); measured in bench/RESULTS.md.
-  builder.AddChannelArgument(GRPC_ARG_MINIMAL_STACK, 1);
   // Large HTTP/2 frames and an eager flow-control window: block payloads are
   // 64 KiB-1 MiB.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 24);
