@@ -7,6 +7,7 @@
 # metrics_test needs promtool and is not bundled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/bundle_lib.sh
 DEST="${1:-dist/e2e}"
 TESTS=(e2e_test bad_input_test durability_test concurrency_test)
 bazel build //service:tqkv-server $(printf '//tests:%s ' "${TESTS[@]}")
@@ -16,10 +17,7 @@ mkdir -p "$DEST/lib" "$DEST/runfiles/tqkv/service"
 cp "$BIN/service/tqkv-server" "$DEST/runfiles/tqkv/service/"
 for t in "${TESTS[@]}"; do cp "$BIN/tests/$t" "$DEST/"; done
 chmod -R u+w "$DEST"
-for f in "$DEST"/*_test "$DEST/runfiles/tqkv/service/tqkv-server"; do
-  ldd "$f" | awk '/=> \// {print $3}' | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libdl|libpthread|librt)\.so' \
-    | while read -r lib; do cp -n "$lib" "$DEST/lib/" 2>/dev/null || true; done
-done
+bundle_copy_libs "$DEST" "$DEST"/*_test "$DEST/runfiles/tqkv/service/tqkv-server"
 # Bazel links test-only cc_libraries dynamically in fastbuild: ship them too.
 cp -n "$BIN"/_solib_k8/*.so "$DEST/lib/" 2>/dev/null || true
 chmod -R u+w "$DEST"

@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # Builds the GPU tests and benchmarks here and bundles them, with their
 # non-glibc shared libraries, into a directory that runs on the GPU machine
-# (no Bazel there). Usage: tools/gpu_bundle.sh [out_dir=dist/gpu]
-# On the GPU machine: dist/gpu/run_all.sh  (logs to $OUT, or ./logs)
+# (no Bazel there): kernel tests, kernel benchmarks (vs torch SDPA and the
+# copy ceiling), and tqkv-server with the end-to-end Attend benchmark.
+# Usage: tools/gpu_bundle.sh [out_dir=dist/gpu]
+# On the GPU machine: dist/gpu/run_all.sh  (logs to $OUT, or ./logs).
+# The device tool carries at most 64 MiB, and every binary holds the CUDA
+# fatbins (~10 MB), so a compressed copy is made too: carry `dist/gpu_xz`
+# and run `dist/gpu_xz/run_all.sh` (it unpacks to a temp dir and runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/bundle_lib.sh
 DEST="${1:-dist/gpu}"
 TESTS=(codec_kernels_test attention_test cuda_backend_test)
 bazel build -c opt //gpu:codec_kernels_test //gpu:attention_test //gpu:cuda_backend_test \
-  //gpu:libtqkv_gpu_capi.so //bench:gpu_codec_bench
+  //gpu:libtqkv_gpu_capi.so //bench:gpu_codec_bench //service:tqkv-server //bench:attend_e2e_bench
 rm -rf "$DEST"
 mkdir -p "$DEST/lib"
 BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
 for t in "${TESTS[@]}"; do cp "$BIN/gpu/$t" "$DEST/"; done
 cp "$BIN/bench/gpu_codec_bench" "$BIN/gpu/libtqkv_gpu_capi.so" "$DEST/"
+cp "$BIN/service/tqkv-server" "$BIN/bench/attend_e2e_bench" "$DEST/"
 cp bench/gpu_attention_bench.py "$DEST/"
 chmod u+w "$DEST"/*
-# Non-glibc shared libraries (glibc, libstdc++ and libgcc_s come from the host).
-for f in "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/libtqkv_gpu_capi.so"; do
-  ldd "$f" | awk '/=> \// {print $3}' | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libdl|libpthread|librt)\.so' \
-    | while read -r lib; do cp -n "$lib" "$DEST/lib/" 2>/dev/null || true; done
-done
+strip "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/attend_e2e_bench"
+strip --strip-unneeded "$DEST/libtqkv_gpu_capi.so"
+bundle_copy_libs "$DEST" "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/libtqkv_gpu_capi.so" \
+  "$DEST/tqkv-server" "$DEST/attend_e2e_bench"
+chmod -R u+w "$DEST/lib" && strip --strip-unneeded "$DEST"/lib/* 2>/dev/null || true
 cat > "$DEST/run_all.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every GPU test and benchmark of the bundle; logs go to $OUT (or ./logs).
@@ -37,7 +44,41 @@ done
 timeout 180 "$HERE/gpu_codec_bench" 50 > "$LOGS/gpu_codec_bench.log" 2>&1; echo "gpu_codec_bench rc=$?" | tee -a "$LOGS/summary.txt"
 timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 \
   > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
+# End to end: one decode step of a 32-layer model at 32K context as 32 Attend
+# calls over loopback to tqkv-server on the CUDA backend.
+if [ -z "${SKIP_E2E:-}" ]; then
+  data="$(mktemp -d)"
+  "$HERE/tqkv-server" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --data_dir "$data" \
+    --backend cuda --host_budget_bytes 8000000000 --gpu_arena_bytes 16000000000 --threads 16 > "$LOGS/e2e_server.log" 2>&1 &
+  spid=$!
+  addr=""
+  for _ in $(seq 300); do
+    addr=$(sed -n 's/^tqkv-server listening on //p' "$LOGS/e2e_server.log" | head -1)
+    [ -n "$addr" ] && break; sleep 0.1
+  done
+  for fmt in k4v4 k4v2; do
+    timeout 300 "$HERE/attend_e2e_bench" --server "$addr" --layers 32 --context 32768 --format "$fmt" \
+      --steps 20 >> "$LOGS/attend_e2e_bench.log" 2>/dev/null
+    echo "attend_e2e_bench $fmt rc=$?" | tee -a "$LOGS/summary.txt"
+  done
+  kill "$spid"; wait "$spid"
+fi
 exit $status
 RUN
 chmod +x "$DEST/run_all.sh"
 du -sh "$DEST"
+PACKED="${DEST}_xz"
+rm -rf "$PACKED"
+mkdir -p "$PACKED"
+tar -C "$(dirname "$DEST")" -cf - "$(basename "$DEST")" | xz -T2 -6 > "$PACKED/bundle.tar.xz"
+cat > "$PACKED/run_all.sh" <<RUN
+#!/usr/bin/env bash
+# Unpacks the GPU bundle into a temp dir and runs its run_all.sh.
+set -e
+HERE="\$(cd "\$(dirname "\$0")" && pwd)"
+TMP="\$(mktemp -d)"
+tar -C "\$TMP" -xJf "\$HERE/bundle.tar.xz"
+exec "\$TMP/$(basename "$DEST")/run_all.sh" "\$@"
+RUN
+chmod +x "$PACKED/run_all.sh"
+du -sh "$PACKED"
