@@ -31,8 +31,11 @@ struct SequenceManager::Sequence {
   absl::Time last_used;  // guarded by SequenceManager::mu_
 
   absl::Mutex mu;
-  std::vector<storage::BlockData> stored ABSL_GUARDED_BY(mu);
-  std::vector<uint64_t> stored_ids ABSL_GUARDED_BY(mu);
+  // The stored blocks and their backend refs (ids and payload pointers).
+  // Set once by CreateSequence and immutable after: Attend shares the
+  // snapshot (one reference count) instead of copying 2,048 BlockData.
+  std::shared_ptr<const std::vector<storage::BlockData>> stored ABSL_GUARDED_BY(mu);
+  std::vector<BlockRef> stored_refs ABSL_GUARDED_BY(mu);
   // Owned blocks after the stored ones; owned_count[l] of them hold layer l.
   std::vector<std::shared_ptr<const OwnedBlock>> owned ABSL_GUARDED_BY(mu);
   std::vector<int64_t> owned_count ABSL_GUARDED_BY(mu);
@@ -42,7 +45,7 @@ struct SequenceManager::Sequence {
   int64_t Tokens(int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const ModelShape& s = model->shape();
     const int64_t row = int64_t{s.num_kv_heads} * s.head_dim;
-    return (static_cast<int64_t>(stored.size()) + owned_count[layer]) * s.block_size +
+    return (static_cast<int64_t>(stored_refs.size()) + owned_count[layer]) * s.block_size +
            static_cast<int64_t>(tail_k[layer].size()) / row;
   }
 };
@@ -137,9 +140,10 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
   {
     absl::MutexLock l(&seq->mu);
     for (size_t i = 0; i < blocks.size(); ++i)
-      seq->stored_ids.push_back(StoredBlockId(tenant, model->model_id, req.block_hashes(i),
-                                              blocks[i].checksum));
-    seq->stored = std::move(blocks);
+      seq->stored_refs.push_back(
+          {StoredBlockId(tenant, model->model_id, req.block_hashes(i), blocks[i].checksum),
+           blocks[i].payload->data()});
+    seq->stored = std::make_shared<const std::vector<storage::BlockData>>(std::move(blocks));
     seq->owned_count.assign(s.num_layers, 0);
     seq->tail_k.resize(s.num_layers);
     seq->tail_v.resize(s.num_layers);
@@ -237,7 +241,7 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
   std::vector<DType> qtypes;
   // Keep-alives for the snapshot: owned block versions and tail copies.
   std::vector<std::shared_ptr<const OwnedBlock>> holders;
-  std::vector<std::vector<storage::BlockData>> stored_holders;
+  std::vector<std::shared_ptr<const std::vector<storage::BlockData>>> stored_holders;
   std::vector<std::unique_ptr<std::vector<float>>> tails;
   for (int i = 0; i < req.items_size(); ++i) {
     const v1::AttendItem& item = req.items(i);
@@ -253,8 +257,7 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
     int64_t total = 0;
     {
       absl::MutexLock l(&seq.mu);
-      for (size_t b = 0; b < seq.stored.size(); ++b)
-        as.blocks.push_back({seq.stored_ids[b], seq.stored[b].payload->data()});
+      as.blocks = seq.stored_refs;
       stored_holders.push_back(seq.stored);
       for (int64_t b = 0; b < seq.owned_count[layer]; ++b) {
         as.blocks.push_back({seq.owned[b]->id, seq.owned[b]->bytes.get()});
