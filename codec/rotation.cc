@@ -147,54 +147,32 @@ absl::StatusOr<Rotation> Rotation::Create(RotationKind kind, int dim, uint64_t s
   return r;
 }
 
-void Rotation::Forward(const float* in, float* out) const {
+void Rotation::Forward(const float* in, float* out) const { Apply(in, out, /*inverse=*/false); }
+
+void Rotation::Inverse(const float* in, float* out) const { Apply(in, out, /*inverse=*/true); }
+
+void Rotation::Apply(const float* in, float* out, bool inverse) const {
   if (kind_ == RotationKind::kQr) {
-    float tmp[1024];
-    std::vector<float> big;
-    float* t = tmp;
-    if (dim_ > 1024) {
-      big.resize(dim_);
-      t = big.data();
-    }
-    for (int i = 0; i < dim_; ++i) {
+    // y_i = Σ_j Q_ij x_j (forward) or x_j = Σ_i Q_ij y_i (inverse), each
+    // accumulated with fmaf in ascending order from 0; `in` may alias `out`.
+    std::vector<float> t(dim_);
+    const size_t n = static_cast<size_t>(dim_);
+    for (size_t i = 0; i < n; ++i) {
       float acc = 0.0f;
-      const float* row = &q_[static_cast<size_t>(i) * dim_];
-      for (int j = 0; j < dim_; ++j) acc = std::fma(row[j], in[j], acc);
+      for (size_t j = 0; j < n; ++j)
+        acc = std::fma(inverse ? q_[j * n + i] : q_[i * n + j], in[j], acc);
       t[i] = acc;
     }
-    std::memcpy(out, t, sizeof(float) * dim_);
+    std::memcpy(out, t.data(), sizeof(float) * n);
     return;
   }
   if (in != out) std::memcpy(out, in, sizeof(float) * dim_);
+  // Per block: Π = D2 H D1, Πᵀ = D1 H D2.
+  const std::vector<float>& first = inverse ? s2_ : s1_;
+  const std::vector<float>& second = inverse ? s1_ : s2_;
   int off = 0;
   for (int b : blocks_) {
-    RhtBlock(out + off, b, &s1_[off], &s2_[off], 1.0f / std::sqrt(static_cast<float>(b)));
-    off += b;
-  }
-}
-
-void Rotation::Inverse(const float* in, float* out) const {
-  if (kind_ == RotationKind::kQr) {
-    float tmp[1024];
-    std::vector<float> big;
-    float* t = tmp;
-    if (dim_ > 1024) {
-      big.resize(dim_);
-      t = big.data();
-    }
-    for (int j = 0; j < dim_; ++j) {
-      float acc = 0.0f;
-      for (int i = 0; i < dim_; ++i) acc = std::fma(q_[static_cast<size_t>(i) * dim_ + j], in[i], acc);
-      t[j] = acc;
-    }
-    std::memcpy(out, t, sizeof(float) * dim_);
-    return;
-  }
-  if (in != out) std::memcpy(out, in, sizeof(float) * dim_);
-  int off = 0;
-  for (int b : blocks_) {
-    // Πᵀ = D1 H D2 per block.
-    RhtBlock(out + off, b, &s2_[off], &s1_[off], 1.0f / std::sqrt(static_cast<float>(b)));
+    RhtBlock(out + off, b, &first[off], &second[off], 1.0f / std::sqrt(static_cast<float>(b)));
     off += b;
   }
 }

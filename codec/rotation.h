@@ -65,6 +65,8 @@ class Rotation {
   const std::vector<int>& blocks() const { return blocks_; }
 
  private:
+  void Apply(const float* in, float* out, bool inverse) const;
+
   RotationKind kind_ = RotationKind::kRht;
   int dim_ = 0;
   std::vector<float> s1_, s2_, q_;
