@@ -91,53 +91,67 @@ absl::Status AttendPacked(const LayerCodec& layer, int block_size, const Attenti
                                                      " outside the sequence of ", total, " tokens"));
   const int d = s.dim, group = s.q_heads / s.kv_heads, kvh_count = s.kv_heads;
   const float scale = static_cast<float>(s.effective_scale());
+  // One work item per (query, kv head): every q head of the GQA group is
+  // scored against a packed row unpacked once (RowCodec::ScoreMany).
   auto work = [&](int64_t begin, int64_t end) {
-    std::vector<float> state, acc, scores, tail_acc(d), tmp(d), krow(d);
+    std::vector<float> states, acc, scores, tail_row(d), tmp(group), weights(group), mx(group),
+        inv(group);
     for (int64_t w = begin; w < end; ++w) {
-      const int64_t i = w / s.q_heads;
-      const int h = static_cast<int>(w % s.q_heads);
-      const int kvh = h / group;
+      const int64_t i = w / kvh_count;
+      const int kvh = static_cast<int>(w % kvh_count);
       const RowCodec& kc = layer.k(kvh);
       const RowCodec& vc = layer.v(kvh);
-      const float* qh = q + (i * s.q_heads + h) * d;
-      state.resize(kc.query_state_size());
-      kc.PrepareQuery(qh, state.data());
+      const int ks = kc.query_state_size(), vs = vc.value_state_size();
+      const float* q0 = q + (i * s.q_heads + kvh * group) * d;  // the group's q heads
+      states.resize(static_cast<size_t>(group) * ks);
+      for (int g = 0; g < group; ++g) kc.PrepareQuery(q0 + g * d, states.data() + g * ks);
       const int64_t n = positions[i] + 1;
-      scores.resize(n);
-      float mx = -INFINITY;
+      scores.resize(static_cast<size_t>(group) * n);  // [g][t]
+      std::fill(mx.begin(), mx.end(), -INFINITY);
       const int64_t packed = std::min(n, seq.packed_tokens);
       for (int64_t t = 0; t < packed; ++t) {
         const uint8_t* row = seq.k_pages[t / block_size] +
                              ((t % block_size) * kvh_count + kvh) * layer.k_row_bytes();
-        scores[t] = kc.Score(row, state.data()) * scale;
-        mx = std::max(mx, scores[t]);
+        kc.ScoreMany(row, states.data(), group, tmp.data());
+        for (int g = 0; g < group; ++g) {
+          const float sc = tmp[g] * scale;
+          scores[g * n + t] = sc;
+          mx[g] = std::max(mx[g], sc);
+        }
       }
       for (int64_t t = packed; t < n; ++t) {
-        ToFloat(seq.tail_k.dtype, seq.tail_k.row(t - seq.packed_tokens, kvh), krow.data(), d);
-        float dot = 0;
-        for (int j = 0; j < d; ++j) dot += qh[j] * krow[j];
-        scores[t] = dot * scale;
-        mx = std::max(mx, scores[t]);
+        ToFloat(seq.tail_k.dtype, seq.tail_k.row(t - seq.packed_tokens, kvh), tail_row.data(), d);
+        for (int g = 0; g < group; ++g) {
+          float dot = 0;
+          for (int j = 0; j < d; ++j) dot += q0[g * d + j] * tail_row[j];
+          scores[g * n + t] = dot * scale;
+          mx[g] = std::max(mx[g], scores[g * n + t]);
+        }
       }
-      float sum = 0;
-      for (int64_t t = 0; t < n; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
-      const float inv = 1.0f / sum;
-      acc.assign(vc.value_state_size(), 0.0f);
+      for (int g = 0; g < group; ++g) {
+        float sum = 0;
+        for (int64_t t = 0; t < n; ++t) sum += (scores[g * n + t] = std::exp(scores[g * n + t] - mx[g]));
+        inv[g] = 1.0f / sum;
+      }
+      acc.assign(static_cast<size_t>(group) * vs, 0.0f);
       for (int64_t t = 0; t < packed; ++t) {
         const uint8_t* row = seq.v_pages[t / block_size] +
                              ((t % block_size) * kvh_count + kvh) * layer.v_row_bytes();
-        vc.Accumulate(row, scores[t] * inv, acc.data());
+        for (int g = 0; g < group; ++g) weights[g] = scores[g * n + t] * inv[g];
+        vc.AccumulateMany(row, weights.data(), group, acc.data());
       }
-      float* o = out + (i * s.q_heads + h) * d;
-      vc.FinishValue(acc.data(), o);
-      for (int64_t t = packed; t < n; ++t) {
-        ToFloat(seq.tail_v.dtype, seq.tail_v.row(t - seq.packed_tokens, kvh), tmp.data(), d);
-        const float p = scores[t] * inv;
-        for (int j = 0; j < d; ++j) o[j] += p * tmp[j];
+      for (int g = 0; g < group; ++g) {
+        float* o = out + (i * s.q_heads + kvh * group + g) * d;
+        vc.FinishValue(acc.data() + g * vs, o);
+        for (int64_t t = packed; t < n; ++t) {
+          ToFloat(seq.tail_v.dtype, seq.tail_v.row(t - seq.packed_tokens, kvh), tail_row.data(), d);
+          const float p = scores[g * n + t] * inv[g];
+          for (int j = 0; j < d; ++j) o[j] += p * tail_row[j];
+        }
       }
     }
   };
-  const int64_t items = nq * s.q_heads;
+  const int64_t items = nq * kvh_count;
   if (pool) {
     pool->ParallelFor(items, 1, work);
   } else {

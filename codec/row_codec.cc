@@ -244,58 +244,82 @@ void RowCodec::PrepareQuery(const float* q, float* state) const {
   }
 }
 
-float RowCodec::Score(const uint8_t* row, const float* state) const {
+void RowCodec::ScoreMany(const uint8_t* row, const float* states, int count, float* out) const {
+  const int stride = query_state_size_;
   if (layout_.spec.kind == ComponentSpec::Kind::kDense) {
-    float acc = 0;
-    const auto* h = reinterpret_cast<const _Float16*>(row);
-    for (int j = 0; j < layout_.dim; ++j) acc += state[j] * static_cast<float>(h[j]);
-    return acc;
-  }
-  float total = 0;
-  const float* p = state;
-  uint8_t idx[kMaxDim];
-  for (const Group& g : groups_) {
-    const int n = g.layout.channels;
-    UnpackBits(row + g.layout.index_offset, n, g.layout.mse_bits, idx);
-    const float* c = g.codebook->centroids_f.data();
-    float dot = 0;
-    for (int j = 0; j < n; ++j) dot += p[j] * c[idx[j]];
-    if (g.layout.qjl) {
-      uint8_t s[kMaxDim];
-      UnpackBits(row + g.layout.sign_offset, n, 1, s);
-      float sk = 0;
-      for (int i = 0; i < n; ++i) sk += s[i] ? p[n + i] : -p[n + i];
-      dot += LoadResidual(g, row) * g.qjl_scale * sk;
-      p += n;
+    float x[kMaxDim];
+    ToFloat(DType::kF16, row, x, layout_.dim);
+    for (int q = 0; q < count; ++q) {
+      const float* st = states + q * stride;
+      float acc = 0;
+      for (int j = 0; j < layout_.dim; ++j) acc += st[j] * x[j];
+      out[q] = acc;
     }
-    total += LoadNorm(g, row) * dot;
-    p += n;
-  }
-  return total;
-}
-
-void RowCodec::Accumulate(const uint8_t* row, float weight, float* acc) const {
-  if (layout_.spec.kind == ComponentSpec::Kind::kDense) {
-    const auto* h = reinterpret_cast<const _Float16*>(row);
-    for (int j = 0; j < layout_.dim; ++j) acc[j] += weight * static_cast<float>(h[j]);
     return;
   }
-  float* p = acc;
-  uint8_t idx[kMaxDim];
+  for (int q = 0; q < count; ++q) out[q] = 0;
+  int offset = 0;  // of the group's terms within a state
+  uint8_t idx[kMaxDim], s[kMaxDim];
   for (const Group& g : groups_) {
     const int n = g.layout.channels;
-    const float wn = weight * LoadNorm(g, row);
     UnpackBits(row + g.layout.index_offset, n, g.layout.mse_bits, idx);
+    if (g.layout.qjl) UnpackBits(row + g.layout.sign_offset, n, 1, s);
     const float* c = g.codebook->centroids_f.data();
-    for (int j = 0; j < n; ++j) p[j] += wn * c[idx[j]];
-    if (g.layout.qjl) {
-      uint8_t s[kMaxDim];
-      UnpackBits(row + g.layout.sign_offset, n, 1, s);
-      const float ws = wn * LoadResidual(g, row) * g.qjl_scale;
-      for (int i = 0; i < n; ++i) p[n + i] += s[i] ? ws : -ws;
-      p += n;
+    const int levels = 1 << g.layout.mse_bits;
+    const float norm = LoadNorm(g, row);
+    const float residual = g.layout.qjl ? LoadResidual(g, row) * g.qjl_scale : 0.0f;
+    for (int q = 0; q < count; ++q) {
+      const float* p = states + q * stride + offset;
+      float dot = 0;
+      if (n % 8 == 0) {
+        dot = simd::LutDot(p, idx, n, c, levels);
+      } else {
+        for (int j = 0; j < n; ++j) dot += p[j] * c[idx[j]];
+      }
+      if (g.layout.qjl) {
+        float sk = 0;
+        for (int i = 0; i < n; ++i) sk += s[i] ? p[n + i] : -p[n + i];
+        dot += residual * sk;
+      }
+      out[q] += norm * dot;
     }
-    p += n;
+    offset += n * (g.layout.qjl ? 2 : 1);
+  }
+}
+
+void RowCodec::AccumulateMany(const uint8_t* row, const float* weights, int count,
+                              float* accs) const {
+  const int stride = query_state_size_;
+  if (layout_.spec.kind == ComponentSpec::Kind::kDense) {
+    float x[kMaxDim];
+    ToFloat(DType::kF16, row, x, layout_.dim);
+    for (int q = 0; q < count; ++q)
+      for (int j = 0; j < layout_.dim; ++j) accs[q * stride + j] += weights[q] * x[j];
+    return;
+  }
+  int offset = 0;
+  uint8_t idx[kMaxDim], s[kMaxDim];
+  for (const Group& g : groups_) {
+    const int n = g.layout.channels;
+    UnpackBits(row + g.layout.index_offset, n, g.layout.mse_bits, idx);
+    if (g.layout.qjl) UnpackBits(row + g.layout.sign_offset, n, 1, s);
+    const float* c = g.codebook->centroids_f.data();
+    const float norm = LoadNorm(g, row);
+    const float residual = g.layout.qjl ? LoadResidual(g, row) * g.qjl_scale : 0.0f;
+    for (int q = 0; q < count; ++q) {
+      float* p = accs + q * stride + offset;
+      const float wn = weights[q] * norm;
+      if (n % 8 == 0) {
+        simd::LutAxpy(wn, idx, n, c, 1 << g.layout.mse_bits, p);
+      } else {
+        for (int j = 0; j < n; ++j) p[j] += wn * c[idx[j]];
+      }
+      if (g.layout.qjl) {
+        const float ws = wn * residual;
+        for (int i = 0; i < n; ++i) p[n + i] += s[i] ? ws : -ws;
+      }
+    }
+    offset += n * (g.layout.qjl ? 2 : 1);
   }
 }
 

@@ -83,9 +83,20 @@ class RowCodec {
   int query_state_size() const { return query_state_size_; }
   int value_state_size() const { return query_state_size_; }
   void PrepareQuery(const float* q, float* state) const;
-  float Score(const uint8_t* row, const float* state) const;
-  void Accumulate(const uint8_t* row, float weight, float* acc) const;
+  float Score(const uint8_t* row, const float* state) const {
+    float out;
+    ScoreMany(row, state, 1, &out);
+    return out;
+  }
+  void Accumulate(const uint8_t* row, float weight, float* acc) const {
+    AccumulateMany(row, &weight, 1, acc);
+  }
   void FinishValue(const float* acc, float* out) const;
+  // The same for `count` queries at once (GQA: every q head of a kv head),
+  // unpacking the row once: states/accs hold `count` consecutive states of
+  // query_state_size() floats; out/weights one value per query.
+  void ScoreMany(const uint8_t* row, const float* states, int count, float* out) const;
+  void AccumulateMany(const uint8_t* row, const float* weights, int count, float* accs) const;
 
  private:
   RowCodec() = default;

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace tqkv::simd {
 
@@ -149,6 +150,53 @@ inline void MatVecTransposed(const float* m_t, const float* r, float* z, int n) 
                             _mm256_set1_ps(r[j]), acc);
     _mm256_storeu_ps(z + i, acc);
   }
+}
+
+// Eight table entries c[idx[j..j+7]] (levels <= 256 entries in c).
+inline __m256 LutLoad8(const uint8_t* idx, const float* c, int levels, __m256 lo, __m256 hi) {
+  const __m256i iv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(idx)));
+  if (levels <= 8) return _mm256_permutevar8x32_ps(lo, iv);
+  if (levels <= 16) {
+    const __m256 a = _mm256_permutevar8x32_ps(lo, iv), b = _mm256_permutevar8x32_ps(hi, iv);
+    const __m256 use_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(iv, _mm256_set1_epi32(7)));
+    return _mm256_blendv_ps(a, b, use_hi);
+  }
+  return _mm256_i32gather_ps(c, iv, 4);
+}
+
+inline float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Σ_j p[j] · c[idx[j]] for n a multiple of 8 (attention scores on packed
+// keys; a tolerance contract, not bits: the sum order differs from scalar).
+inline float LutDot(const float* p, const uint8_t* idx, int n, const float* c, int levels) {
+  alignas(32) float tab[16] = {};  // tables of < 16 entries must not be over-read
+  std::memcpy(tab, c, sizeof(float) * (levels < 16 ? levels : 16));
+  const __m256 lo = _mm256_load_ps(tab), hi = _mm256_load_ps(tab + 8);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(p + j), LutLoad8(idx + j, c, levels, lo, hi), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(p + j + 8), LutLoad8(idx + j + 8, c, levels, lo, hi), acc1);
+  }
+  for (; j < n; j += 8)
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(p + j), LutLoad8(idx + j, c, levels, lo, hi), acc0);
+  return HorizontalSum(_mm256_add_ps(acc0, acc1));
+}
+
+// acc[j] += w · c[idx[j]] for n a multiple of 8 (value accumulation).
+inline void LutAxpy(float w, const uint8_t* idx, int n, const float* c, int levels, float* acc) {
+  alignas(32) float tab[16] = {};  // tables of < 16 entries must not be over-read
+  std::memcpy(tab, c, sizeof(float) * (levels < 16 ? levels : 16));
+  const __m256 lo = _mm256_load_ps(tab), hi = _mm256_load_ps(tab + 8);
+  const __m256 wv = _mm256_set1_ps(w);
+  for (int j = 0; j < n; j += 8)
+    _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(wv, LutLoad8(idx + j, c, levels, lo, hi),
+                                              _mm256_loadu_ps(acc + j)));
 }
 
 }  // namespace tqkv::simd

@@ -75,3 +75,23 @@ TEST(Simd, MatVecTransposedMatchesSequentialFma) {
 
 }  // namespace
 }  // namespace tqkv
+
+namespace tqkv {
+namespace {
+
+TEST(Simd, LutDotAndAxpyMatchScalar) {
+  for (int levels : {2, 4, 8, 16, 32, 256}) {
+    std::vector<float> c = Random(levels, levels), p = Random(128, 3), acc(128, 0.5f), want = acc;
+    std::vector<uint8_t> idx(128);
+    for (int j = 0; j < 128; ++j) idx[j] = static_cast<uint8_t>((j * 37 + 11) % levels);
+    double dot = 0;
+    for (int j = 0; j < 128; ++j) dot += double(p[j]) * c[idx[j]];
+    EXPECT_NEAR(simd::LutDot(p.data(), idx.data(), 128, c.data(), levels), dot, 1e-4 * (1 + std::fabs(dot)))
+        << levels;
+    simd::LutAxpy(0.25f, idx.data(), 128, c.data(), levels, acc.data());
+    for (int j = 0; j < 128; ++j) EXPECT_NEAR(acc[j], want[j] + 0.25f * c[idx[j]], 1e-6) << levels;
+  }
+}
+
+}  // namespace
+}  // namespace tqkv
