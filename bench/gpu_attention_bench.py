@@ -23,6 +23,11 @@ import torch
 QH, KVH, D, BS = 32, 8, 128, 16
 SHAPES = [(64, 4096), (16, 16384), (32, 32768), (4, 65536), (1, 131072)]
 GOALS = {"k4v4": 0.35, "k4v2": 0.28}
+# Tensor-core kernel variants (AttentionLaunch::mma_variant; gpu/attention.cu):
+# 1 = one kv head per block (the served kernel), 2 = page-streaming blocks of
+# 4 kv heads, 2 tiles per stage, 4 cp.async stages.
+VARIANTS = [1, 2]
+VARIANT_NAMES = {1: "per-head", 2: "page-tt2s4"}
 
 
 def timed(fn, iters):
@@ -53,6 +58,8 @@ def load(path):
     lib.tqkv_gpu_attention_workspace.argtypes = [vp, i64, i64, i64, i32]
     lib.tqkv_gpu_attention.argtypes = [vp, vp, vp, i64, vp, i32, vp, vp, vp, i64, i64, vp, vp, vp, u64, i32, i32, vp]
     lib.tqkv_gpu_attention_uses_fast_path.argtypes = [vp, i64]
+    lib.tqkv_gpu_attention_splits.restype = i32
+    lib.tqkv_gpu_attention_splits.argtypes = [vp, i64, i64, i64, i32]
     lib.tqkv_gpu_destroy.argtypes = [vp]
     return lib
 
@@ -125,7 +132,7 @@ def main():
             sweep = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
                      if s * batch * KVH <= 8192 and s <= max(1, ctx // 256)]
             ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, s)
-                           for s in [0, old_splits] + sweep)
+                           for s in [0, old_splits] + sweep + [-v for v in VARIANTS])
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
             out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
             call = lambda fast=1, splits=0: lib.tqkv_gpu_attention(
@@ -146,6 +153,15 @@ def main():
             torch.cuda.synchronize()
             err_old = ((out - ref).norm() / ref.norm()).item()
             t_old = timed(lambda: call(2, old_splits), args.iters)
+            # Tensor-core kernel variants (10 + v), each with its own planned splits.
+            var = []
+            for vi in VARIANTS:
+                if call(10 + vi):
+                    sys.exit(f"attention variant {vi}: {lib.tqkv_gpu_last_error().decode()}")
+                torch.cuda.synchronize()
+                err_v = ((out - ref).norm() / ref.norm()).item()
+                var.append((vi, timed(lambda: call(10 + vi), args.iters),
+                            lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, vi), err_v))
             sw = []
             for s in sweep:
                 if call(1, s):
@@ -158,7 +174,10 @@ def main():
                      f"fast_path={fast} generic={t_gen:.3f} ms  rel.err vs fp16 SDPA {err:.3f}"
                      f"\n        CUDA-core fast kernel (splits {old_splits}): {t_old:.3f} ms (rel.err {err_old:.3f});"
                      f" split sweep best {best_t:.3f} ms at {best_s} splits ("
-                     + " ".join(f"{s}:{t:.3f}" for t, s in sorted(sw, key=lambda x: x[1])) + ")")
+                     + " ".join(f"{s}:{t:.3f}" for t, s in sorted(sw, key=lambda x: x[1])) + ")"
+                     + "\n        variants (v: ms @splits, TB/s, err): "
+                     + "  ".join(f"{VARIANT_NAMES[vi]}: {t:.3f}@{sp} {floor / (t * 1e-3) / 1e12:.2f} {e:.3f}"
+                                 for vi, t, sp, e in var))
             rows.append((batch, ctx, f, t_sdpa, t_tq, ratio, bw / 1e12, t_old, best_t, best_s))
             del kp, vp, ws, out
         print(line, flush=True)

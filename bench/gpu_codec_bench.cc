@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -93,6 +95,28 @@ int Run(int iters) {
     e.host_k = &tables->host(0, 0, Component::kKey);
     e.host_v = &tables->host(0, 0, Component::kValue);
     const float enc_ms = MedianMs([&] { LaunchEncode(e, nullptr); }, iters);
+    // fp32 input (same values) through the same dispatch: 2x the input bytes.
+    if (std::string(format) == "k4v4" || std::string(format) == "k3v3") {
+      std::vector<float> hf(host.size());
+      for (size_t i = 0; i < host.size(); ++i) {
+        _Float16 hv;
+        std::memcpy(&hv, &host[i], 2);
+        hf[i] = static_cast<float>(hv);
+      }
+      DeviceBuffer kf = *DeviceBuffer::Allocate(hf.size() * 4), vf = *DeviceBuffer::Allocate(hf.size() * 4);
+      cudaMemcpy(kf.get(), hf.data(), hf.size() * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(vf.get(), hf.data(), hf.size() * 4, cudaMemcpyHostToDevice);
+      EncodeLaunch ef = e;
+      ef.k = kf.get();
+      ef.v = vf.get();
+      ef.dtype = kGpuF32;
+      const float f32_ms = MedianMs([&] { LaunchEncode(ef, nullptr); }, iters);
+      const double bytes = 2.0 * hf.size() * 4 +
+                           static_cast<double>(tokens / BS) * (codec->k_page_bytes(0) + codec->v_page_bytes(0));
+      std::printf("%-5s encode from fp32 input: %.3f ms %.2f TB/s (%s kernel) [%s]\n", format, f32_ms,
+                  bytes / (f32_ms * 1e-3) / 1e12, EncodeUsesFastPath(ef) ? "fast d128" : "generic",
+                  cudaGetErrorName(cudaGetLastError()));
+    }
     const bool enc_fast = EncodeUsesFastPath(e);
     float enc_generic_ms = enc_ms;
     if (enc_fast) {
@@ -150,6 +174,7 @@ int Run(int iters) {
       at.v_comp = e.v_comp;
       at.host_k = tables->host(0, 0, Component::kKey);
       at.host_v = tables->host(0, 0, Component::kValue);
+      at.uniform_codebooks = tables->uniform_codebooks(0);
       // K and V regions have different page sizes: give V its own base with
       // the K stride by using the larger of the two (V pages are smaller, so
       // pages overlap harmlessly only if strides match: use per-region copy).
@@ -178,6 +203,17 @@ int Run(int iters) {
       at.workspace_bytes = ws.bytes();
       const float pf_ms = MedianMs([&] { LaunchAttention(at, nullptr); }, std::max(5, iters / 5));
       const double pairs = static_cast<double>(nq) * (ctx - nq / 2.0) * 4 * H;
+      // Tensor-core variants (AttentionLaunch::mma_variant): 1 = one kv head
+      // per block (served), 2 = page-streaming blocks of 4 kv heads.
+      for (int variant : {1, 2}) {
+        AttentionLaunch av = at;
+        av.mma_variant = variant;
+        DeviceBuffer wsv = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(av));
+        av.workspace = wsv.get();
+        av.workspace_bytes = wsv.bytes();
+        const float v_ms = MedianMs([&] { LaunchAttention(av, nullptr); }, std::max(5, iters / 5));
+        std::printf("      prefill mma_variant %d: %.3f ms (%d splits)\n", variant, v_ms, PlanAttentionSplits(av));
+      }
       std::printf("      prefill 1 x %lld ctx, %lld causal queries (%s): %.3f ms, %.1f G (query-head, key) pairs/s [%s]\n",
                   static_cast<long long>(ctx), static_cast<long long>(nq),
                   AttentionUsesFastPath(at) ? "fast kernel" : "generic kernel", pf_ms, pairs / (pf_ms * 1e-3) / 1e9,

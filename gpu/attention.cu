@@ -48,6 +48,85 @@ bool MmaEligible(const AttentionLaunch& a) {
          aligned16(a.v_base);
 }
 
+// The page-streaming tensor-core kernel (MmaPageKernel): 4 kv heads per
+// block with one table each for K and V, so every kv head must share them.
+// Measured slower than the one-kv-head kernel at every decode and prefill
+// shape (bench/RESULTS.md), so only mma_variant 2 (benchmarks) selects it.
+bool MmaPageEligible(const AttentionLaunch& a) {
+  return MmaEligible(a) && a.uniform_codebooks && a.mma_variant == 2;
+}
+
+bool SharedLut(const AttentionLaunch& a) {
+  return a.host_k.groups[0].mse_bits == a.host_v.groups[0].mse_bits &&
+         a.host_k.groups[0].centroids == a.host_v.groups[0].centroids;
+}
+
+// Page kernel shape (tiles per stage TT, stages S) by variant: of TT 1/2/4
+// and S 2-6, TT 2 / S 4 measured fastest (bench/RESULTS.md).
+struct PageShape {
+  int tt, s;
+};
+constexpr PageShape kPageShapes[] = {{0, 0}, {0, 0}, {2, 4}};
+constexpr int kNumMmaVariants = sizeof(kPageShapes) / sizeof(kPageShapes[0]);
+PageShape PageShapeOf(const AttentionLaunch& a) {
+  const int v = a.mma_variant >= 0 && a.mma_variant < kNumMmaVariants ? a.mma_variant : 0;
+  return kPageShapes[v];
+}
+
+// Binds the page shape; F::template Run<TT, S>() is called with it.
+template <typename F>
+auto ByPageShape(const PageShape& p, F&& f) {
+  switch (p.tt * 10 + p.s) {
+    case 24: return f.template operator()<2, 4>();
+    default: return f.template operator()<0, 0>();
+  }
+}
+
+template <int KB, int VB, int G, int TT, int S>
+int PageResidentWith(bool shared) {
+  static int cached[2] = {0, 0};  // benign race: every writer stores the same value
+  int& r = cached[shared ? 1 : 0];
+  if (r == 0) {
+    using C = PageCfg<KB, VB, TT, S>;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MmaPageKernel<KB, VB, G, TT, S>, 32 * C::kWarps,
+                                                      C::SmemBytes(shared, G)) != cudaSuccess ||
+        n <= 0) {
+      cudaGetLastError();
+      n = C::Resident(shared, G);
+    }
+    r = n;
+  }
+  return r;
+}
+
+// Resident page-kernel blocks per SM for this launch (split planning).
+int PageResident(const AttentionLaunch& a) {
+  const PageShape p = PageShapeOf(a);
+  const bool sh = SharedLut(a);
+  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits, g = a.q_heads / a.kv_heads;
+  return ByPageShape(p, [&]<int TT, int S>() -> int {
+    if constexpr (TT == 0) {
+      return 1;
+    } else {
+      auto by_g = [&]<int KB, int VB>() -> int {
+        switch (g) {
+          case 1: return PageResidentWith<KB, VB, 1, TT, S>(sh);
+          case 2: return PageResidentWith<KB, VB, 2, TT, S>(sh);
+          case 4: return PageResidentWith<KB, VB, 4, TT, S>(sh);
+          default: return PageResidentWith<KB, VB, 8, TT, S>(sh);
+        }
+      };
+      switch (kb * 10 + vb) {
+        case 44: return by_g.template operator()<4, 4>();
+        case 42: return by_g.template operator()<4, 2>();
+        case 24: return by_g.template operator()<2, 4>();
+        default: return by_g.template operator()<2, 2>();
+      }
+    }
+  });
+}
+
 // Merge kernel of the specialised paths: one group of <= 128 channels.
 bool FastMergeEligible(const AttentionLaunch& a) {
   return FastEligible(a) && a.host_v.num_groups == 1 && a.host_v.groups[0].channels <= 128 &&
@@ -105,10 +184,33 @@ cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float*
   return cudaGetLastError();
 }
 
+template <int KB, int VB, int G, int TT, int S>
+cudaError_t MmaPageWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
+                        cudaStream_t stream) {
+  using C = PageCfg<KB, VB, TT, S>;
+  const bool shared = SharedLut(a);
+  const size_t smem = C::SmemBytes(shared, G);
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(MmaPageKernel<KB, VB, G, TT, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(C::SmemBytes(false, G)));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(static_cast<unsigned>(a.num_queries * (a.kv_heads / 4)), d.splits);
+  MmaPageKernel<KB, VB, G, TT, S><<<grid, 32 * C::kWarps, smem, stream>>>(a, d, states, recs, shared);
+  return cudaGetLastError();
+}
+
 template <int KB, int VB, int G>
 cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                     cudaStream_t stream) {
-  return MmaWithTps<KB, VB, G, kMmaTilesPerStep>(a, d, states, recs, stream);
+  if (!MmaPageEligible(a)) return MmaWithTps<KB, VB, G, kMmaTilesPerStep>(a, d, states, recs, stream);
+  return ByPageShape(PageShapeOf(a), [&]<int TT, int S>() -> cudaError_t {
+    if constexpr (TT == 0) {
+      return cudaErrorNotSupported;
+    } else {
+      return MmaPageWith<KB, VB, G, TT, S>(a, d, states, recs, stream);
+    }
+  });
 }
 
 template <int KB, int VB>
@@ -199,6 +301,31 @@ struct MergeF {
 
 int PlanAttentionSplits(const AttentionLaunch& a) {
   if (a.splits > 0) return a.splits;
+  if (MmaPageEligible(a)) {
+    // Fewest waves of resident blocks × stages per block, plus a per-block
+    // overhead (pipeline fill, tables, merge) of kPageOverheadStages stages.
+    constexpr int64_t kPageOverheadStages = 4;
+    const int tt = PageShapeOf(a).tt;
+    const int64_t blocks = std::max<int64_t>(1, a.num_queries * (a.kv_heads / 4));
+    const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * PageResident(a);
+    const int64_t ctx = std::max<int64_t>(a.max_context, 1);
+    const int64_t max_splits = std::clamp<int64_t>((ctx + 127) / 128, 1, 1024);
+    int64_t best = 1;
+    double best_cost = 0;
+    for (int64_t s = 1; s <= max_splits; ++s) {
+      const int64_t chunk = ((ctx + s - 1) / s + 127) / 128 * 128;
+      const int64_t used = (ctx + chunk - 1) / chunk;
+      if (used < s) continue;
+      const int64_t waves = (blocks * s + resident - 1) / resident;
+      const int64_t stages = (chunk + 16 * tt - 1) / (16 * tt);
+      const double cost = static_cast<double>(waves) * static_cast<double>(stages + kPageOverheadStages);
+      if (s == 1 || cost < best_cost) {
+        best = s;
+        best_cost = cost;
+      }
+    }
+    return static_cast<int>(best);
+  }
   if (MmaEligible(a)) {
     // Fewest waves of resident blocks × tokens per block, plus a per-block
     // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.

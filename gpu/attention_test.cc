@@ -139,6 +139,7 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.v_comp = tables->device(0, Component::kValue);
   a.host_k = tables->host(0, 0, Component::kKey);
   a.host_v = tables->host(0, 0, Component::kValue);
+  a.uniform_codebooks = tables->uniform_codebooks(0);
   a.k_base = dkp.as<uint8_t>();
   a.v_base = dvp.as<uint8_t>();
   a.block_stride = 0;  // K and V regions have different page sizes: use per-region strides below
@@ -175,22 +176,30 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.v_base = dvpad.as<uint8_t>();
   a.block_stride = static_cast<int64_t>(stride);
   EXPECT_EQ(AttentionUsesFastPath(a), c.expect_fast);
-  DeviceBuffer ws = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(a));
-  a.workspace = ws.get();
-  a.workspace_bytes = ws.bytes();
-  ASSERT_EQ(LaunchAttention(a, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> out = ToHost<float>(dout, nq * QH * dim);
-  // Per query relative error, and non-triviality.
-  for (int64_t i = 0; i < nq; ++i) {
-    const double* r = ref_all.data() + i * QH * dim;
-    const float* o = out.data() + i * QH * dim;
-    const double err = RelativeError(r, o, QH * dim);
-    EXPECT_LT(err, 2e-3) << "query " << i << " (seq " << qseq[i] << ", position " << positions[i] << ")"
-                         << " out[0] " << o[0] << " ref[0] " << r[0];
-    double norm = 0;
-    for (int j = 0; j < QH * dim; ++j) norm += double(o[j]) * o[j];
-    EXPECT_GT(norm, 1e-6) << "trivial output for query " << i;
+  // The tensor-core kernel's variants (one kv head per block, page-streaming
+  // shapes) on the shapes that reach it; 0 (the default) for the others.
+  const bool mma_shape = c.expect_fast && H % 4 == 0;
+  for (int variant = 0; variant < (mma_shape ? 3 : 1); ++variant) {
+    SCOPED_TRACE("mma_variant " + std::to_string(variant));
+    a.mma_variant = variant;
+    DeviceBuffer ws = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(a));
+    a.workspace = ws.get();
+    a.workspace_bytes = ws.bytes();
+    ASSERT_EQ(cudaMemset(dout.get(), 0xFF, nq * QH * dim * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(LaunchAttention(a, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> out = ToHost<float>(dout, nq * QH * dim);
+    // Per query relative error, and non-triviality.
+    for (int64_t i = 0; i < nq; ++i) {
+      const double* r = ref_all.data() + i * QH * dim;
+      const float* o = out.data() + i * QH * dim;
+      const double err = RelativeError(r, o, QH * dim);
+      EXPECT_LT(err, 2e-3) << "query " << i << " (seq " << qseq[i] << ", position " << positions[i] << ")"
+                           << " out[0] " << o[0] << " ref[0] " << r[0];
+      double norm = 0;
+      for (int j = 0; j < QH * dim; ++j) norm += double(o[j]) * o[j];
+      EXPECT_GT(norm, 1e-6) << "trivial output for query " << i;
+    }
   }
 }
 
@@ -209,6 +218,10 @@ std::vector<Case> Cases() {
   c.push_back({"k4v4", 128, 32, 8, {6000, 17}, {}, 1, 0, true});
   c.push_back({"k4v2", 128, 16, 4, {9000}, {}, 1, 0, true});
   c.push_back({"k4v2", 128, 16, 4, {100, 33}, {}, 20, 0, true});
+  // Page-streaming blocks over 3 quads of kv heads, odd lengths, G = 8 2-bit.
+  c.push_back({"k4v2", 128, 24, 12, {200, 31, 1}, {}, 1, 0, true});
+  c.push_back({"k2v2", 128, 64, 8, {5000, 47}, {}, 1, 0, true});
+  c.push_back({"k4v4", 128, 16, 4, {16, 4111}, {}, 1, 9, true});
   // Generic kernel: other bits, dims, recipes, dense layers, tails, G = 3 / 12.
   c.push_back({"k4v4", 128, 32, 8, {40, 7}, {5, 0}, 1, 0, false});
   c.push_back({"k3v5", 96, 12, 4, {33, 100}, {}, 1, 0, false});

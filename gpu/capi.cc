@@ -30,6 +30,7 @@ tqkv::gpu::AttentionLaunch MakeLaunch(const Handle* h) {
   a.v_comp = h->tables->device(0, tqkv::Component::kValue);
   a.host_k = h->tables->host(0, 0, tqkv::Component::kKey);
   a.host_v = h->tables->host(0, 0, tqkv::Component::kValue);
+  a.uniform_codebooks = h->tables->uniform_codebooks(0);
   a.block_size = s.block_size;
   a.q_heads = s.num_q_heads;
   a.kv_heads = s.num_kv_heads;
@@ -112,8 +113,25 @@ uint64_t tqkv_gpu_attention_workspace(void* hp, int64_t num_queries, int64_t max
   a.max_context = max_context;
   a.block_stride = block_stride;
   a.splits = splits;
+  if (splits < 0) {  // −v: planned splits of tensor-core variant v (benchmarks)
+    a.splits = 0;
+    a.mma_variant = -splits;
+  }
   a.k_base = a.v_base = reinterpret_cast<const uint8_t*>(256);  // alignment only
   return tqkv::gpu::AttentionWorkspaceBytes(a);
+}
+
+// Planned split count of a decode/prefill call with tensor-core variant v.
+int tqkv_gpu_attention_splits(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride,
+                              int variant) {
+  auto* h = static_cast<Handle*>(hp);
+  tqkv::gpu::AttentionLaunch a = MakeLaunch(h);
+  a.num_queries = num_queries;
+  a.max_context = max_context;
+  a.block_stride = block_stride;
+  a.mma_variant = variant;
+  a.k_base = a.v_base = reinterpret_cast<const uint8_t*>(256);
+  return tqkv::gpu::PlanAttentionSplits(a);
 }
 
 // Paged attention, no dense tail. K page p at k_base + p·block_stride, V
@@ -142,6 +160,7 @@ int tqkv_gpu_attention(void* hp, const uint8_t* k_base, const uint8_t* v_base, i
   a.splits = splits;
   a.allow_fast_path = allow_fast != 0;
   a.allow_mma_path = allow_fast != 2;  // 2: the CUDA-core fast kernel (comparison)
+  a.mma_variant = allow_fast >= 10 ? allow_fast - 10 : 0;  // 10 + v: tensor-core variant v (benchmarks)
   cudaError_t e = tqkv::gpu::LaunchAttention(a, static_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) g_error = cudaGetErrorString(e);
   return static_cast<int>(e);

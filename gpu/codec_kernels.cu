@@ -41,7 +41,8 @@ int FastEncodeBits(const GpuComponent* comps, int heads) {
     const GpuComponent& c = comps[h];
     const GpuGroup& g = c.groups[0];
     const int b = g.mse_bits;
-    if (c.kind != kGpuMse || c.num_groups != 1 || c.dim != 128 || g.channels != 128 || (b != 2 && b != 4) ||
+    if (c.kind != kGpuMse || c.num_groups != 1 || c.dim != 128 || g.channels != 128 ||
+        (b != 2 && b != 3 && b != 4 && b != 8) ||
         g.qjl || g.fp16_norms || g.index_offset != 0 || g.norm_offset != 16 * b || c.row_bytes != 16 * b + 4 ||
         g.rotation != kGpuHadamard || g.num_blocks != 1 || g.block_size[0] != 128 || g.channel_map != nullptr ||
         g.num_boundaries != (1 << b) - 1 || (bits != 0 && bits != b))
@@ -51,25 +52,47 @@ int FastEncodeBits(const GpuComponent* comps, int heads) {
   return bits;
 }
 
-template <int KB, int VB>
-cudaError_t EncodeFastWith(const EncodeLaunch& a, cudaStream_t stream) {
+template <int KB, int VB, typename T>
+cudaError_t EncodeFastKV(const EncodeLaunch& a, cudaStream_t stream) {
   const int64_t blocks = a.heads * ((a.tokens + kEncTokensPerBlock - 1) / kEncTokensPerBlock);
   const dim3 grid(static_cast<unsigned>(blocks), 2);
-  EncodeFastKernel<KB, VB><<<grid, 32 * kEncWarps, 0, stream>>>(a);
+  EncodeFastKernel<KB, VB, T><<<grid, 32 * kEncWarps, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+// Served (K bits, V bits) pairs of the specialised encode.
+bool FastEncodePair(int kb, int vb) {
+  switch (kb * 10 + vb) {
+    case 22: case 33: case 44: case 88: case 42: case 24: return true;
+    default: return false;
+  }
+}
+
+template <typename T>
+cudaError_t EncodeFastWith(const EncodeLaunch& a, cudaStream_t stream) {
+  switch (FastEncodeBits(a.host_k, a.heads) * 10 + FastEncodeBits(a.host_v, a.heads)) {
+    case 22: return EncodeFastKV<2, 2, T>(a, stream);
+    case 33: return EncodeFastKV<3, 3, T>(a, stream);
+    case 44: return EncodeFastKV<4, 4, T>(a, stream);
+    case 88: return EncodeFastKV<8, 8, T>(a, stream);
+    case 42: return EncodeFastKV<4, 2, T>(a, stream);
+    case 24: return EncodeFastKV<2, 4, T>(a, stream);
+    default: return cudaErrorNotSupported;
+  }
 }
 
 }  // namespace
 
 bool EncodeUsesFastPath(const EncodeLaunch& a) {
-  if (!a.allow_fast_path || a.host_k == nullptr || a.host_v == nullptr || a.dtype != kGpuF16 || a.dim != 128 ||
-      a.heads <= 0)
+  if (!a.allow_fast_path || a.host_k == nullptr || a.host_v == nullptr || a.dim != 128 || a.heads <= 0 ||
+      (a.dtype != kGpuF16 && a.dtype != kGpuBF16 && a.dtype != kGpuF32))
     return false;
   auto aligned = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
-  if (!aligned(a.k, 8) || !aligned(a.v, 8) || !aligned(a.k_pages.base, 4) || !aligned(a.v_pages.base, 4) ||
+  const uintptr_t in_align = a.dtype == kGpuF32 ? 16 : 8;  // four channels per load
+  if (!aligned(a.k, in_align) || !aligned(a.v, in_align) || !aligned(a.k_pages.base, 4) || !aligned(a.v_pages.base, 4) ||
       a.k_pages.block_stride % 4 != 0 || a.v_pages.block_stride % 4 != 0)
     return false;
-  return FastEncodeBits(a.host_k, a.heads) != 0 && FastEncodeBits(a.host_v, a.heads) != 0;
+  return FastEncodePair(FastEncodeBits(a.host_k, a.heads), FastEncodeBits(a.host_v, a.heads));
 }
 
 cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream) {
@@ -78,11 +101,10 @@ cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream) {
   cudaError_t e = CheckSlots(a.slots, a.tokens, limit, a.bad_slot, stream);
   if (e != cudaSuccess || a.tokens == 0) return e;
   if (EncodeUsesFastPath(a)) {
-    switch (FastEncodeBits(a.host_k, a.heads) * 10 + FastEncodeBits(a.host_v, a.heads)) {
-      case 44: return EncodeFastWith<4, 4>(a, stream);
-      case 42: return EncodeFastWith<4, 2>(a, stream);
-      case 24: return EncodeFastWith<2, 4>(a, stream);
-      case 22: return EncodeFastWith<2, 2>(a, stream);
+    switch (a.dtype) {
+      case kGpuF16: return EncodeFastWith<__half>(a, stream);
+      case kGpuBF16: return EncodeFastWith<__nv_bfloat16>(a, stream);
+      case kGpuF32: return EncodeFastWith<float>(a, stream);
       default: return cudaErrorNotSupported;
     }
   }

@@ -138,8 +138,11 @@ TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
   a.bad_slot = flag.as<unsigned long long>();
   a.host_k = &tables.host(0, 0, Component::kKey);
   a.host_v = &tables.host(0, 0, Component::kValue);
-  const bool fast = (c.format == "k4v4" || c.format == "k4v2" || c.format == "k2v2") && dim == 128 &&
-                    c.dtype == DType::kF16 && !c.qr;
+  // The specialised encode: plain mse k2v2, k3v3, k4v4, k8v8, k4v2, k2v4 at
+  // d = 128, Hadamard rotation, any input dtype.
+  const bool fast = (c.format == "k2v2" || c.format == "k3v3" || c.format == "k4v4" || c.format == "k8v8" ||
+                     c.format == "k4v2" || c.format == "k2v4") &&
+                    dim == 128 && !c.qr;
   EXPECT_EQ(EncodeUsesFastPath(a), fast);
   ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -238,6 +241,13 @@ std::vector<Case> Cases() {
   cases.push_back({"k4v2", 128, DType::kF16, true});
   cases.push_back({"k3v4", 80, DType::kF16, true});
   cases.push_back({"k4v4", 80, DType::kF16});  // block Hadamard 64 + 16
+  // Specialised encode: bf16 / fp32 inputs, 3- and 8-bit rows, asymmetric.
+  cases.push_back({"k3v3", 128, DType::kBF16});
+  cases.push_back({"k8v8", 128, DType::kF32});
+  cases.push_back({"k4v2", 128, DType::kF32});
+  cases.push_back({"k2v2", 128, DType::kBF16});
+  cases.push_back({"k2v4", 128, DType::kF32});
+  cases.push_back({"k8v4", 128, DType::kF16});  // not a served pair: generic kernel
   return cases;
 }
 

@@ -38,6 +38,18 @@ class DeviceCodecTables {
   }
   // Widest channel group of layer l over K and V (kernel dispatch).
   int max_group_channels(int layer) const { return max_group_[layer]; }
+  // Every kv head of layer l has one channel group and the same K codebook
+  // (and the same V codebook) table: AttentionLaunch::uniform_codebooks.
+  bool uniform_codebooks(int layer) const {
+    for (int c = 0; c < 2; ++c)
+      for (int h = 0; h < heads_; ++h) {
+        const GpuComponent& x = host_[(static_cast<size_t>(layer) * 2 + c) * heads_ + h];
+        const GpuComponent& x0 = host_[(static_cast<size_t>(layer) * 2 + c) * heads_];
+        if (x.num_groups != 1 || x0.num_groups != 1 || x.groups[0].centroids != x0.groups[0].centroids)
+          return false;
+      }
+    return true;
+  }
 
  private:
   DeviceCodecTables() = default;

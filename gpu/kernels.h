@@ -113,6 +113,13 @@ struct AttentionLaunch {
   int32_t splits = 0;         // context splits per query; 0 = plan automatically
   bool allow_fast_path = true;
   bool allow_mma_path = true;  // tensor-core kernel where eligible (else the CUDA-core fast kernel)
+  // Every kv head uses one K codebook and one V codebook (the same device
+  // tables; DeviceCodecTables::uniform_codebooks): lets the tensor-core
+  // kernel stream 4 kv heads per block with one dequantisation table.
+  bool uniform_codebooks = false;
+  // Tensor-core kernel variant (benchmarks): 0 = default (one kv head per
+  // block), 1 = the same, 2 = page-streaming blocks of 4 kv heads.
+  int32_t mma_variant = 0;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

@@ -1,10 +1,10 @@
 // Specialised encode for TurboQuant_mse rows at d = 128 (one group, RHT,
-// fp32 norm after the indices, 2- or 4-bit indices) from fp16 input: the
-// k4v4 / k4v2 / k2v2 serving formats. Bit-identical to RowCodec::Encode and
-// to EncodeKernel.
+// fp32 norm after the indices, 2-, 3-, 4- or 8-bit indices) from fp16, bf16
+// or fp32 input: k2v2 / k3v3 / k4v4 / k8v8 / k4v2 / k2v4. Bit-identical to
+// RowCodec::Encode and to EncodeKernel.
 //
 // Layout: 8 lanes per row, 4 rows per warp; lane L of a row holds channels
-// j = 4L + e + 32i (e, i in 0..3) loaded as four 8-byte pieces. Then
+// j = 4L + e + 32i (e, i in 0..3) loaded as four 4-channel pieces. Then
 //  * the canonical sum of squares: accumulator l = 4L + e chains its
 //    x_{l+32i} in order i = 0..3 in registers; the butterfly over l
 //    (off 16, 8, 4 → lanes L^4, L^2, L^1; off 2, 1 → e^2, e^1 in registers)
@@ -12,11 +12,15 @@
 //  * the FWHT stages h = 1, 2 (e bits) and 32, 64 (i bits) in registers,
 //    h = 4, 8, 16 across lanes (L bits) with the same a+b / a−b per pair as
 //    codec/rotation.cc (fma(±1, x, o) rounds exactly like o ± x);
-//  * quantisation as a branch-free binary search over the boundaries in
-//    registers (= the number of boundaries strictly below y; NaN → 0);
-//  * packing with shuffles inside the row's 8 lanes, 4-byte stores.
+//  * quantisation (= the number of boundaries strictly below y; NaN → 0) as
+//    a branch-free search over boundaries in registers (2/3/4 bits) or an
+//    8-step search over the block's boundaries in shared memory (8 bits);
+//  * packing with shuffles inside the row's 8 lanes, 4-byte stores (3 bits:
+//    lanes 0..2 assemble the three words of each 12-byte chunk).
 #ifndef TQKV_GPU_KERNELS_ENCODE_FAST_CUH_
 #define TQKV_GPU_KERNELS_ENCODE_FAST_CUH_
+
+#include <type_traits>
 
 #include "gpu/kernels/codec_kernels.cuh"
 
@@ -25,11 +29,25 @@ namespace tqkv::gpu {
 inline constexpr int kEncWarps = 8;
 inline constexpr int kEncTokensPerBlock = 256;  // per (kv head, component)
 
+// Boundaries of a B-bit codebook: in registers for B <= 4 (branch-free
+// search), in shared memory for B = 8 (eight dependent lookups).
 template <int B>
-__device__ __forceinline__ uint32_t QuantizeFast(float y, const float (&b)[(1 << B) - 1]) {
+inline constexpr bool kBoundsInRegs = B <= 4;
+template <int B>
+inline constexpr int kRegBounds = kBoundsInRegs<B> ? (1 << B) - 1 : 1;
+
+// Number of boundaries strictly below y (codec/codebook.h; NaN → 0).
+template <int B>
+__device__ __forceinline__ uint32_t QuantizeFast(float y, const float (&b)[kRegBounds<B>], const float* bsm) {
   if constexpr (B == 2) {
     return static_cast<uint32_t>(y > b[0]) + static_cast<uint32_t>(y > b[1]) + static_cast<uint32_t>(y > b[2]);
-  } else {
+  } else if constexpr (B == 3) {
+    const bool c2 = y > b[3];
+    const bool c1 = y > (c2 ? b[5] : b[1]);
+    const float t0 = c2 ? (c1 ? b[6] : b[4]) : (c1 ? b[2] : b[0]);
+    const bool c0 = y > t0;
+    return (c2 ? 4u : 0u) | (c1 ? 2u : 0u) | (c0 ? 1u : 0u);
+  } else if constexpr (B == 4) {
     const bool c3 = y > b[7];
     const bool c2 = y > (c3 ? b[11] : b[3]);
     const float t1 = c3 ? (c2 ? b[13] : b[9]) : (c2 ? b[5] : b[1]);
@@ -38,17 +56,50 @@ __device__ __forceinline__ uint32_t QuantizeFast(float y, const float (&b)[(1 <<
     const float t0 = c3 ? (c2 ? u3 : u2) : (c2 ? u1 : u0);
     const bool c0 = y > t0;
     return (c3 ? 8u : 0u) | (c2 ? 4u : 0u) | (c1 ? 2u : 0u) | (c0 ? 1u : 0u);
+  } else {
+    uint32_t idx = 0;
+#pragma unroll
+    for (uint32_t st = 1u << (B - 1); st; st >>= 1)
+      if (y > bsm[idx + st - 1]) idx += st;
+    return idx;
   }
 }
 
-template <int B>
+// Input element loads: four consecutive channels of a row.
+template <typename T>
+struct FastInput {
+  using Raw = uint2;  // 4 × 16-bit
+  static __device__ __forceinline__ Raw Load(const T* p) { return __ldcs(reinterpret_cast<const uint2*>(p)); }
+  static __device__ __forceinline__ void ToFloat(const Raw& r, float* x) {
+    if constexpr (std::is_same_v<T, __half>) {
+      const __half2 lo = *reinterpret_cast<const __half2*>(&r.x);
+      const __half2 hi = *reinterpret_cast<const __half2*>(&r.y);
+      x[0] = __low2float(lo), x[1] = __high2float(lo), x[2] = __low2float(hi), x[3] = __high2float(hi);
+    } else {
+      const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&r.x);
+      const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&r.y);
+      x[0] = __low2float(lo), x[1] = __high2float(lo), x[2] = __low2float(hi), x[3] = __high2float(hi);
+    }
+  }
+};
+template <>
+struct FastInput<float> {
+  using Raw = uint4;
+  static __device__ __forceinline__ Raw Load(const float* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
+  static __device__ __forceinline__ void ToFloat(const Raw& r, float* x) {
+    x[0] = __uint_as_float(r.x), x[1] = __uint_as_float(r.y), x[2] = __uint_as_float(r.z), x[3] = __uint_as_float(r.w);
+  }
+};
+
+template <int B, typename T>
 __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k, int h, int64_t tok0) {
+  using In = FastInput<T>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int L = lane & 7, sub = lane >> 3;
   const GpuComponent& c = (is_k ? a.k_comp : a.v_comp)[h];
   const GpuGroup& gr = c.groups[0];
   const PageRegion& pr = is_k ? a.k_pages : a.v_pages;
-  const __half* src = static_cast<const __half*>(is_k ? a.k : a.v);
+  const T* src = static_cast<const T*>(is_k ? a.k : a.v);
   float s1[16], s2[16];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -58,39 +109,46 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
       s2[4 * i + e] = __ldg(gr.s2 + 4 * L + e + 32 * i);
     }
   const float scale = gr.block_scale[0];
-  float bnd[(1 << B) - 1];
+  float bnd[kRegBounds<B>];
+  const float* bsm = nullptr;
+  if constexpr (kBoundsInRegs<B>) {
 #pragma unroll
-  for (int k = 0; k < (1 << B) - 1; ++k) bnd[k] = __ldg(gr.boundaries + k);
+    for (int k = 0; k < (1 << B) - 1; ++k) bnd[k] = __ldg(gr.boundaries + k);
+  } else {
+    __shared__ float bsm_arr[(1 << B) - 1];
+    for (int k = threadIdx.x; k < (1 << B) - 1; k += blockDim.x) bsm_arr[k] = __ldg(gr.boundaries + k);
+    __syncthreads();
+    bsm = bsm_arr;
+    bnd[0] = 0.0f;
+  }
 
   constexpr int kPasses = kEncTokensPerBlock / (4 * kEncWarps);
+  // 3-bit packing: word L (L < 3) of a chunk = (p[a] >> ra) | (p[b] << lb) |
+  // (p[c] << lc) (| p[5] << 28 for word 1) over the row's lanes' 12-bit parts.
+  const int3 p3_src = L == 0 ? make_int3(0, 1, 2) : (L == 1 ? make_int3(2, 3, 4) : make_int3(5, 6, 7));
+  const int3 p3_sh = L == 0 ? make_int3(0, 12, 24) : (L == 1 ? make_int3(8, 4, 16) : make_int3(4, 8, 20));
   // The next pass's row and slot load while this pass computes.
-  auto fetch = [&](int pass, uint2 (&raw)[4], int64_t& slot) {
+  using Raw = typename In::Raw;
+  auto fetch = [&](int pass, Raw (&raw)[4], int64_t& slot) {
     const int64_t t = tok0 + (pass * kEncWarps + warp) * 4 + sub;
     slot = -1;
     if (pass < kPasses && t < a.tokens) {
       slot = __ldg(a.slots + t);
-      const __half* row = src + (t * a.heads + h) * 128 + 4 * L;
+      const T* row = src + (t * a.heads + h) * 128 + 4 * L;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) raw[i] = __ldcs(reinterpret_cast<const uint2*>(row + 32 * i));
+      for (int i = 0; i < 4; ++i) raw[i] = In::Load(row + 32 * i);
     } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) raw[i] = make_uint2(0u, 0u);
+      for (int i = 0; i < 4; ++i) raw[i] = Raw{};
     }
   };
-  uint2 nraw[4];
+  Raw nraw[4];
   int64_t nslot;
   fetch(0, nraw, nslot);
   for (int pass = 0; pass < kPasses; ++pass) {
     float x[16];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __half2 lo = *reinterpret_cast<const __half2*>(&nraw[i].x);
-      const __half2 hi = *reinterpret_cast<const __half2*>(&nraw[i].y);
-      x[4 * i + 0] = __low2float(lo);
-      x[4 * i + 1] = __high2float(lo);
-      x[4 * i + 2] = __low2float(hi);
-      x[4 * i + 3] = __high2float(hi);
-    }
+    for (int i = 0; i < 4; ++i) In::ToFloat(nraw[i], x + 4 * i);
     const int64_t slot = nslot;
     fetch(pass + 1, nraw, nslot);
     // Canonical norm.
@@ -147,18 +205,35 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float y = __fmul_rn(__fmul_rn(x[4 * i + e], scale), s2[4 * i + e]);
-        v |= QuantizeFast<B>(y, bnd) << (B * e);
+        v |= QuantizeFast<B>(y, bnd, bsm) << (B * e);
       }
       part[i] = v;
     }
     uint8_t* dst = nullptr;
     if (slot >= 0) dst = RowAddress(pr, slot, a.heads, h, c.row_bytes);
-    if constexpr (B == 4) {
+    if constexpr (B == 8) {
+      // Lane L: the word at byte 4L + 32i.
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (dst) *reinterpret_cast<uint32_t*>(dst + 4 * L + 32 * i) = part[i];
+    } else if constexpr (B == 4) {
       // Lane L: 16 bits at byte 2L + 16i; even lanes store words L/2 + 4i.
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const uint32_t w = part[i] | (__shfl_down_sync(kFullMask, part[i], 1) << 16);
         if (dst && (L & 1) == 0) *reinterpret_cast<uint32_t*>(dst + 2 * L + 16 * i) = w;
+      }
+    } else if constexpr (B == 3) {
+      // Lane L: 12 bits at bit 12L of the 12-byte chunk 12i; lanes 0..2
+      // assemble and store its words (sources / shifts per word below).
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t sa = __shfl_sync(kFullMask, part[i], p3_src.x, 8);
+        const uint32_t sb = __shfl_sync(kFullMask, part[i], p3_src.y, 8);
+        const uint32_t sc = __shfl_sync(kFullMask, part[i], p3_src.z, 8);
+        const uint32_t sd = __shfl_sync(kFullMask, part[i], 5, 8);
+        const uint32_t w = (sa >> p3_sh.x) | (sb << p3_sh.y) | (sc << p3_sh.z) | (L == 1 ? sd << 28 : 0u);
+        if (dst && L < 3) *reinterpret_cast<uint32_t*>(dst + 4 * L + 12 * i) = w;
       }
     } else {
       // Lane L: 8 bits at byte L + 8i; lanes 0 and 4 store words L/4 + 2i.
@@ -175,13 +250,13 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
 }
 
 // grid: (heads × token blocks, 2 components); 256 threads.
-template <int KB, int VB>
+template <int KB, int VB, typename T>
 __global__ void __launch_bounds__(32 * kEncWarps, 2) EncodeFastKernel(EncodeLaunch a) {
   if (*a.bad_slot != kNoBadSlot) return;
   const int h = static_cast<int>(blockIdx.x % a.heads);
   const int64_t tok0 = static_cast<int64_t>(blockIdx.x / a.heads) * kEncTokensPerBlock;
-  if (blockIdx.y == 0) EncodeRowsFast<KB>(a, true, h, tok0);
-  else EncodeRowsFast<VB>(a, false, h, tok0);
+  if (blockIdx.y == 0) EncodeRowsFast<KB, T>(a, true, h, tok0);
+  else EncodeRowsFast<VB, T>(a, false, h, tok0);
 }
 
 }  // namespace tqkv::gpu
