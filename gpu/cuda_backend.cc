@@ -369,7 +369,15 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const CudaBack
   TQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options.device),
                           "cudaDeviceGetAttribute");
   TQ_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
-  TQ_ASSIGN_OR_RETURN(auto cache, DeviceBlockCache::Create(options.arena_bytes));
+  size_t arena = options.arena_bytes;
+  if (arena == 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    TQ_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    if (!(options.arena_fraction > 0 && options.arena_fraction < 1))
+      return absl::InvalidArgumentError("arena_fraction must be in (0, 1)");
+    arena = static_cast<size_t>(static_cast<double>(free_bytes) * options.arena_fraction);
+  }
+  TQ_ASSIGN_OR_RETURN(auto cache, DeviceBlockCache::Create(arena));
   return std::unique_ptr<ComputeBackend>(new CudaBackend(options, std::move(stream), std::move(cache), sms));
 }
 

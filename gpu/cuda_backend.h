@@ -17,8 +17,10 @@ namespace tqkv::gpu {
 struct CudaBackendOptions {
   // CUDA device ordinal. Default 0.
   int device = 0;
-  // Bytes of the block arena (one cudaMalloc at creation). Default 1 GiB.
-  size_t arena_bytes = size_t{1} << 30;
+  // Bytes of the block arena (one cudaMalloc at creation). 0 (the default)
+  // sizes it from the device: `arena_fraction` of the memory free at creation.
+  size_t arena_bytes = 0;
+  double arena_fraction = 0.6;
   // Allow the specialised d=128 mse decode kernel. Default true.
   bool fast_path = true;
 };

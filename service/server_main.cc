@@ -35,8 +35,9 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "\"default\" with admin rights");
 ABSL_FLAG(int, threads, -1, "CPU backend worker threads (-1: cores - 1)");
 ABSL_FLAG(int, gpu_device, 0, "CUDA device ordinal of the cuda backend");
-ABSL_FLAG(uint64_t, gpu_arena_bytes, uint64_t{1} << 30,
-          "device memory the cuda backend reserves for resident blocks");
+ABSL_FLAG(uint64_t, gpu_arena_bytes, 0,
+          "device memory the cuda backend reserves for resident blocks (GPU tier); 0: 60% of "
+          "the device memory free at start");
 ABSL_FLAG(bool, spill_on_shutdown, true,
           "on SIGTERM/SIGINT move host-resident blocks to disk so a restart finds them");
 ABSL_FLAG(int, shutdown_grace_ms, 10000,
