@@ -3,7 +3,8 @@
 # shared libraries, into a directory that runs on the GPU machine (no Bazel
 # there), to run the integration suite against --backend=cuda.
 # Usage: tests/bundle_e2e.sh [out_dir=dist/e2e]
-# There: dist/e2e/run.sh [backend=cuda]   (logs to $OUT, or ./logs)
+# There: dist/e2e/run.sh [backend=cuda]   (logs to $OUT, or ./logs); the
+# device tool carries the compressed dist/e2e_xz (dist/e2e_xz/run.sh).
 # metrics_test needs promtool and is not bundled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,3 +40,4 @@ exit $status
 RUN
 chmod +x "$DEST/run.sh"
 du -sh "$DEST"
+bundle_pack "$DEST" run.sh

@@ -13,3 +13,26 @@ bundle_copy_libs() {
       | while read -r lib; do cp -n "$lib" "$dest/lib/" 2>/dev/null || true; done
   done
 }
+
+# bundle_pack DEST RUNNER: writes DEST_xz/bundle.tar.xz (DEST compressed: the
+# device tool carries at most 64 MiB and every binary holds the CUDA fatbins)
+# and DEST_xz/RUNNER, which unpacks into a temp dir and runs DEST/RUNNER with
+# the same arguments.
+bundle_pack() {
+  local dest="$1" runner="$2" packed="${1}_xz" name
+  name="$(basename "$dest")"
+  rm -rf "$packed"
+  mkdir -p "$packed"
+  tar -C "$(dirname "$dest")" -cf - "$name" | xz -T2 -6 > "$packed/bundle.tar.xz"
+  cat > "$packed/$runner" <<RUN
+#!/usr/bin/env bash
+# Unpacks the bundle into a temp dir and runs its $runner.
+set -e
+HERE="\$(cd "\$(dirname "\$0")" && pwd)"
+TMP="\$(mktemp -d)"
+tar -C "\$TMP" -xJf "\$HERE/bundle.tar.xz"
+exec "\$TMP/$name/$runner" "\$@"
+RUN
+  chmod +x "$packed/$runner"
+  du -sh "$packed"
+}

@@ -4,7 +4,8 @@
 # (no Bazel there): kernel tests, kernel benchmarks (vs torch SDPA and the
 # copy ceiling), and tqkv-server with the end-to-end Attend benchmark.
 # Usage: tools/gpu_bundle.sh [out_dir=dist/gpu]
-# On the GPU machine: dist/gpu/run_all.sh  (logs to $OUT, or ./logs).
+# On the GPU machine: dist/gpu/run_all.sh  (logs to $OUT, or ./logs;
+# SKIP_KERNEL_BENCH=1 or SKIP_E2E=1 leave out the kernel or end-to-end benchmarks).
 # The device tool carries at most 64 MiB, and every binary holds the CUDA
 # fatbins (~10 MB), so a compressed copy is made too: carry `dist/gpu_xz`
 # and run `dist/gpu_xz/run_all.sh` (it unpacks to a temp dir and runs).
@@ -41,15 +42,17 @@ for t in codec_kernels_test attention_test cuda_backend_test; do
   timeout 240 "$HERE/$t" --gtest_brief=1 > "$LOGS/$t.log" 2>&1; rc=$?
   echo "$t rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1
 done
-timeout 180 "$HERE/gpu_codec_bench" 50 > "$LOGS/gpu_codec_bench.log" 2>&1; echo "gpu_codec_bench rc=$?" | tee -a "$LOGS/summary.txt"
-timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 \
-  > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
+if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
+  timeout 180 "$HERE/gpu_codec_bench" 50 > "$LOGS/gpu_codec_bench.log" 2>&1; echo "gpu_codec_bench rc=$?" | tee -a "$LOGS/summary.txt"
+  timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 \
+    > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
+fi
 # End to end: one decode step of a 32-layer model at 32K context as 32 Attend
 # calls over loopback to tqkv-server on the CUDA backend.
 if [ -z "${SKIP_E2E:-}" ]; then
   data="$(mktemp -d)"
   "$HERE/tqkv-server" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --data_dir "$data" \
-    --backend cuda --host_budget_bytes 8000000000 --gpu_arena_bytes 16000000000 --threads 16 > "$LOGS/e2e_server.log" 2>&1 &
+    --backend cuda --host_budget_bytes 8000000000 --threads 16 > "$LOGS/e2e_server.log" 2>&1 &
   spid=$!
   addr=""
   for _ in $(seq 300); do
@@ -67,18 +70,4 @@ exit $status
 RUN
 chmod +x "$DEST/run_all.sh"
 du -sh "$DEST"
-PACKED="${DEST}_xz"
-rm -rf "$PACKED"
-mkdir -p "$PACKED"
-tar -C "$(dirname "$DEST")" -cf - "$(basename "$DEST")" | xz -T2 -6 > "$PACKED/bundle.tar.xz"
-cat > "$PACKED/run_all.sh" <<RUN
-#!/usr/bin/env bash
-# Unpacks the GPU bundle into a temp dir and runs its run_all.sh.
-set -e
-HERE="\$(cd "\$(dirname "\$0")" && pwd)"
-TMP="\$(mktemp -d)"
-tar -C "\$TMP" -xJf "\$HERE/bundle.tar.xz"
-exec "\$TMP/$(basename "$DEST")/run_all.sh" "\$@"
-RUN
-chmod +x "$PACKED/run_all.sh"
-du -sh "$PACKED"
+bundle_pack "$DEST" run_all.sh
