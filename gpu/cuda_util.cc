@@ -32,42 +32,35 @@ int CudaDeviceCount() {
   return n;
 }
 
-absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
-  DeviceBuffer b;
-  absl::Status s = b.Reserve(bytes);
-  if (!s.ok()) return s;
-  return b;
-}
-
-absl::Status DeviceBuffer::Reserve(size_t bytes) {
+template <MemoryKind Kind>
+absl::Status CudaMemory<Kind>::Reserve(size_t bytes) {
   if (bytes <= bytes_ && ptr_ != nullptr) return absl::OkStatus();
   Reset();
   if (bytes == 0) return absl::OkStatus();
-  TQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, bytes), absl::StrCat("cudaMalloc(", bytes, ")"));
+  if constexpr (Kind == MemoryKind::kDevice) {
+    TQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, bytes), absl::StrCat("cudaMalloc(", bytes, ")"));
+  } else {
+    TQ_CUDA_RETURN_IF_ERROR(cudaMallocHost(&ptr_, bytes), absl::StrCat("cudaMallocHost(", bytes, ")"));
+  }
   bytes_ = bytes;
   return absl::OkStatus();
 }
 
-void DeviceBuffer::Reset() {
-  if (ptr_ != nullptr) cudaFree(ptr_);
+template <MemoryKind Kind>
+void CudaMemory<Kind>::Reset() {
+  if (ptr_ != nullptr) {
+    if constexpr (Kind == MemoryKind::kDevice) {
+      cudaFree(ptr_);
+    } else {
+      cudaFreeHost(ptr_);
+    }
+  }
   ptr_ = nullptr;
   bytes_ = 0;
 }
 
-absl::Status PinnedBuffer::Reserve(size_t bytes) {
-  if (bytes <= bytes_ && ptr_ != nullptr) return absl::OkStatus();
-  Reset();
-  if (bytes == 0) return absl::OkStatus();
-  TQ_CUDA_RETURN_IF_ERROR(cudaMallocHost(&ptr_, bytes), absl::StrCat("cudaMallocHost(", bytes, ")"));
-  bytes_ = bytes;
-  return absl::OkStatus();
-}
-
-void PinnedBuffer::Reset() {
-  if (ptr_ != nullptr) cudaFreeHost(ptr_);
-  ptr_ = nullptr;
-  bytes_ = 0;
-}
+template class CudaMemory<MemoryKind::kDevice>;
+template class CudaMemory<MemoryKind::kPinnedHost>;
 
 CudaStream::~CudaStream() {
   if (s_ != nullptr) cudaStreamDestroy(s_);

@@ -29,14 +29,20 @@ absl::Status CudaStatus(cudaError_t e, const std::string& what);
 // Number of usable CUDA devices; 0 when there is no driver or device.
 int CudaDeviceCount();
 
-class DeviceBuffer {
+// Device (cudaMalloc) or pinned host (cudaMallocHost) memory.
+enum class MemoryKind { kDevice, kPinnedHost };
+
+// Owns one allocation of `Kind`; grows on Reserve (contents not kept).
+template <MemoryKind Kind>
+class CudaMemory {
  public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() { Reset(); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  CudaMemory() = default;
+  ~CudaMemory() { Reset(); }
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
+  CudaMemory(CudaMemory&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  CudaMemory& operator=(CudaMemory&& o) noexcept {
     if (this != &o) {
       Reset();
       ptr_ = std::exchange(o.ptr_, nullptr);
@@ -44,8 +50,13 @@ class DeviceBuffer {
     }
     return *this;
   }
-  // RESOURCE_EXHAUSTED when cudaMalloc fails.
-  static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes);
+  // RESOURCE_EXHAUSTED when the allocation fails.
+  static absl::StatusOr<CudaMemory> Allocate(size_t bytes) {
+    CudaMemory m;
+    absl::Status s = m.Reserve(bytes);
+    if (!s.ok()) return s;
+    return m;
+  }
   // Grows (never shrinks) to at least `bytes`; contents are not kept.
   absl::Status Reserve(size_t bytes);
   void Reset();
@@ -59,32 +70,10 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer() { Reset(); }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      ptr_ = std::exchange(o.ptr_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
-    }
-    return *this;
-  }
-  absl::Status Reserve(size_t bytes);
-  void Reset();
-  void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using DeviceBuffer = CudaMemory<MemoryKind::kDevice>;
+using PinnedBuffer = CudaMemory<MemoryKind::kPinnedHost>;
+extern template class CudaMemory<MemoryKind::kDevice>;
+extern template class CudaMemory<MemoryKind::kPinnedHost>;
 
 class CudaStream {
  public:

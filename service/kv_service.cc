@@ -1,5 +1,9 @@
 #include "service/kv_service.h"
 
+#include <functional>
+
+#include <algorithm>
+
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -160,21 +164,41 @@ absl::StatusOr<v1::PinResponse> KvService::Pin(const Identity& id, const v1::Pin
   return resp;
 }
 
+namespace {
+
+// Applies `op` to the key of every hash of a request and counts the blocks
+// it succeeded on; a hash whose status is in `skip` is passed over
+// uncounted, any other error ends the call.
+absl::StatusOr<uint32_t> ForEachBlock(
+    const std::string& tenant, uint64_t model_id,
+    const google::protobuf::RepeatedPtrField<std::string>& hashes,
+    const std::function<absl::Status(const storage::BlockKey&)>& op,
+    std::initializer_list<absl::StatusCode> skip) {
+  uint32_t done = 0;
+  for (const std::string& h : hashes) {
+    absl::Status s = op({tenant, model_id, h});
+    if (s.ok()) {
+      ++done;
+    } else if (std::find(skip.begin(), skip.end(), s.code()) == skip.end()) {
+      return s;
+    }
+  }
+  return done;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::UnpinResponse> KvService::Unpin(const Identity& id,
                                                    const v1::UnpinRequest& req) {
   TQ_ASSIGN_OR_RETURN(auto model, registry_->Resolve(id.tenant, req.model()));
   TQ_RETURN_IF_ERROR(
       CheckHashList(req.block_hashes(), options_.max_hashes_per_request, "block_hashes"));
+  TQ_ASSIGN_OR_RETURN(
+      uint32_t n, ForEachBlock(id.tenant, model->model_id, req.block_hashes(),
+                               [&](const storage::BlockKey& k) { return store_->Unpin(k); },
+                               {absl::StatusCode::kNotFound, absl::StatusCode::kFailedPrecondition}));
   v1::UnpinResponse resp;
-  for (const std::string& h : req.block_hashes()) {
-    absl::Status s = store_->Unpin({id.tenant, model->model_id, h});
-    if (s.ok()) {
-      resp.set_unpinned(resp.unpinned() + 1);
-    } else if (s.code() != absl::StatusCode::kNotFound &&
-               s.code() != absl::StatusCode::kFailedPrecondition) {
-      return s;
-    }
-  }
+  resp.set_unpinned(n);
   return resp;
 }
 
@@ -183,15 +207,12 @@ absl::StatusOr<v1::DeleteResponse> KvService::Delete(const Identity& id,
   TQ_ASSIGN_OR_RETURN(auto model, registry_->Resolve(id.tenant, req.model()));
   TQ_RETURN_IF_ERROR(
       CheckHashList(req.block_hashes(), options_.max_hashes_per_request, "block_hashes"));
+  TQ_ASSIGN_OR_RETURN(
+      uint32_t n, ForEachBlock(id.tenant, model->model_id, req.block_hashes(),
+                               [&](const storage::BlockKey& k) { return store_->Delete(k); },
+                               {absl::StatusCode::kNotFound}));
   v1::DeleteResponse resp;
-  for (const std::string& h : req.block_hashes()) {
-    absl::Status s = store_->Delete({id.tenant, model->model_id, h});
-    if (s.ok()) {
-      resp.set_deleted(resp.deleted() + 1);
-    } else if (s.code() != absl::StatusCode::kNotFound) {
-      return s;
-    }
-  }
+  resp.set_deleted(n);
   return resp;
 }
 
