@@ -1,9 +1,7 @@
 #include "service/kv_service.h"
 
-#include <functional>
-
 #include <algorithm>
-
+#include <functional>
 #include <map>
 
 #include "absl/strings/str_cat.h"
