@@ -191,10 +191,5 @@ std::vector<std::shared_ptr<const RegisteredModel>> ModelRegistry::List(
   return out;
 }
 
-absl::Status ModelRegistry::SyncRecords() {
-  for (const auto& m : List(nullptr))
-    TQ_RETURN_IF_ERROR(store_->PutModelRecord(m->tenant, m->model_id, EncodeRecord(*m)));
-  return absl::OkStatus();
-}
 
 }  // namespace tqkv::service

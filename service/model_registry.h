@@ -94,10 +94,6 @@ class ModelRegistry {
   // Models of `tenant` ordered by id (every tenant's when `tenant` is null).
   std::vector<std::shared_ptr<const RegisteredModel>> List(const std::string* tenant) const;
 
-  // Rewrites every record with a synced write. RocksDB has one WAL, so this
-  // also makes every earlier unsynced write (spills) power-loss durable.
-  absl::Status SyncRecords();
-
  private:
   storage::BlockStore* const store_;
   // Lock order: register_mu_ (serialises Register's check-persist-insert)

@@ -139,7 +139,7 @@ absl::Status Server::Shutdown() {
     absl::StatusOr<storage::EvictResult> r = store_->Evict(all);
     if (!r.ok()) status.Update(r.status());
   }
-  if (registry_ && store_ && store_->Stats().disk_enabled) status.Update(registry_->SyncRecords());
+  if (store_) status.Update(store_->Sync());
   store_.reset();
   return status;
 }

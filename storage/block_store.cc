@@ -681,6 +681,8 @@ absl::StatusOr<std::string> BlockStore::GetModelRecord(absl::string_view tenant,
   return it->second;
 }
 
+absl::Status BlockStore::Sync() { return spill_ ? spill_->SyncWal() : absl::OkStatus(); }
+
 absl::Status BlockStore::DeleteModelRecord(absl::string_view tenant, uint64_t model_id) {
   if (spill_ != nullptr) return spill_->DeleteModelRecord(tenant, model_id);
   absl::MutexLock l(&mu_);

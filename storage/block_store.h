@@ -305,6 +305,11 @@ class BlockStore {
                               absl::string_view record);
   absl::StatusOr<std::string> GetModelRecord(absl::string_view tenant, uint64_t model_id);
   absl::Status DeleteModelRecord(absl::string_view tenant, uint64_t model_id);
+
+  // Makes every write acknowledged so far power-loss durable (fsyncs the
+  // RocksDB WAL): spills, unsynced deletes. OK without a disk tier (nothing
+  // to sync); the RocksDB error otherwise.
+  absl::Status Sync();
   absl::StatusOr<std::vector<ModelRecord>> ListModelRecords();
 
   // The disk tier (null without one), to corrupt entries in tests.
