@@ -136,6 +136,7 @@ absl::Status Server::Shutdown() {
   service_.reset();  // sequences release their block references
   if (store_ && options_.spill_on_shutdown && store_->Stats().disk_enabled) {
     storage::EvictSpec all;
+    all.include_pinned = true;  // pins end with the process; keep the bytes
     absl::StatusOr<storage::EvictResult> r = store_->Evict(all);
     if (!r.ok()) status.Update(r.status());
   }

@@ -194,7 +194,7 @@ bool BlockStore::ReserveDiskLocked(uint64_t bytes, IoPlan* plan) {
 }
 
 void BlockStore::PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,
-                                        IoPlan* plan, EvictResult* result) {
+                                        IoPlan* plan, EvictResult* result, bool include_pinned) {
   absl::Time now = clock_->Now();
   uint64_t planned = 0;
   index_.ForEachHostLru([&](BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -204,7 +204,7 @@ void BlockStore::PlanHostEvictionLocked(uint64_t bytes, const std::optional<Mode
       if (result != nullptr) result->skipped_busy++;
       return true;
     }
-    if (r->Protected(now)) {
+    if (!include_pinned && r->Protected(now)) {
       if (result != nullptr) result->skipped_pinned++;
       return true;
     }
@@ -604,7 +604,7 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
   absl::MutexLock l(&mu_);
   IoPlan plan;
   if (!spec.drop) {
-    PlanHostEvictionLocked(limit, spec.scope, &plan, &result);
+    PlanHostEvictionLocked(limit, spec.scope, &plan, &result, spec.include_pinned);
     absl::Status s = RunPlanLocked(&plan);
     result.blocks += plan.evicted_blocks;
     result.bytes += plan.evicted_bytes;

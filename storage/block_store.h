@@ -178,6 +178,10 @@ struct EvictSpec {
   // true:  remove matching blocks from every tier.
   // Default: false.
   bool drop = false;
+  // Also move pinned/leased blocks (drop=false only). For shutdown, where
+  // pins end with the process and a pinned block left in host memory would
+  // be lost. Default: false.
+  bool include_pinned = false;
 };
 
 struct EvictResult {
@@ -327,7 +331,7 @@ class BlockStore {
   // Plans moving up to `bytes` of unprotected, idle host copies out of host
   // memory, oldest first, restricted to `scope` if set.
   void PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,
-                              IoPlan* plan, EvictResult* result)
+                              IoPlan* plan, EvictResult* result, bool include_pinned = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves disk room for `bytes`, planning disk-only LRU drops as needed.
   // Returns false, having planned nothing, if even those cannot make room.

@@ -286,6 +286,29 @@ TEST_F(BlockStoreDiskTest, PinnedOldestBlockStaysInHostWhileYoungerOnesSpill) {
             (std::vector<Tier>{Tier::kHost, Tier::kDisk, Tier::kDisk}));
 }
 
+// Shutdown eviction (include_pinned) writes pinned blocks to disk too, so a
+// restart finds them; plain Evict leaves them in host memory only.
+TEST_F(BlockStoreDiskTest, ShutdownEvictionKeepsPinnedBlocks) {
+  {
+    auto s = OpenStore(1000);
+    ASSERT_TRUE(PutBlock(*s, Key(0)).ok());
+    ASSERT_TRUE(PutBlock(*s, Key(1)).ok());
+    ASSERT_TRUE(s->Pin(Key(0), absl::Minutes(5)).ok());
+    auto plain = s->Evict({});
+    ASSERT_TRUE(plain.ok());
+    EXPECT_EQ(plain->blocks, 1u);
+    EXPECT_EQ(plain->skipped_pinned, 1u);
+    EvictSpec shutdown;
+    shutdown.include_pinned = true;
+    auto all = s->Evict(shutdown);
+    ASSERT_TRUE(all.ok());
+    EXPECT_EQ(all->skipped_pinned, 0u);
+  }
+  auto s = OpenStore(1000);
+  ExpectBlock(*s, Key(0), Tier::kDisk);
+  ExpectBlock(*s, Key(1), Tier::kDisk);
+}
+
 // Sync fsyncs the WAL behind spills; it succeeds with and without a disk tier
 // and the spilled blocks stay readable after it and after a reopen.
 TEST_F(BlockStoreDiskTest, SyncAfterSpills) {
