@@ -132,6 +132,20 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
     if (tk->shape[1] != tv->shape[1])
       return absl::InvalidArgumentError("tail_k and tail_v have different token counts");
   }
+  const int64_t partial_tokens = req.last_block_tokens();
+  if (partial_tokens < 0 || partial_tokens >= s.block_size)
+    return absl::InvalidArgumentError(absl::StrCat("last_block_tokens ", partial_tokens,
+                                                   " outside [0, block_size ", s.block_size, ")"));
+  if (partial_tokens > 0 && blocks.empty())
+    return absl::InvalidArgumentError("last_block_tokens is set but no block_hashes are given");
+  // Keeps the partial block's bytes alive while it is decoded below.
+  std::optional<storage::BlockData> partial_block;
+  const storage::BlockData* partial = nullptr;
+  if (partial_tokens > 0) {
+    partial_block = std::move(blocks.back());
+    blocks.pop_back();
+    partial = &*partial_block;
+  }
   auto seq = std::make_shared<Sequence>();
   seq->tenant = tenant;
   seq->model = model;
@@ -147,6 +161,23 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
     seq->owned_count.assign(s.num_layers, 0);
     seq->tail_k.resize(s.num_layers);
     seq->tail_v.resize(s.num_layers);
+    if (partial != nullptr) {
+      // The partially filled last block: its valid tokens become the start
+      // of the dense tail (every packed block stays full).
+      const size_t layer_elems = static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim;
+      std::vector<float> dk(layer_elems * s.num_layers), dv(dk.size());
+      std::vector<MutableDenseView> kv, vv;
+      for (int l = 0; l < s.num_layers; ++l) {
+        kv.push_back({dk.data() + l * layer_elems, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim});
+        vv.push_back({dv.data() + l * layer_elems, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim});
+      }
+      TQ_RETURN_IF_ERROR(
+          backend_->DecodeBlock(*model->codec, 0, s.num_layers, partial->payload->data(), kv, vv));
+      for (int l = 0; l < s.num_layers; ++l)
+        TQ_RETURN_IF_ERROR(AppendLocked(
+            *seq, l, {dk.data() + l * layer_elems, DType::kF32, partial_tokens, s.num_kv_heads, s.head_dim},
+            {dv.data() + l * layer_elems, DType::kF32, partial_tokens, s.num_kv_heads, s.head_dim}));
+    }
     if (tk && tk->shape[1] > 0) {
       for (int l = 0; l < s.num_layers; ++l)
         TQ_RETURN_IF_ERROR(AppendLocked(*seq, l, SliceView(*tk, l, 0, tk->shape[1]),

@@ -48,6 +48,29 @@ def test_attend_over_blocks_and_dense_tail(client, rng, setup):
             check_close(out16, attention_reference(q16, k_all, v_all, scale=0.05))
 
 
+def test_partial_last_block_then_append(client, rng):
+    m = client.register_model(unique(), num_layers=L, num_kv_heads=H, num_q_heads=HQ,
+                              head_dim=D, block_size=BS, cache_dtype="k4v4")
+    hs = hashes("partial", 2)
+    full, short = kv(rng, L, BS, H, D), kv(rng, L, BS - 5, H, D)
+    client.put_blocks(m, [(hs[0], *full), (hs[1], *short)])
+    deq = client.get_blocks(m, hs, dense=True, dtype="fp32")
+    # Only the valid tokens of the short block count.
+    kb = np.concatenate([deq[0].k, deq[1].k[:, :BS - 5]], axis=1)
+    vb = np.concatenate([deq[0].v, deq[1].v[:, :BS - 5]], axis=1)
+    with client.create_sequence(m, hs, last_block_tokens=BS - 5) as seq:
+        assert seq.num_tokens == 2 * BS - 5
+        q = rng.standard_normal((1, HQ, D)).astype(np.float32)
+        check_close(seq.attend(1, q), attention_reference(q, kb[1], vb[1]))
+        new_k, new_v = kv(rng, 1, 2, H, D)
+        assert seq.append(1, new_k[0], new_v[0]) == 2 * BS - 3
+        ref = attention_reference(q, np.concatenate([kb[1], new_k[0]]),
+                                  np.concatenate([vb[1], new_v[0]]))
+        check_close(seq.attend(1, q), ref)
+    with pytest.raises(tqkv.InvalidArgument):
+        client.create_sequence(m, hs, last_block_tokens=BS)
+
+
 def test_attend_with_positions_is_causal(client, rng, setup):
     m, hs, kb, vb = setup
     with client.create_sequence(m, hs) as seq:

@@ -298,12 +298,15 @@ class Client:
                                            pb.StatsRequest(model_id=model_id)))
 
     # ---- sequences ---------------------------------------------------------
-    def create_sequence(self, model, hashes=(), tail_k=None, tail_v=None, ttl_ms=0):
+    def create_sequence(self, model, hashes=(), tail_k=None, tail_v=None, ttl_ms=0,
+                        last_block_tokens=0):
         """Creates a decode sequence over stored blocks (pinned while it lives)
-        plus optional dense tail tokens [layers, tokens, kv_heads, d]. Returns
-        a `Sequence` (a context manager that drops it)."""
+        plus optional dense tail tokens [layers, tokens, kv_heads, d]. When the
+        last stored block was put with fewer than block_size tokens, pass
+        their count as `last_block_tokens`. Returns a `Sequence` (a context
+        manager that drops it)."""
         req = pb.CreateSequenceRequest(model=self._ref(model), block_hashes=_hashes(hashes),
-                                       ttl_ms=ttl_ms)
+                                       ttl_ms=ttl_ms, last_block_tokens=last_block_tokens)
         if tail_k is not None:
             req.tail_k.CopyFrom(tensors.to_proto(tail_k))
         if tail_v is not None:
