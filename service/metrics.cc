@@ -122,6 +122,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   gauge("tqkv_disk_capacity_bytes", "Disk tier byte budget (0 without a disk tier).",
         st.disk_enabled ? static_cast<double>(st.disk_capacity_bytes) : 0.0);
   gauge("tqkv_sequences", "Live decode sequences.", static_cast<double>(service_->sequences().size()));
+  gauge("tqkv_sequence_bytes",
+        "Host bytes owned by live sequences (appended packed blocks and dense fp32 tails), "
+        "outside the block store's budget.",
+        static_cast<double>(service_->sequences().OwnedBytes()));
   gauge("tqkv_staged_blocks", "Blocks with some but not all layers staged.",
         static_cast<double>(service_->staging().size()));
 

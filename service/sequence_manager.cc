@@ -376,4 +376,20 @@ size_t SequenceManager::size() const {
   return sequences_.size();
 }
 
+uint64_t SequenceManager::OwnedBytes() const {
+  std::vector<std::shared_ptr<Sequence>> live;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, seq] : sequences_) live.push_back(seq);
+  }
+  uint64_t bytes = 0;
+  for (const auto& seq : live) {
+    absl::MutexLock l(&seq->mu);
+    bytes += seq->owned.size() * seq->model->codec->block_bytes();
+    for (const auto& t : seq->tail_k) bytes += t.size() * sizeof(float);
+    for (const auto& t : seq->tail_v) bytes += t.size() * sizeof(float);
+  }
+  return bytes;
+}
+
 }  // namespace tqkv::service

@@ -86,6 +86,9 @@ class SequenceManager {
   // Removes sequences idle past their ttl; returns how many.
   size_t ExpireIdle();
   size_t size() const;
+  // Host bytes held by live sequences beyond the stored blocks they share:
+  // packed blocks they own (filled by Append) and fp32 dense tails.
+  uint64_t OwnedBytes() const;
 
  private:
   struct OwnedBlock;

@@ -103,5 +103,28 @@ TEST_F(MetricsTest, ExpositionIsValidAndCountersMoveByTheRightAmounts) {
   EXPECT_TRUE(ok) << out;
 }
 
+// Sequence-owned bytes (dense fp32 tails here) are accounted while the
+// sequence lives and released when it is dropped.
+TEST_F(MetricsTest, SequenceBytesFollowTheirSequences) {
+  const v1::ModelRef model = RegisterSmall();
+  EXPECT_EQ(Value(Scrape(), "tqkv_sequence_bytes"), 0);
+  const v1::ModelLayout layout = client::SmallModel("small").layout();
+  const int tail = 5;  // tokens, below block_size: stays dense
+  v1::CreateSequenceRequest cs;
+  *cs.mutable_model() = model;
+  *cs.mutable_tail_k() = client::RandomTensor(
+      v1::DTYPE_FP16, {layout.num_layers(), tail, layout.num_kv_heads(), layout.head_dim()}, 1);
+  *cs.mutable_tail_v() = client::RandomTensor(
+      v1::DTYPE_FP16, {layout.num_layers(), tail, layout.num_kv_heads(), layout.head_dim()}, 2);
+  auto seq = client_->CreateSequence(cs);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  const double want = 2.0 * layout.num_layers() * tail * layout.num_kv_heads() * layout.head_dim() * 4;
+  EXPECT_EQ(Value(Scrape(), "tqkv_sequence_bytes"), want);
+  v1::DropSequenceRequest drop;
+  drop.set_sequence_id(seq->sequence_id());
+  ASSERT_TRUE(client_->DropSequence(drop).ok());
+  EXPECT_EQ(Value(Scrape(), "tqkv_sequence_bytes"), 0);
+}
+
 }  // namespace
 }  // namespace tqkv::testing

@@ -44,6 +44,8 @@ PANELS = [
      [("tqkv_checksum_failures_total", "checksum failures")], "stat"),
     ("Live sequences / staged blocks", "none",
      [("tqkv_sequences", "sequences"), ("tqkv_staged_blocks", "staged blocks")], "timeseries"),
+    ("Bytes owned by live sequences (appended blocks, dense tails)", "bytes",
+     [("tqkv_sequence_bytes", "sequence bytes")], "timeseries"),
 ]
 
 
