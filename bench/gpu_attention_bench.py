@@ -22,12 +22,15 @@ import torch
 
 QH, KVH, D, BS = 32, 8, 128, 16
 SHAPES = [(64, 4096), (16, 16384), (32, 32768), (4, 65536), (1, 131072)]
-GOALS = {"k4v4": 0.35, "k4v2": 0.28}
+GOALS = {"k4v4": 0.35, "k4v2": 0.28, "k2v2": None}  # k2v2: no goal (2-bit keys in registers, variants 3/4/6)
 # Tensor-core kernel variants (AttentionLaunch::mma_variant; gpu/attention.cu):
-# 1 = one kv head per block (the served kernel), 2 = page-streaming blocks of
-# 4 kv heads, 2 tiles per stage, 4 cp.async stages.
-VARIANTS = [1, 2]
-VARIANT_NAMES = {1: "per-head", 2: "page-tt2s4"}
+# 1 = one kv head per block, shared-memory tables (the previous default),
+# 2 = page-streaming blocks of 4 kv heads, 2 tiles per stage, 4 cp.async
+# stages, 3 = K centroids from registers (prmt), 4 = variant 3 budgeted for
+# 4 blocks/SM, 5 = tables with 256-byte rows (prmt lookup addresses), 6 =
+# variant 3 with 256-byte V rows.
+VARIANTS = [1, 2, 3, 4, 5, 6]
+VARIANT_NAMES = {1: "lut", 2: "page-tt2s4", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256"}
 
 
 def timed(fn, iters):
@@ -169,7 +172,7 @@ def main():
                 sw.append((timed(lambda: call(1, s), max(5, args.iters // 2)), s))
             best_t, best_s = min(sw)
             ratio = t_tq / t_sdpa
-            line += (f"\n    {f}: {t_tq:.3f} ms  ratio {ratio:.3f}x SDPA (goal <= {GOALS[f]})  "
+            line += (f"\n    {f}: {t_tq:.3f} ms  ratio {ratio:.3f}x SDPA (goal <= {GOALS[f] or '-'})  "
                      f"packed {floor / 1e6:.1f} MB -> {bw / 1e12:.2f} TB/s = {bw / ceiling:.2f} of copy ceiling  "
                      f"fast_path={fast} generic={t_gen:.3f} ms  rel.err vs fp16 SDPA {err:.3f}"
                      f"\n        CUDA-core fast kernel (splits {old_splits}): {t_old:.3f} ms (rel.err {err_old:.3f});"

@@ -56,6 +56,80 @@ bool MmaPageEligible(const AttentionLaunch& a) {
   return MmaEligible(a) && a.uniform_codebooks && a.mma_variant == 2;
 }
 
+// Per-head tensor-core kernel configuration by variant: dequantisation
+// mode flags (kMmaKReg, kMmaLut256) and the blocks/SM its registers are
+// budgeted for. Entry 0 is unused: variant 0 (served) is chosen per bit
+// pair from the H200 measurements (bench/RESULTS.md): k4v4 takes 256-byte
+// table rows (2-4% faster), k2v2 K centroids in registers at 4 blocks/SM
+// (3-13% faster), k4v2 and the unmeasured k2v4 keep 128-byte rows (K4/V2 was
+// up to 6% slower with 256-byte rows or 4-bit keys in registers).
+struct MmaCfg {
+  int km, mb;
+};
+constexpr MmaCfg kMmaCfgs[] = {{0, 3}, {0, 3}, {0, 3}, {kMmaKReg, 3}, {kMmaKReg, 4}, {kMmaLut256, 3},
+                               {kMmaKReg | kMmaLut256, 3}};
+constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
+
+// The configuration this launch runs: register dequantisation of 4-bit
+// keys only with symmetric codebooks; 256-byte rows only where a table of
+// byte units is left.
+MmaCfg MmaCfgOf(const AttentionLaunch& a) {
+  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
+  MmaCfg c = kMmaCfgs[a.mma_variant > 0 && a.mma_variant < kNumMmaCfgs ? a.mma_variant : 0];
+  if (a.mma_variant <= 0 || a.mma_variant >= kNumMmaCfgs) {
+    switch (kb * 10 + vb) {
+      case 44: c = {kMmaLut256, 3}; break;
+      case 22: c = {kMmaKReg, 4}; break;
+      default: c = {0, 3}; break;
+    }
+  }
+  if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
+  const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);
+  if ((c.km & kMmaLut256) && !k_bytes && vb != 4) c.km &= ~kMmaLut256;
+  return c;
+}
+
+// Binds the configuration; F::template operator()<KM, MB>() is called with it.
+template <typename F>
+auto ByMmaCfg(const MmaCfg& c, F&& f) {
+  switch (c.km * 10 + c.mb) {
+    case kMmaKReg * 10 + 3: return f.template operator()<kMmaKReg, 3>();
+    case kMmaKReg * 10 + 4: return f.template operator()<kMmaKReg, 4>();
+    case kMmaLut256 * 10 + 3: return f.template operator()<kMmaLut256, 3>();
+    case (kMmaKReg | kMmaLut256) * 10 + 3: return f.template operator()<kMmaKReg | kMmaLut256, 3>();
+    default: return f.template operator()<0, 3>();
+  }
+}
+
+// Resident blocks per SM of a configuration: its register budget, capped by
+// shared memory (228 KiB per SM, 1 KiB reserved per block).
+template <int KB, int VB, int G, int KM, int MB>
+constexpr int MmaResidentWith() {
+  const size_t per_block = MmaSmemBytes<KB, VB, G, KM>() + 128 + 1024;
+  const int by_smem = static_cast<int>((228u * 1024u) / per_block);
+  return by_smem < MB ? by_smem : MB;
+}
+
+int MmaResident(const AttentionLaunch& a) {
+  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits, g = a.q_heads / a.kv_heads;
+  return ByMmaCfg(MmaCfgOf(a), [&]<int KM, int MB>() -> int {
+    auto by_g = [&]<int KB, int VB>() -> int {
+      switch (g) {
+        case 1: return MmaResidentWith<KB, VB, 1, KM, MB>();
+        case 2: return MmaResidentWith<KB, VB, 2, KM, MB>();
+        case 4: return MmaResidentWith<KB, VB, 4, KM, MB>();
+        default: return MmaResidentWith<KB, VB, 8, KM, MB>();
+      }
+    };
+    switch (kb * 10 + vb) {
+      case 44: return by_g.template operator()<4, 4>();
+      case 42: return by_g.template operator()<4, 2>();
+      case 24: return by_g.template operator()<2, 4>();
+      default: return by_g.template operator()<2, 2>();
+    }
+  });
+}
+
 bool SharedLut(const AttentionLaunch& a) {
   return a.host_k.groups[0].mse_bits == a.host_v.groups[0].mse_bits &&
          a.host_k.groups[0].centroids == a.host_v.groups[0].centroids;
@@ -170,17 +244,17 @@ cudaError_t FastG(const AttentionLaunch& a, const AttnDims& d, const float* s, f
   }
 }
 
-template <int KB, int VB, int G, int TPS>
+template <int KB, int VB, int G, int TPS, int KM, int MB>
 cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                        cudaStream_t stream) {
-  constexpr size_t smem = MmaSmemBytes<KB, VB, G>();
+  constexpr size_t smem = MmaSmemBytes<KB, VB, G, KM>();
   if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(MmaDecodeKernel<KB, VB, G, TPS>,
+    cudaError_t e = cudaFuncSetAttribute(MmaDecodeKernel<KB, VB, G, TPS, KM, MB>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
   const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
-  MmaDecodeKernel<KB, VB, G, TPS><<<grid, 32 * kMmaWarps, smem, stream>>>(a, d, states, recs);
+  MmaDecodeKernel<KB, VB, G, TPS, KM, MB><<<grid, 32 * kMmaWarps, smem, stream>>>(a, d, states, recs);
   return cudaGetLastError();
 }
 
@@ -203,7 +277,11 @@ cudaError_t MmaPageWith(const AttentionLaunch& a, const AttnDims& d, const float
 template <int KB, int VB, int G>
 cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                     cudaStream_t stream) {
-  if (!MmaPageEligible(a)) return MmaWithTps<KB, VB, G, kMmaTilesPerStep>(a, d, states, recs, stream);
+  if (!MmaPageEligible(a)) {
+    return ByMmaCfg(MmaCfgOf(a), [&]<int KM, int MB>() -> cudaError_t {
+      return MmaWithTps<KB, VB, G, kMmaTilesPerStep, KM, MB>(a, d, states, recs, stream);
+    });
+  }
   return ByPageShape(PageShapeOf(a), [&]<int TT, int S>() -> cudaError_t {
     if constexpr (TT == 0) {
       return cudaErrorNotSupported;
@@ -331,7 +409,7 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
     // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.
     constexpr int64_t kMmaBlockOverheadTokens = 192;
     const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads);
-    const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * MmaCtasPerSm(kMmaTilesPerStep);
+    const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * MmaResident(a);
     const int64_t ctx = std::max<int64_t>(a.max_context, 1);
     const int64_t max_splits = std::clamp<int64_t>((ctx + kMinSplitTokens - 1) / kMinSplitTokens, 1, 1024);
     int64_t best = 1;
@@ -360,6 +438,21 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
 }
 
 bool AttentionUsesFastPath(const AttentionLaunch& a) { return FastEligible(a); }
+
+bool AttentionUsesRegisterDequant(const AttentionLaunch& a) {
+  return MmaEligible(a) && !MmaPageEligible(a) && (MmaCfgOf(a).km & kMmaKReg) != 0;
+}
+
+bool SymmetricF16Codebook(const float* c, int n) {
+  if (n < 2 || n % 2 != 0) return false;
+  for (int k = 0; k < n / 2; ++k) {
+    const __half lo = __float2half_rn(c[k]), hi = __float2half_rn(c[n - 1 - k]);
+    const unsigned short bl = *reinterpret_cast<const unsigned short*>(&lo);
+    const unsigned short bh = *reinterpret_cast<const unsigned short*>(&hi);
+    if ((bh & 0x8000u) != 0 || bl != (bh | 0x8000u)) return false;
+  }
+  return true;
+}
 
 size_t AttentionWorkspaceBytes(const AttentionLaunch& a) {
   const AttnDims d = Dims(a);

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "codec/attention.h"
+#include "codec/codebook.h"
 #include "codec/page_codec.h"
 #include "codec/quality.h"
 #include "codec/test_util.h"
@@ -140,6 +141,12 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.host_k = tables->host(0, 0, Component::kKey);
   a.host_v = tables->host(0, 0, Component::kValue);
   a.uniform_codebooks = tables->uniform_codebooks(0);
+  a.symmetric_codebooks = true;
+  for (int h = 0; h < H; ++h)
+    for (const RowCodec::Group& g : layer.k(h).groups())
+      a.symmetric_codebooks = a.symmetric_codebooks && g.codebook != nullptr &&
+                              SymmetricF16Codebook(g.codebook->centroids_f.data(),
+                                                   static_cast<int>(g.codebook->centroids_f.size()));
   a.k_base = dkp.as<uint8_t>();
   a.v_base = dvp.as<uint8_t>();
   a.block_stride = 0;  // K and V regions have different page sizes: use per-region strides below
@@ -176,12 +183,22 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.v_base = dvpad.as<uint8_t>();
   a.block_stride = static_cast<int64_t>(stride);
   EXPECT_EQ(AttentionUsesFastPath(a), c.expect_fast);
-  // The tensor-core kernel's variants (one kv head per block, page-streaming
-  // shapes) on the shapes that reach it; 0 (the default) for the others.
+  // The tensor-core kernel's variants (one kv head per block with shared-
+  // memory tables, page-streaming shapes, K centroids from registers at 3
+  // and 4 blocks/SM, 256-byte table rows) on the shapes that reach it; 0
+  // (the default) for the others. The register variants run once more with
+  // symmetric_codebooks off (4-bit keys then fall back to the table).
   const bool mma_shape = c.expect_fast && H % 4 == 0;
-  for (int variant = 0; variant < (mma_shape ? 3 : 1); ++variant) {
-    SCOPED_TRACE("mma_variant " + std::to_string(variant));
+  const bool k4 = c.format.rfind("k4", 0) == 0;
+  for (int run = 0; run < (mma_shape ? 10 : 1); ++run) {
+    const int variant = run < 7 ? run : run - 4;  // 7, 8, 9: variants 3, 4, 6 without symmetry
+    a.symmetric_codebooks = run < 7;
+    SCOPED_TRACE("mma_variant " + std::to_string(variant) + (run < 7 ? "" : " (asymmetric fallback)"));
     a.mma_variant = variant;
+    if (mma_shape) {
+      const bool kreg = variant == 3 || variant == 4 || variant == 6 || (variant == 0 && c.format == "k2v2");
+      EXPECT_EQ(AttentionUsesRegisterDequant(a), kreg && (!k4 || run < 7));
+    }
     DeviceBuffer ws = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(a));
     a.workspace = ws.get();
     a.workspace_bytes = ws.bytes();
@@ -218,6 +235,12 @@ std::vector<Case> Cases() {
   c.push_back({"k4v4", 128, 32, 8, {6000, 17}, {}, 1, 0, true});
   c.push_back({"k4v2", 128, 16, 4, {9000}, {}, 1, 0, true});
   c.push_back({"k4v2", 128, 16, 4, {100, 33}, {}, 20, 0, true});
+  // Register dequantisation paths at awkward sizes: odd batches, partial
+  // last blocks, GQA 2 / 4 / 8, all four bit pairs.
+  c.push_back({"k4v4", 128, 8, 4, {1, 17, 255}, {}, 1, 0, true});
+  c.push_back({"k4v2", 128, 32, 4, {301, 2, 49}, {}, 1, 3, true});
+  c.push_back({"k2v2", 128, 16, 4, {1100, 15, 33}, {}, 1, 0, true});
+  c.push_back({"k2v4", 128, 64, 8, {513}, {}, 1, 0, true});
   // Page-streaming blocks over 3 quads of kv heads, odd lengths, G = 8 2-bit.
   c.push_back({"k4v2", 128, 24, 12, {200, 31, 1}, {}, 1, 0, true});
   c.push_back({"k2v2", 128, 64, 8, {5000, 47}, {}, 1, 0, true});
@@ -237,6 +260,28 @@ std::vector<Case> Cases() {
   c.push_back({"k4v2", 128, 8, 2, {64}, {20}, 30, 0, false});
   c.push_back({"turboquant35", 128, 4, 2, {48}, {}, 17, 3, false});
   return c;
+}
+
+// The Lloyd-Max codebooks the fast path serves are symmetric bit for bit at
+// fp16 (what the register dequantisation of 4-bit keys relies on); the
+// check rejects a codebook that is not.
+TEST(SymmetricF16Codebook, ServedCodebooksAreSymmetricAndPerturbedOnesAreNot) {
+  for (int bits : {2, 3, 4}) {
+    for (int dim : {64, 96, 128, 256}) {
+      auto cb = GetCodebook(dim, bits);
+      ASSERT_TRUE(cb.ok()) << cb.status();
+      const std::vector<float>& c = (*cb)->centroids_f;
+      EXPECT_TRUE(SymmetricF16Codebook(c.data(), static_cast<int>(c.size()))) << "d " << dim << " b " << bits;
+      for (size_t k = 0; k < c.size(); ++k) EXPECT_EQ(c[k], -c[c.size() - 1 - k]) << "fp32, k " << k;
+      std::vector<float> bad = c;
+      bad[1] = std::nextafter(bad[1], 0.0f) * 0.999f;  // beyond fp16 rounding
+      EXPECT_FALSE(SymmetricF16Codebook(bad.data(), static_cast<int>(bad.size())));
+    }
+  }
+  const float flipped[4] = {0.5f, 0.25f, -0.25f, -0.5f};  // descending: upper half negative
+  EXPECT_FALSE(SymmetricF16Codebook(flipped, 4));
+  const float odd[3] = {-1.0f, 0.0f, 1.0f};
+  EXPECT_FALSE(SymmetricF16Codebook(odd, 3));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AttentionKernels, ::testing::ValuesIn(Cases()),

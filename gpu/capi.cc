@@ -21,7 +21,24 @@ struct Handle {
   std::unique_ptr<tqkv::ModelCodec> codec;
   std::unique_ptr<tqkv::gpu::DeviceCodecTables> tables;
   int sms = 132;
+  bool symmetric_k = false;
 };
+
+// Every kv head's K codebook of layer 0 is symmetric at fp16.
+bool SymmetricKCodebooks(const tqkv::ModelCodec& codec) {
+  const tqkv::LayerCodec& layer = codec.layer(0);
+  for (int head = 0; head < layer.num_kv_heads(); ++head) {
+    const auto& groups = layer.k(head).groups();
+    if (groups.empty()) return false;
+    for (const auto& g : groups) {
+      if (g.codebook == nullptr ||
+          !tqkv::gpu::SymmetricF16Codebook(g.codebook->centroids_f.data(),
+                                           static_cast<int>(g.codebook->centroids_f.size())))
+        return false;
+    }
+  }
+  return true;
+}
 
 tqkv::gpu::AttentionLaunch MakeLaunch(const Handle* h) {
   tqkv::gpu::AttentionLaunch a;
@@ -31,6 +48,7 @@ tqkv::gpu::AttentionLaunch MakeLaunch(const Handle* h) {
   a.host_k = h->tables->host(0, 0, tqkv::Component::kKey);
   a.host_v = h->tables->host(0, 0, tqkv::Component::kValue);
   a.uniform_codebooks = h->tables->uniform_codebooks(0);
+  a.symmetric_codebooks = h->symmetric_k;
   a.block_size = s.block_size;
   a.q_heads = s.num_q_heads;
   a.kv_heads = s.num_kv_heads;
@@ -60,6 +78,7 @@ void* tqkv_gpu_create(const char* format, int dim, int kv_heads, int q_heads, in
     return nullptr;
   }
   auto* h = new Handle{std::move(*codec), std::move(*tables)};
+  h->symmetric_k = SymmetricKCodebooks(*h->codec);
   int dev = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&h->sms, cudaDevAttrMultiProcessorCount, dev);

@@ -117,8 +117,18 @@ struct AttentionLaunch {
   // tables; DeviceCodecTables::uniform_codebooks): lets the tensor-core
   // kernel stream 4 kv heads per block with one dequantisation table.
   bool uniform_codebooks = false;
-  // Tensor-core kernel variant (benchmarks): 0 = default (one kv head per
-  // block), 1 = the same, 2 = page-streaming blocks of 4 kv heads.
+  // Every kv head's K codebook is symmetric at fp16 (SymmetricF16Codebook
+  // of its centroids): lets the tensor-core kernel dequantise 4-bit keys in
+  // registers (kMmaKReg in gpu/kernels/attention_mma.cuh). Without it those
+  // variants fall back to the shared-memory table for 4-bit keys.
+  bool symmetric_codebooks = false;
+  // Tensor-core kernel variant (benchmarks): 0 = default (served: one kv
+  // head per block; k4v4 as 5, k2v2 as 4, k4v2 and k2v4 as 1),
+  // 1 = one kv head per block with 128-byte-row tables (the previous
+  // default), 2 =
+  // page-streaming blocks of 4 kv heads, 3 = K centroids from registers,
+  // 4 = variant 3 budgeted for 4 blocks/SM, 5 = tables with 256-byte rows
+  // (one prmt per lookup address), 6 = variant 3 with 256-byte V rows.
   int32_t mma_variant = 0;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -131,6 +141,13 @@ size_t AttentionWorkspaceBytes(const AttentionLaunch& a);
 // tensor-core kernel when kv_heads % 4 == 0, pages are 16-byte aligned and
 // hold whole 16-token tiles, else the CUDA-core one.
 bool AttentionUsesFastPath(const AttentionLaunch& a);
+// True when LaunchAttention(a) runs the tensor-core kernel with K centroids
+// dequantised in registers (variant and codebook permitting).
+bool AttentionUsesRegisterDequant(const AttentionLaunch& a);
+// Host check: centroids c[0..n) rounded to fp16 are symmetric bit for bit
+// (fp16(c[n-1-k]) = fp16(c[k]) with the sign flipped) and the upper half is
+// positive, as the register dequantisation of 4-bit keys needs.
+bool SymmetricF16Codebook(const float* centroids, int n);
 cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream);
 
 }  // namespace tqkv::gpu

@@ -15,6 +15,8 @@
 // 4-bit row, a nibble of a 2-bit row) gives the fp16 pair (c[lo], c[hi]);
 // the tables are replicated 32 times (entry e of lane l at word 32e + l) so
 // a warp's lookups never conflict.
+// Alternatives (template KM, see kMmaKReg / kMmaLut256): K centroids from
+// registers with prmt, and 256-byte table rows with prmt addressing.
 //
 // Loads: rows are 16·bits + 4 bytes (≡ 4 mod 16), so with kv_heads % 4 == 0
 // every row of kv head h starts at 4·(h mod 4) = mis bytes past a 16-byte
@@ -50,6 +52,26 @@ struct MmaBits {
   static constexpr int kIndexBytes = 16 * B;              // d = 128
 };
 
+// Dequantisation modes of MmaDecodeKernel (template KM, bit flags; the
+// benchmark variants in gpu/attention.cu pick them).
+//   kMmaKReg: K centroids come from registers instead of a shared-memory
+//     table. 2-bit keys: the 4 fp16 centroids as a low-byte and a high-byte
+//     register; one prmt per fp16 pair (selector nibbles i, i|4 per index,
+//     built with a shift, a lop3 and one imad per 4 index pairs). 4-bit keys
+//     need a codebook symmetric at fp16 (c[15-k] = -c[k] bitwise apart from
+//     the sign; AttentionLaunch::symmetric_codebooks): index i maps to the
+//     magnitude m[j], j = i & 7 for i >= 8 and 7 - i for i < 8, the 8
+//     magnitudes' low and high bytes fit in 4 registers, one prmt per plane
+//     dequantises 4 indices, a sign-mode prmt + lop3 puts the sign into the
+//     high bytes and two prmts interleave the planes into fp16 pairs
+//     (~18 integer ops per 8 indices, no shared-memory traffic).
+//   kMmaLut256: tables of byte units (4-bit rows) use 256-byte rows (entry e
+//     of lane l at byte 256e + 4l, V at +128), so one prmt of the index word
+//     with the lane's offset is the lookup address (128-byte rows need a
+//     shift and a lop3).
+inline constexpr int kMmaKReg = 1;
+inline constexpr int kMmaLut256 = 2;
+
 __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                        uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -75,6 +97,96 @@ __device__ __forceinline__ uint32_t LutOffset(uint32_t w, int s, uint32_t lane4)
   const int sh = UB * s - 7;
   const uint32_t x = sh >= 0 ? (w >> sh) : (w << -sh);
   return (x & (((1u << UB) - 1u) << 7)) | lane4;
+}
+
+// The same for 256-byte table rows (kMmaLut256): `base` = 4·lane (+ 128 for
+// the V half of a row). Byte units: one prmt (unit byte s of w into bits
+// 8..15, base into bits 0..7).
+template <int UB>
+__device__ __forceinline__ uint32_t LutOffset256(uint32_t w, int s, uint32_t base) {
+  if constexpr (UB == 8) {
+    return Prmt(w, base, 0x5504u | (static_cast<uint32_t>(s) << 4));
+  } else {
+    const int sh = UB * s - 8;
+    const uint32_t x = sh >= 0 ? (w >> sh) : (w << -sh);
+    return (x & (((1u << UB) - 1u) << 8)) | base;
+  }
+}
+
+template <int UB, bool kRow256>
+__device__ __forceinline__ uint32_t LutOff(uint32_t w, int s, uint32_t base) {
+  if constexpr (kRow256) {
+    return LutOffset256<UB>(w, s, base);
+  } else {
+    return LutOffset<UB>(w, s, base);
+  }
+}
+
+__device__ __forceinline__ uint32_t HalfBits(float x) {
+  const __half h = __float2half_rn(x);
+  return static_cast<uint32_t>(*reinterpret_cast<const unsigned short*>(&h));
+}
+
+// Register tables of the K centroids (kMmaKReg). KB = 4: lo[q]/hi[q] hold
+// the low/high bytes of the fp16 magnitudes m[4q .. 4q+3], m[k] = c[8 + k].
+// KB = 2: lo[0]/hi[0] hold the low/high bytes of fp16 c[0..3].
+template <int KB>
+struct KRegTable {
+  uint32_t lo[KB == 4 ? 2 : 1], hi[KB == 4 ? 2 : 1];
+  __device__ __forceinline__ void Build(const float* cent) {
+    constexpr int kN = KB == 4 ? 8 : 4, kOff = KB == 4 ? 8 : 0;
+#pragma unroll
+    for (int q = 0; q < kN / 4; ++q) {
+      uint32_t l = 0, h = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t x = HalfBits(cent[kOff + 4 * q + b]);
+        l |= (x & 0xFFu) << (8 * b);
+        h |= (x >> 8) << (8 * b);
+      }
+      lo[q] = l;
+      hi[q] = h;
+    }
+  }
+  // 4-bit: fp16 pairs of the 4 byte units of index word w (r[s] = centroids
+  // of nibbles 2s, 2s + 1).
+  __device__ __forceinline__ void Dequant4(uint32_t w, uint32_t (&r)[4]) const {
+    const uint32_t x = w & 0x88888888u;
+    const uint32_t j = ~(w ^ (x - (x >> 3))) & 0x77777777u;  // magnitude index per nibble
+    const uint32_t jh = j >> 16;
+    const uint32_t ll = Prmt(lo[0], lo[1], j), lh = Prmt(lo[0], lo[1], jh);
+    uint32_t hl = Prmt(hi[0], hi[1], j), hh = Prmt(hi[0], hi[1], jh);
+    // Sign-mode prmt: byte k = 0xFF iff nibble k (of 4) is >= 8 (positive).
+    const uint32_t w4 = w << 4;
+    hl |= ~Prmt(w4, w, 0xD9C8u) & 0x80808080u;
+    hh |= ~Prmt(w4, w, 0xFBEAu) & 0x80808080u;
+    r[0] = Prmt(ll, hl, 0x5140u);
+    r[1] = Prmt(ll, hl, 0x7362u);
+    r[2] = Prmt(lh, hh, 0x5140u);
+    r[3] = Prmt(lh, hh, 0x7362u);
+  }
+  // 2-bit: fp16 pairs of the 16 fields f0..f15 of w: r[2k] = (c[f_k],
+  // c[f_{k+4}]), r[2k+1] = (c[f_{k+8}], c[f_{k+12}]).
+  __device__ __forceinline__ void Dequant2(uint32_t w, uint32_t (&r)[8]) const {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t u = (w >> (2 * k)) & 0x03030303u;
+      const uint32_t v = u * 0x11u + 0x40404040u;  // per byte: nibbles (f, f | 4)
+      r[2 * k] = Prmt(lo[0], hi[0], v);
+      r[2 * k + 1] = Prmt(lo[0], hi[0], v >> 16);
+    }
+  }
+};
+
+// Piece positions (0..31: index p of the thread's 32-channel K piece, in bit
+// order) of the two channels of B register (kk, h) of the score mma.
+template <int KB, int KM>
+__host__ __device__ constexpr int KPos(int kk, int h, int second) {
+  if constexpr ((KM & kMmaKReg) != 0 && KB == 2) {
+    return 16 * (kk / 4) + 8 * h + (kk % 4) + 4 * second;
+  } else {
+    return 4 * kk + 2 * h + second;
+  }
 }
 
 __device__ __forceinline__ uint32_t LdsU32(const uint32_t* base, uint32_t byte_off) {
@@ -113,26 +225,33 @@ struct MmaTileRaw {
 
 // Dynamic shared memory of the kernel (the tables, then reused for the
 // block merge).
-template <int KB, int VB, int G>
+// (KM: dequantisation mode flags, see kMmaKReg / kMmaLut256.)
+template <int KB, int VB, int G, int KM = 0>
 constexpr size_t MmaSmemBytes() {
-  const size_t lut = (MmaBits<KB>::kLutEntries + MmaBits<VB>::kLutEntries) * 32 * 4;
+  constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
+  const size_t ke = kKReg ? 0 : MmaBits<KB>::kLutEntries, ve = MmaBits<VB>::kLutEntries;
+  const size_t lut = kRow256 ? (ke > ve ? ke : ve) * 256 : (ke + ve) * 32 * 4;
   const size_t merge = (kMmaWarps * G * 128 + kMmaWarps * G * 2) * 4;
   return lut > merge ? lut : merge;
 }
 
-template <int KB, int VB, int G, int TPS>
-__global__ void __launch_bounds__(32 * kMmaWarps, MmaCtasPerSm(TPS))
+// MB: resident blocks per SM the registers are budgeted for.
+template <int KB, int VB, int G, int TPS, int KM = 0, int MB = MmaCtasPerSm(TPS)>
+__global__ void __launch_bounds__(32 * kMmaWarps, MB)
     MmaDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records) {
   using KU = MmaBits<KB>;
   using VU = MmaBits<VB>;
   using Raw = MmaTileRaw<KB, VB>;
+  constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
   constexpr int PK = 4 * KB;  // K piece bytes per thread
   constexpr int PV = 2 * VB;  // V piece bytes per thread
   constexpr int KW = Raw::kKW, VW = Raw::kVW;
   extern __shared__ __align__(16) uint32_t mma_smem[];
   __shared__ float cent[32];
+  // Tables: 128-byte rows (K entries, then V entries) or 256-byte rows (K at
+  // +0, V at +128 of each row).
   uint32_t* lut_k = mma_smem;
-  uint32_t* lut_v = mma_smem + KU::kLutEntries * 32;
+  uint32_t* lut_v = kRow256 ? mma_smem : mma_smem + (kKReg ? 0 : KU::kLutEntries * 32);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
   const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
@@ -144,19 +263,28 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MmaCtasPerSm(TPS))
   if (tid < (1 << KB)) cent[tid] = __ldg(kc.groups[0].centroids + tid);
   if (tid < (1 << VB)) cent[16 + tid] = __ldg(vc.groups[0].centroids + tid);
   __syncthreads();
-  for (int e = tid; e < KU::kLutEntries * 32; e += blockDim.x) {
-    const int ent = e >> 5;
-    lut_k[e] = PackHalf2(cent[ent & ((1 << KB) - 1)], cent[ent >> KB]);
+  constexpr int kRowWords = kRow256 ? 64 : 32;
+  if constexpr (!kKReg) {
+    for (int e = tid; e < KU::kLutEntries * 32; e += blockDim.x) {
+      const int ent = e >> 5;
+      lut_k[ent * kRowWords + (e & 31)] = PackHalf2(cent[ent & ((1 << KB) - 1)], cent[ent >> KB]);
+    }
   }
   for (int e = tid; e < VU::kLutEntries * 32; e += blockDim.x) {
     const int ent = e >> 5;
-    lut_v[e] = PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
+    lut_v[ent * kRowWords + (kRow256 ? 32 : 0) + (e & 31)] =
+        PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
   }
+  const uint32_t vbase = kRow256 ? (lane4 | 128u) : lane4;
+  KRegTable<KB> ktab;
+  if constexpr (kKReg) ktab.Build(cent);
 
   const int mis = 4 * (kvh & 3);
   const int muk = mis * 8 / KU::kUnitBits, muv = mis * 8 / VU::kUnitBits;
-  // Query fragments (A of the score mma): thread (g, i), k-tile kk covers
-  // region units 16i + 2kk (a0a1) and 16i + 2kk + 1 (a4a5).
+  // Query fragments (A of the score mma): thread (g, i), k-tile kk, half h
+  // covers the piece positions KPos(kk, h, 0/1) of region channels 32i + p,
+  // i.e. physical channels (32i + p − 2·muk) mod 128 (region unit r holds
+  // physical unit (r − muk) mod 64).
   uint32_t qa[8][2];
   {
     const float sl = a.scale * kLog2e;
@@ -165,9 +293,10 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MmaCtasPerSm(TPS))
     for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int p = (16 * i + 2 * kk + h - muk) & 63;
-        const float x0 = g < G ? qrow[2 * p] * sl : 0.0f;
-        const float x1 = g < G ? qrow[2 * p + 1] * sl : 0.0f;
+        const int c0 = (32 * i + KPos<KB, KM>(kk, h, 0) - 2 * muk) & 127;
+        const int c1 = (32 * i + KPos<KB, KM>(kk, h, 1) - 2 * muk) & 127;
+        const float x0 = g < G ? qrow[c0] * sl : 0.0f;
+        const float x1 = g < G ? qrow[c1] * sl : 0.0f;
         qa[kk][h] = PackHalf2(x0, x1);
       }
     }
@@ -232,14 +361,33 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MmaCtasPerSm(TPS))
       for (int w = 0; w < KW; ++w) kw[w] = PK * i + 4 * w < mis ? r.kt[nt][w] : r.k[nt][w];
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[nt][0][e] = sc[nt][1][e] = 0.0f;
+      if constexpr (kKReg && KB == 4) {
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const int u0 = 2 * kk;
-        const uint32_t w = kw[u0 / KU::kUnitsPerWord];
-        const int s0 = u0 % KU::kUnitsPerWord;
-        const uint32_t b0 = LdsU32(lut_k, LutOffset<KU::kUnitBits>(w, s0, lane4));
-        const uint32_t b1 = LdsU32(lut_k, LutOffset<KU::kUnitBits>(w, s0 + 1, lane4));
-        MmaF16(sc[nt][kk & 1], qa[kk][0], 0u, qa[kk][1], 0u, b0, b1);
+        for (int q = 0; q < 4; ++q) {  // word q: k-tiles 2q, 2q + 1
+          uint32_t b[4];
+          ktab.Dequant4(kw[q], b);
+          MmaF16(sc[nt][0], qa[2 * q][0], 0u, qa[2 * q][1], 0u, b[0], b[1]);
+          MmaF16(sc[nt][1], qa[2 * q + 1][0], 0u, qa[2 * q + 1][1], 0u, b[2], b[3]);
+        }
+      } else if constexpr (kKReg) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {  // word q: k-tiles 4q .. 4q + 3
+          uint32_t b[8];
+          ktab.Dequant2(kw[q], b);
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            MmaF16(sc[nt][k & 1], qa[4 * q + k][0], 0u, qa[4 * q + k][1], 0u, b[2 * k], b[2 * k + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          const int u0 = 2 * kk;
+          const uint32_t w = kw[u0 / KU::kUnitsPerWord];
+          const int s0 = u0 % KU::kUnitsPerWord;
+          const uint32_t b0 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w, s0, lane4));
+          const uint32_t b1 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w, s0 + 1, lane4));
+          MmaF16(sc[nt][kk & 1], qa[kk][0], 0u, qa[kk][1], 0u, b0, b1);
+        }
       }
     }
 #pragma unroll
@@ -275,7 +423,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MmaCtasPerSm(TPS))
       uint32_t x[4];
 #pragma unroll
       for (int v = 0; v < 4; ++v)
-        x[v] = LdsU32(lut_v, LutOffset<VU::kUnitBits>(vw[v][u / VU::kUnitsPerWord], u % VU::kUnitsPerWord, lane4));
+        x[v] = LdsU32(lut_v,
+                      LutOff<VU::kUnitBits, kRow256>(vw[v][u / VU::kUnitsPerWord], u % VU::kUnitsPerWord, vbase));
       MmaF16(acc[u], Prmt(x[0], x[1], 0x5410), Prmt(x[0], x[1], 0x7632), Prmt(x[2], x[3], 0x5410),
              Prmt(x[2], x[3], 0x7632), pb0, pb1);
     }
