@@ -7,6 +7,7 @@
 namespace tqkv {
 
 void PackBits(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
+  if (n == 0) return;  // nothing to write (and the pointers may be null)
   const size_t nbytes = PackedBytes(n, bits);
   switch (bits) {
     case 8:
@@ -48,6 +49,7 @@ void PackBits(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
 }
 
 void UnpackBits(const uint8_t* in, size_t n, int bits, uint8_t* idx) {
+  if (n == 0) return;
   switch (bits) {
     case 8:
       std::memcpy(idx, in, n);
