@@ -24,6 +24,7 @@ absl::Status DeviceBlockCache::EnsureSlotBytes(size_t block_bytes) {
                                                      block_bytes, "-byte block"));
   free_.clear();
   for (size_t i = num_slots_; i-- > 0;) free_.push_back(static_cast<int32_t>(i));
+  ++generation_;
   return absl::OkStatus();
 }
 
@@ -51,6 +52,7 @@ absl::StatusOr<int32_t> DeviceBlockCache::Acquire(uint64_t id, uint64_t epoch, s
       lru_.erase(victim->second.lru);
       map_.erase(victim);
       ++evictions_;
+      ++generation_;
       break;
     }
     if (slot < 0)
@@ -72,6 +74,7 @@ void DeviceBlockCache::Forget(uint64_t id) {
   resident_bytes_ -= it->second.bytes;
   lru_.erase(it->second.lru);
   map_.erase(it);
+  ++generation_;
 }
 
 }  // namespace tqkv::gpu

@@ -43,6 +43,10 @@ class DeviceBlockCache {
   size_t resident_bytes() const { return resident_bytes_; }
   size_t resident_blocks() const { return map_.size(); }
   uint64_t uploads() const { return uploads_; }
+  // Changes whenever a resident block loses its slot (eviction, Forget, a
+  // re-carved arena). While it is unchanged, every slot Acquire returned
+  // still holds the same block.
+  uint64_t generation() const { return generation_; }
   uint64_t evictions() const { return evictions_; }
 
  private:
@@ -60,6 +64,7 @@ class DeviceBlockCache {
   std::unordered_map<uint64_t, Entry> map_;
   size_t resident_bytes_ = 0;
   uint64_t uploads_ = 0, evictions_ = 0;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace tqkv::gpu

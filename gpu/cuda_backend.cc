@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -210,7 +211,13 @@ class CudaBackend : public ComputeBackend {
     }
     std::vector<int32_t> table(nseq * max_blocks, 0);
     std::vector<std::pair<int32_t, const uint8_t*>> uploads;
-    for (size_t i = 0; i < nseq; ++i) {
+    // A decode step attends the same blocks layer after layer: a sequence
+    // whose block ids match a remembered slot list, taken while the arena's
+    // generation is unchanged, reuses it instead of 1 Acquire per block. If
+    // this call's own Acquires evict anything, reused lists are re-acquired.
+    const uint64_t gen0 = cache_->generation();
+    std::vector<size_t> reused;
+    auto acquire = [&](size_t i) -> absl::Status {
       const AttendSequence& q = b.sequences[i];
       for (size_t j = 0; j < q.blocks.size(); ++j) {
         bool miss = false;
@@ -218,7 +225,24 @@ class CudaBackend : public ComputeBackend {
         table[i * max_blocks + j] = slot;
         if (miss) uploads.emplace_back(slot, q.blocks[j].payload);
       }
+      return absl::OkStatus();
+    };
+    for (size_t i = 0; i < nseq; ++i) {
+      const SlotList* known = FindSlotList(b.sequences[i], gen0);
+      if (known != nullptr) {
+        std::copy(known->slots.begin(), known->slots.end(), table.begin() + i * max_blocks);
+        reused.push_back(i);
+      } else {
+        TQ_RETURN_IF_ERROR(acquire(i));
+      }
     }
+    if (cache_->generation() != gen0) {
+      for (size_t i : reused) TQ_RETURN_IF_ERROR(acquire(i));
+      reused.clear();
+    }
+    for (size_t i = 0; i < nseq; ++i)
+      if (std::find(reused.begin(), reused.end(), i) == reused.end())
+        RememberSlotList(b.sequences[i], &table[i * max_blocks]);
     const int tail_dtype = all_f16 ? kGpuF16 : kGpuF32;
     const size_t tail_elem = all_f16 ? 2 : 4;
     const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
@@ -348,6 +372,39 @@ class CudaBackend : public ComputeBackend {
     return p;
   }
 
+  // The slots of one sequence's blocks, valid while the arena generation is
+  // `generation` (see DeviceBlockCache::generation()).
+  struct SlotList {
+    std::vector<uint64_t> ids;
+    std::vector<int32_t> slots;
+    uint64_t generation = 0;
+  };
+  static uint64_t IdsKey(const AttendSequence& q) {
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ q.blocks.size();
+    for (const BlockRef& r : q.blocks) h = (h ^ r.id) * 0x100000001b3ULL;
+    return h;
+  }
+  const SlotList* FindSlotList(const AttendSequence& q, uint64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (q.blocks.empty()) return nullptr;
+    auto it = slot_lists_.find(IdsKey(q));
+    if (it == slot_lists_.end() || it->second.generation != generation ||
+        it->second.ids.size() != q.blocks.size())
+      return nullptr;
+    for (size_t j = 0; j < q.blocks.size(); ++j)
+      if (it->second.ids[j] != q.blocks[j].id) return nullptr;
+    return &it->second;
+  }
+  void RememberSlotList(const AttendSequence& q, const int32_t* slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (q.blocks.empty()) return;
+    if (slot_lists_.size() >= 256) slot_lists_.clear();  // bounded; rebuilt on demand
+    SlotList& l = slot_lists_[IdsKey(q)];
+    l.ids.resize(q.blocks.size());
+    for (size_t j = 0; j < q.blocks.size(); ++j) l.ids[j] = q.blocks[j].id;
+    l.slots.assign(slots, slots + q.blocks.size());
+    l.generation = cache_->generation();
+  }
+
   const CudaBackendOptions options_;
   mutable absl::Mutex mu_;
   CudaStream stream_ ABSL_GUARDED_BY(mu_);
@@ -355,6 +412,7 @@ class CudaBackend : public ComputeBackend {
   const int sms_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<const ModelCodec*, std::unique_ptr<DeviceCodecTables>> tables_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, SlotList> slot_lists_ ABSL_GUARDED_BY(mu_);
   PinnedBuffer host_ ABSL_GUARDED_BY(mu_);
   DeviceBuffer dev_ ABSL_GUARDED_BY(mu_);  // staging + workspace, grows to the largest call
 };

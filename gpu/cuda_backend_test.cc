@@ -130,5 +130,66 @@ TEST(CudaBackend, MatchesCpuBackend) {
   }
 }
 
+// Remembered slot lists: a sequence attended again reuses its slots while
+// the arena is unchanged; when another sequence of the same batch evicts one
+// of its blocks, it is re-acquired (re-uploaded) and results stay exact.
+TEST(CudaBackend, ReusedSlotListsSurviveEvictionInTheSameBatch) {
+  TQ_SKIP_WITHOUT_GPU();
+  const int layers = 1, H = 2, QH = 4, dim = 128, bs = 16;
+  auto codec = *ModelCodec::Create({layers, H, QH, dim, bs}, {.format = "k4v4"}, nullptr);
+  CpuBackend cpu({.threads = 0});
+  auto gpu_or = CreateCudaBackend({.arena_bytes = 5 * ((codec->block_bytes() + 255) / 256 * 256)});
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  ComputeBackend& gpu = **gpu_or;
+  std::vector<std::vector<uint8_t>> payloads(6, std::vector<uint8_t>(codec->block_bytes()));
+  for (int b = 0; b < 6; ++b) {
+    std::vector<uint16_t> hk = ToHalf(RandomRows(bs * H, dim, 300 + b)),
+                          hv = ToHalf(RandomRows(bs * H, dim, 400 + b));
+    ASSERT_TRUE(cpu.EncodeBlock(*codec, 0, 1, {{hk.data(), DType::kF16, bs, H, dim}},
+                                {{hv.data(), DType::kF16, bs, H, dim}}, payloads[b].data())
+                    .ok());
+  }
+  auto seq = [&](std::vector<int> ids) {
+    AttendSequence s;
+    for (int id : ids) s.blocks.push_back({uint64_t(id), payloads[id - 1].data()});
+    s.packed_tokens = bs * static_cast<int64_t>(ids.size());
+    return s;
+  };
+  auto attend = [&](std::vector<AttendSequence> seqs, uint64_t seed) {
+    AttendBatch batch;
+    batch.layer = 0;
+    batch.shape = {QH, H, dim, 0};
+    batch.sequences = seqs;
+    batch.query_offsets = {0};
+    for (const AttendSequence& s : seqs) {
+      batch.query_offsets.push_back(batch.query_offsets.back() + 1);
+      batch.positions.push_back(s.packed_tokens - 1);
+    }
+    std::vector<float> q = RandomRows(seqs.size() * QH, dim, seed), got(q.size()), want(q.size());
+    batch.q = q.data();
+    batch.out = got.data();
+    absl::Status st = gpu.Attend(*codec, batch);
+    EXPECT_TRUE(st.ok()) << st;
+    batch.out = want.data();
+    EXPECT_TRUE(cpu.Attend(*codec, batch).ok());
+    std::vector<double> wd(want.begin(), want.end());
+    EXPECT_LT(RelativeError(wd.data(), got.data(), got.size()), 2e-3);
+  };
+  attend({seq({1, 2})}, 1);  // A resident, its slots remembered
+  attend({seq({5, 6})}, 2);  // B resident: 4 of 5 slots used
+  attend({seq({1, 2})}, 3);  // A again: reused, no upload
+  EXPECT_EQ(gpu.Stats().uploads, 4u);
+  // A (reused, so not protected by this call's epoch) with C: C's 3 takes
+  // the free slot and C's 4 evicts the LRU block, A's 1. The arena changed,
+  // so A is re-acquired before the kernel runs: 1 and then 2 miss again and
+  // evict the LRU blocks A's 2 and B's 5. Uploads 3, 4, 1, 2; evictions 3.
+  attend({seq({1, 2}), seq({3, 4})}, 4);
+  BackendStats st = gpu.Stats();
+  EXPECT_EQ(st.uploads, 8u);
+  EXPECT_EQ(st.evictions, 3u);
+  attend({seq({1, 2}), seq({3, 4})}, 5);  // everything resident and reused
+  EXPECT_EQ(gpu.Stats().uploads, 8u);
+}
+
 }  // namespace
 }  // namespace tqkv::gpu
