@@ -83,15 +83,8 @@ int Run(int iters) {
     e.v = v.get();
     e.dtype = kGpuF16;
     e.tokens = tokens;
-    e.heads = H;
-    e.dim = D;
-    e.slots = ds.as<int64_t>();
-    e.k_pages = {kp.as<uint8_t>(), static_cast<int64_t>(codec->k_page_bytes(0)), BS, tokens};
-    e.v_pages = {vp.as<uint8_t>(), static_cast<int64_t>(codec->v_page_bytes(0)), BS, tokens};
-    e.k_comp = tables->device(0, Component::kKey);
-    e.v_comp = tables->device(0, Component::kValue);
-    e.max_group_channels = tables->max_group_channels(0);
-    e.bad_slot = flag.as<unsigned long long>();
+    SetLayerPages(*codec, *tables, 0, kp.as<uint8_t>(), vp.as<uint8_t>(), blocks, ds.as<int64_t>(),
+                  flag.as<unsigned long long>(), &e);
     e.host_k = &tables->host(0, 0, Component::kKey);
     e.host_v = &tables->host(0, 0, Component::kValue);
     const float enc_ms = MedianMs([&] { LaunchEncode(e, nullptr); }, iters);

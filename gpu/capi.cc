@@ -99,23 +99,14 @@ int64_t tqkv_gpu_row_bytes(void* hp, int component) {
 int tqkv_gpu_encode(void* hp, const void* k, const void* v, int dtype, int64_t tokens, const int64_t* slots,
                     void* k_pages, void* v_pages, int64_t num_blocks, void* flag, void* stream) {
   auto* h = static_cast<Handle*>(hp);
-  const tqkv::ModelShape& s = h->codec->shape();
   tqkv::gpu::EncodeLaunch a;
   a.k = k;
   a.v = v;
   a.dtype = dtype;
   a.tokens = tokens;
-  a.heads = s.num_kv_heads;
-  a.dim = s.head_dim;
-  a.slots = slots;
-  a.k_pages = {static_cast<uint8_t*>(k_pages), static_cast<int64_t>(h->codec->k_page_bytes(0)), s.block_size,
-               num_blocks * s.block_size};
-  a.v_pages = {static_cast<uint8_t*>(v_pages), static_cast<int64_t>(h->codec->v_page_bytes(0)), s.block_size,
-               num_blocks * s.block_size};
-  a.k_comp = h->tables->device(0, tqkv::Component::kKey);
-  a.v_comp = h->tables->device(0, tqkv::Component::kValue);
-  a.max_group_channels = h->tables->max_group_channels(0);
-  a.bad_slot = static_cast<unsigned long long*>(flag);
+  tqkv::gpu::SetLayerPages(*h->codec, *h->tables, 0, static_cast<uint8_t*>(k_pages),
+                           static_cast<uint8_t*>(v_pages), num_blocks, slots,
+                           static_cast<unsigned long long*>(flag), &a);
   a.host_k = &h->tables->host(0, 0, tqkv::Component::kKey);
   a.host_v = &h->tables->host(0, 0, tqkv::Component::kValue);
   cudaError_t e = tqkv::gpu::LaunchEncode(a, static_cast<cudaStream_t>(stream));

@@ -59,6 +59,27 @@ class DeviceCodecTables {
   std::vector<int> max_group_;
 };
 
+// Sets the fields EncodeLaunch and DecodeLaunch share for layer `l`: K and
+// V page regions of `num_blocks` pages each at k_pages / v_pages, the flat
+// slot list, the layer's device codec tables and the bad-slot flag.
+template <typename Launch>
+void SetLayerPages(const ModelCodec& codec, const DeviceCodecTables& tables, int l, uint8_t* k_pages,
+                   uint8_t* v_pages, int64_t num_blocks, const int64_t* slots,
+                   unsigned long long* bad_slot, Launch* a) {
+  const ModelShape& s = codec.shape();
+  a->heads = s.num_kv_heads;
+  a->dim = s.head_dim;
+  a->slots = slots;
+  a->k_pages = {k_pages, static_cast<int64_t>(codec.k_page_bytes(l)), s.block_size,
+                num_blocks * s.block_size};
+  a->v_pages = {v_pages, static_cast<int64_t>(codec.v_page_bytes(l)), s.block_size,
+                num_blocks * s.block_size};
+  a->k_comp = tables.device(l, Component::kKey);
+  a->v_comp = tables.device(l, Component::kValue);
+  a->max_group_channels = tables.max_group_channels(l);
+  a->bad_slot = bad_slot;
+}
+
 }  // namespace tqkv::gpu
 
 #endif  // TQKV_GPU_CODEC_TABLES_H_

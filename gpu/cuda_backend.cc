@@ -34,25 +34,6 @@ class Staging {
   size_t size_ = 0;
 };
 
-// The fields EncodeLaunch and DecodeLaunch share: one layer's K/V pages of a
-// block at `pages` (K page then V page), the slot list, the layer's device
-// codec tables and the bad-slot flag.
-template <typename Launch>
-void SetLayerPages(const ModelCodec& codec, const DeviceCodecTables& tables, int l, uint8_t* pages,
-                   const int64_t* slots, unsigned long long* bad_slot, Launch* a) {
-  const ModelShape& s = codec.shape();
-  a->heads = s.num_kv_heads;
-  a->dim = s.head_dim;
-  a->slots = slots;
-  a->k_pages = {pages, static_cast<int64_t>(codec.k_page_bytes(l)), s.block_size, s.block_size};
-  a->v_pages = {pages + codec.k_page_bytes(l), static_cast<int64_t>(codec.v_page_bytes(l)),
-                s.block_size, s.block_size};
-  a->k_comp = tables.device(l, Component::kKey);
-  a->v_comp = tables.device(l, Component::kValue);
-  a->max_group_channels = tables.max_group_channels(l);
-  a->bad_slot = bad_slot;
-}
-
 class CudaBackend : public ComputeBackend {
  public:
   CudaBackend(const CudaBackendOptions& o, CudaStream stream, std::unique_ptr<DeviceBlockCache> cache,
@@ -110,7 +91,8 @@ class CudaBackend : public ComputeBackend {
     for (int l = first; l < last; ++l) {
       const size_t i = l - first;
       EncodeLaunch a;
-      SetLayerPages(codec, *tables, l, d + pages_off + codec.layer_offset(l) - base,
+      uint8_t* kp = d + pages_off + codec.layer_offset(l) - base;  // one block: K page, V page
+      SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), /*num_blocks=*/1,
                     reinterpret_cast<const int64_t*>(d + slots_off),
                     reinterpret_cast<unsigned long long*>(d + flag_off), &a);
       a.k = d + k_off[i];
@@ -163,7 +145,8 @@ class CudaBackend : public ComputeBackend {
     for (int l = first; l < last; ++l) {
       const size_t i = l - first;
       DecodeLaunch a;
-      SetLayerPages(codec, *tables, l, d + pages_off + codec.layer_offset(l) - base,
+      uint8_t* kp = d + pages_off + codec.layer_offset(l) - base;  // one block: K page, V page
+      SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), /*num_blocks=*/1,
                     reinterpret_cast<const int64_t*>(d + slots_off),
                     reinterpret_cast<unsigned long long*>(d + flag_off), &a);
       float* ko = reinterpret_cast<float*>(d + out_off) + 2 * i * layer_elems;
