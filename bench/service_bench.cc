@@ -5,13 +5,16 @@
 //   get     GetBlocks of packed blocks vs Redis GET of the same payload bytes,
 //           both by the same harness: --threads client threads, each with its
 //           own connection, one key per request (and a batched variant:
-//           GetBlocks of --batch hashes vs MGET of --batch keys).
+//           GetBlocks of --batch hashes vs MGET of --batch keys). Measured
+//           twice for tqkv: over gRPC and over the data plane (--tqkv_data,
+//           DataPlaneClient: one blocking socket per thread, like hiredis).
 //   put     PutBlocks of dense fp16 K/V encoded to k4v4 (TQ4) by the server:
 //           GB/s of fp16 input vs a plain memcpy of the same bytes.
 //   lookup  Lookup of a 1,000-hash chain: p50/p99 latency vs Redis EXISTS of
 //           1,000 keys (one command) and vs a 1-hash Lookup.
 //
-// Usage: service_bench --tqkv HOST:PORT --redis HOST:PORT [--mode all|get|put|lookup]
+// Usage: service_bench --tqkv HOST:PORT --tqkv_data HOST:PORT --redis HOST:PORT
+//        [--mode all|get|put|lookup]
 //        [--threads 8] [--seconds 3] [--batch 8] [--put_gib 2]
 // bench/service_bench.sh starts both servers and runs this.
 #include <grpcpp/grpcpp.h>
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "client/cpp/data_plane_client.h"
 #include "proto/tqkv/v1/tqkv.grpc.pb.h"
 
 namespace {
@@ -41,6 +45,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Flags {
   std::string tqkv = "127.0.0.1:50051";
+  std::string tqkv_data = "127.0.0.1:50052";
   std::string redis = "127.0.0.1:6379";
   std::string mode = "all";
   int threads = 8;
@@ -254,10 +259,15 @@ void BenchGet(const Flags& f, const Layout& l, const std::string& label) {
     // A thread per client, blocking calls (gRPC sync stub / hiredis), each
     // on its own connection.
     std::vector<std::unique_ptr<v1::KvStore::Stub>> stubs;
+    std::vector<std::unique_ptr<tqkv::client::DataPlaneClient>> dps;
+    std::vector<tqkv::client::DataPlaneBlocks> dp_out(f.threads);
     std::vector<redisContext*> rcs;
     std::vector<std::mt19937> rngs;
     for (int t = 0; t < f.threads; ++t) {
       stubs.push_back(NewStub(f.tqkv));
+      auto dp = tqkv::client::DataPlaneClient::Connect({.target = f.tqkv_data});
+      if (!dp.ok()) Die("data plane connect: " + dp.status().ToString());
+      dps.push_back(std::move(*dp));
       rcs.push_back(NewRedis(f.redis));
       rngs.emplace_back(t + 1);
     }
@@ -275,6 +285,18 @@ void BenchGet(const Flags& f, const Layout& l, const std::string& label) {
         Check(r->Finish(), "GetBlocks");
         if (got != want) Die("GetBlocks: short read");
         return got;
+      });
+    };
+    auto dp_threads = [&](double secs) {
+      return RunLoop(f.threads, secs, [&](int t) -> size_t {
+        v1::GetBlocksRequest req;
+        *req.mutable_model() = model;
+        size_t base = (rngs[t]() % (kKeys / batch)) * batch;
+        for (int j = 0; j < batch; ++j) req.add_block_hashes(hashes[base + j]);
+        absl::Status s = dps[t]->GetBlocks(req, &dp_out[t]);
+        if (!s.ok()) Die("data plane GetBlocks: " + s.ToString());
+        if (dp_out[t].payload_bytes() != want) Die("data plane GetBlocks: short read");
+        return dp_out[t].payload_bytes();
       });
     };
     auto rd_threads = [&](double secs) {
@@ -296,12 +318,15 @@ void BenchGet(const Flags& f, const Layout& l, const std::string& label) {
       return run(f.seconds);
     };
     auto tq = measure(tq_threads);
+    auto dp = measure(dp_threads);
     auto rd = measure(rd_threads);
     for (auto* c : rcs) redisFree(c);
-    std::printf("get  %-7s payload %7zu B  keys/request %d  %d clients:  tqkv %6.3f GB/s "
-                "(%6.0f req/s)  redis %6.3f GB/s (%6.0f req/s)  ratio %.2fx\n",
-                label.c_str(), block_bytes, batch, f.threads, tq.first / 1e9, tq.second,
-                rd.first / 1e9, rd.second, tq.first / rd.first);
+    std::printf("get  %-7s payload %7zu B  keys/request %d  %d clients:  redis %6.3f GB/s "
+                "(%6.0f req/s) | tqkv data plane %6.3f GB/s (%6.0f req/s) ratio %.2fx | "
+                "tqkv gRPC %6.3f GB/s (%6.0f req/s) ratio %.2fx\n",
+                label.c_str(), block_bytes, batch, f.threads, rd.first / 1e9, rd.second,
+                dp.first / 1e9, dp.second, dp.first / rd.first, tq.first / 1e9, tq.second,
+                tq.first / rd.first);
     std::fflush(stdout);
   }
   Delete(stub.get(), model, hashes);
@@ -445,6 +470,7 @@ Flags ParseFlags(int argc, char** argv) {
     };
     std::string name = a.substr(0, a.find('='));
     if (name == "--tqkv") f.tqkv = val();
+    else if (name == "--tqkv_data") f.tqkv_data = val();
     else if (name == "--redis") f.redis = val();
     else if (name == "--mode") f.mode = val();
     else if (name == "--threads") f.threads = std::stoi(val());

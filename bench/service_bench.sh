@@ -28,7 +28,8 @@ pids+=($!)
 tqkv_addr=""
 for _ in $(seq 600); do
   tqkv_addr=$(sed -n 's/^tqkv-server listening on \([^ ]*\).*/\1/p' "$work/server.log" | head -1)
-  [ -n "$tqkv_addr" ] && break
+  data_addr=$(sed -n 's/^tqkv-server data plane listening on \([^ ]*\).*/\1/p' "$work/server.log" | head -1)
+  [ -n "$tqkv_addr" ] && [ -n "$data_addr" ] && break
   kill -0 "${pids[0]}" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
   sleep 0.1
 done
@@ -46,5 +47,5 @@ done
 
 echo "load average before: $(cut -d" " -f1-3 /proc/loadavg)"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores;" \
-  "tqkv $tqkv_addr (cpu backend${TQKV_SERVER_ARGS:+, $TQKV_SERVER_ARGS}), redis $(redis-server --version | awk '{print $3}') 127.0.0.1:$redis_port"
-"$work/service_bench" --tqkv "$tqkv_addr" --redis "127.0.0.1:$redis_port" "$@"
+  "tqkv $tqkv_addr, data plane $data_addr (cpu backend${TQKV_SERVER_ARGS:+, $TQKV_SERVER_ARGS}), redis $(redis-server --version | awk '{print $3}') 127.0.0.1:$redis_port"
+"$work/service_bench" --tqkv "$tqkv_addr" --tqkv_data "$data_addr" --redis "127.0.0.1:$redis_port" "$@"

@@ -103,16 +103,21 @@ absl::StatusOr<GetPlan> KvService::PrepareGet(const Identity& id,
   return plan;
 }
 
+KvService::Span KvService::PackedBytes(const GetPlan& plan, size_t i) {
+  const ModelCodec& codec = *plan.model->codec;
+  return {plan.blocks[i].payload->data() + codec.layer_offset(plan.first),
+          codec.layer_range_bytes(plan.first, plan.last)};
+}
+
 absl::StatusOr<v1::GetBlocksResponse> KvService::RenderGet(const GetPlan& plan, size_t i) {
   const storage::BlockData& b = plan.blocks[i];
   const ModelCodec& codec = *plan.model->codec;
-  const size_t offset = codec.layer_offset(plan.first);
-  const uint8_t* p = b.payload->data() + offset;
+  const uint8_t* p = PackedBytes(plan, i).data;
   v1::GetBlocksResponse r;
   r.set_block_hash(plan.hashes[i]);
   r.set_tier(ToProtoTier(b.tier));
   if (!plan.dense) {
-    r.set_payload(reinterpret_cast<const char*>(p), codec.layer_range_bytes(plan.first, plan.last));
+    r.set_payload(reinterpret_cast<const char*>(p), PackedBytes(plan, i).size);
     if (i == 0) *r.mutable_format() = plan.model->format;
     return r;
   }

@@ -70,6 +70,13 @@ class KvService {
   absl::StatusOr<v1::LookupResponse> Lookup(const Identity& id, const v1::LookupRequest& req);
   // Fetches every requested block. NOT_FOUND naming the first missing one.
   absl::StatusOr<GetPlan> PrepareGet(const Identity& id, const v1::GetBlocksRequest& req);
+  // The packed bytes of block i of a plan (its layer range); valid while
+  // plan.blocks[i].payload is held.
+  struct Span {
+    const uint8_t* data;
+    size_t size;
+  };
+  static Span PackedBytes(const GetPlan& plan, size_t i);
   // Response i of a plan (i == 0 carries the FormatDescriptor for packed).
   absl::StatusOr<v1::GetBlocksResponse> RenderGet(const GetPlan& plan, size_t i);
   // All-or-nothing: NOT_FOUND if any hash is not stored (pins taken by this

@@ -53,9 +53,21 @@ RpcMetrics::RpcMetrics(prometheus::Registry& registry)
                   .Help("tqkv RPCs that ended with a non-OK status, by method and code.")
                   .Register(registry)) {}
 
+RpcMetrics::MethodMetrics RpcMetrics::ForMethod(const std::string& method) {
+  absl::MutexLock l(&mu_);
+  auto it = methods_.find(method);
+  if (it == methods_.end()) {
+    MethodMetrics m{&latency_.Add({{"method", method}}, LatencyBuckets()),
+                    &requests_.Add({{"method", method}})};
+    it = methods_.emplace(method, m).first;
+  }
+  return it->second;  // a copy: flat_hash_map values move on rehash
+}
+
 void RpcMetrics::Record(const std::string& method, absl::StatusCode code, double seconds) {
-  latency_.Add({{"method", method}}, LatencyBuckets()).Observe(seconds);
-  requests_.Add({{"method", method}}).Increment();
+  const MethodMetrics m = ForMethod(method);
+  m.latency->Observe(seconds);
+  m.requests->Increment();
   if (code != absl::StatusCode::kOk)
     errors_.Add({{"method", method}, {"code", CodeName(code)}}).Increment();
 }

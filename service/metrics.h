@@ -39,7 +39,9 @@
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "service/kv_service.h"
 #include "service/model_registry.h"
 #include "storage/block_store.h"
@@ -53,6 +55,16 @@ class RpcMetrics {
   void Record(const std::string& method, absl::StatusCode code, double seconds);
 
  private:
+  struct MethodMetrics {
+    prometheus::Histogram* latency;
+    prometheus::Counter* requests;
+  };
+  // The method's series, created on first use and cached (prometheus-cpp's
+  // Family::Add hashes a label map under a lock on every call).
+  MethodMetrics ForMethod(const std::string& method);
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, MethodMetrics> methods_ ABSL_GUARDED_BY(mu_);
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& errors_;

@@ -26,16 +26,20 @@ RpcScope::RpcScope(const RpcEnv& env, const char* method, grpc::CallbackServerCo
       start_(std::chrono::steady_clock::now()),
       identity_(env.auth->Authenticate(Authorization(ctx))) {}
 
+void RecordCall(const RpcEnv& env, const char* method, const std::string& peer,
+                const absl::Status& status, double seconds) {
+  if (env.metrics != nullptr) env.metrics->Record(method, status.code(), seconds);
+  if (env.log != nullptr && !status.ok() && status.code() != absl::StatusCode::kNotFound) {
+    env.log->Write(absl::StrCat("tqkv-server: ", method, " from ", peer, " -> ",
+                                CodeName(status.code()), ": ", std::string(status.message()),
+                                " (", static_cast<int64_t>(seconds * 1e6), " us)"));
+  }
+}
+
 grpc::Status RpcScope::Finish(const absl::Status& status) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  if (env_.metrics != nullptr) env_.metrics->Record(method_, status.code(), seconds);
-  if (env_.log != nullptr && !status.ok() && status.code() != absl::StatusCode::kNotFound) {
-    std::string line = absl::StrCat("tqkv-server: ", method_, " from ", ctx_->peer(), " -> ",
-                                    CodeName(status.code()), ": ", std::string(status.message()),
-                                    " (", static_cast<int64_t>(seconds * 1e6), " us)");
-    env_.log->Write(line);
-  }
+  RecordCall(env_, method_, ctx_->peer(), status, seconds);
   return ToGrpcStatus(status);
 }
 

@@ -43,6 +43,11 @@ struct RpcEnv {
   LineLog* log = nullptr;
 };
 
+// Records one finished call: per-method metrics, and a log line for a
+// failure other than NOT_FOUND. `peer` names the caller in the log.
+void RecordCall(const RpcEnv& env, const char* method, const std::string& peer,
+                const absl::Status& status, double seconds);
+
 class RpcScope {
  public:
   RpcScope(const RpcEnv& env, const char* method, grpc::CallbackServerContext* ctx);

@@ -14,16 +14,6 @@
 
 namespace tqkv::service {
 
-absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535)
-    return absl::InvalidArgumentError(
-        absl::StrCat("address '", address, "' is not HOST:PORT (port 0..65535)"));
-  return std::make_pair(address.substr(0, colon), port);
-}
-
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       const CudaBackendFactory& cuda) {
   std::unique_ptr<Server> s(new Server(options));
@@ -108,6 +98,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (s->grpc_server_ == nullptr || bound_port == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   s->address_ = absl::StrCat(listen.first, ":", bound_port);
+  if (!options.data_listen.empty() && options.data_listen != "off") {
+    DataPlaneOptions dp;
+    dp.listen = options.data_listen == "auto"
+                    ? absl::StrCat(listen.first, ":", listen.second == 0 ? 0 : listen.second + 1)
+                    : options.data_listen;
+    dp.threads = options.data_threads;
+    dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
+    TQ_ASSIGN_OR_RETURN(s->data_plane_, DataPlaneServer::Start(dp, s->service_.get(), &s->env_));
+    s->data_address_ = s->data_plane_->address();
+  }
   s->maintenance_ = std::thread([p = s.get()] { p->MaintenanceLoop(); });
   return s;
 }
@@ -128,6 +128,7 @@ absl::Status Server::Shutdown() {
     grpc_server_->Wait();
     grpc_server_.reset();
   }
+  if (data_plane_) data_plane_->Shutdown();
   if (maintenance_.joinable()) {
     stop_maintenance_.Notify();
     maintenance_.join();

@@ -21,10 +21,12 @@
 #include "absl/time/time.h"
 #include "service/auth.h"
 #include "service/backend_select.h"
+#include "service/data_plane.h"
 #include "service/grpc_service.h"
 #include "service/kv_service.h"
 #include "service/metrics.h"
 #include "service/model_registry.h"
+#include "service/net_address.h"
 #include "service/rpc_scope.h"
 #include "storage/block_store.h"
 #include "storage/clock.h"
@@ -39,6 +41,12 @@ namespace tqkv::service {
 struct ServerOptions {
   // gRPC address; port 0 picks a free port. Default: 0.0.0.0:50051.
   std::string listen = "0.0.0.0:50051";
+  // Data-plane address (bulk packed reads over plain TCP, see
+  // data_plane.h): HOST:PORT; "auto" = the gRPC host and port + 1 (port 0
+  // when the gRPC port is 0); "off" or empty disables it. Default: auto.
+  std::string data_listen = "auto";
+  // Data-plane event loops. Default: 2.
+  int data_threads = 2;
   // Prometheus /metrics address; port 0 picks a free port; empty disables.
   // Default: 0.0.0.0:9464.
   std::string metrics_listen = "0.0.0.0:9464";
@@ -92,13 +100,16 @@ class Server {
 
   // "HOST:PORT" actually bound (port resolved when 0 was asked for).
   const std::string& address() const { return address_; }
+  // Data-plane "HOST:PORT"; empty when it is disabled.
+  const std::string& data_address() const { return data_address_; }
   // Empty when metrics are disabled.
   const std::string& metrics_address() const { return metrics_address_; }
   std::string backend_name() const { return backend_->name(); }
   const std::string& backend_note() const { return backend_note_; }
 
   // Graceful: health turns NOT_SERVING, new calls are refused, in-flight
-  // calls get up to shutdown_grace to finish, then host blocks are spilled
+  // calls get up to shutdown_grace to finish, the data plane closes its
+  // connections (reads in flight are cut; clients retry), then host blocks are spilled
   // (spill_on_shutdown), the WAL is synced and the store closed.
   // Idempotent. Returns the first error of the spill/sync steps.
   absl::Status Shutdown();
@@ -125,14 +136,12 @@ class Server {
   std::unique_ptr<KvStoreHandler> kv_handler_;
   std::unique_ptr<AdminHandler> admin_handler_;
   std::unique_ptr<grpc::Server> grpc_server_;
-  std::string address_, metrics_address_;
+  std::unique_ptr<DataPlaneServer> data_plane_;
+  std::string address_, metrics_address_, data_address_;
   absl::Notification stop_maintenance_;
   std::thread maintenance_;
   bool shut_down_ = false;
 };
-
-// Splits "host:port" / "[v6]:port". INVALID_ARGUMENT if malformed.
-absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
 
 }  // namespace tqkv::service
 

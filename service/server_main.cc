@@ -3,6 +3,7 @@
 //
 // On start it prints, on stdout,
 //   tqkv-server listening on HOST:PORT
+//   tqkv-server data plane listening on HOST:PORT   (unless --data_listen=off)
 //   tqkv-server metrics listening on HOST:PORT      (unless metrics are off)
 // with the ports actually bound (useful with port 0). SIGTERM or SIGINT
 // shut it down gracefully (see Server::Shutdown) and it exits 0.
@@ -21,6 +22,10 @@
 #include "service/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address HOST:PORT (port 0: any free port)");
+ABSL_FLAG(std::string, data_listen, "auto",
+          "data-plane address HOST:PORT for bulk packed reads over plain TCP (auto: the gRPC host "
+          "and port + 1, or port 0 when --listen has port 0; off: disabled)");
+ABSL_FLAG(int, data_threads, 2, "data-plane event-loop threads");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled)");
 ABSL_FLAG(std::string, data_dir, "./data",
@@ -48,7 +53,8 @@ ABSL_FLAG(bool, log_rpc_errors, true, "log failed RPCs (except NOT_FOUND) to std
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tqkv-server: GPU-resident KV-cache store with TurboQuant compression.\n"
-      "Prints `tqkv-server listening on HOST:PORT` (and the metrics address) once serving;\n"
+      "Prints `tqkv-server listening on HOST:PORT` (and the data-plane and metrics addresses)\n"
+      "once serving;\n"
       "SIGTERM/SIGINT drain in-flight RPCs, spill host blocks to disk and exit 0.");
   absl::FlagsUsageConfig usage;
   // --help lists this file's flags (absl's default looks for a file named
@@ -75,6 +81,8 @@ int main(int argc, char** argv) {
   tqkv::service::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.data_listen = absl::GetFlag(FLAGS_data_listen);
+  o.data_threads = absl::GetFlag(FLAGS_data_threads);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes);
@@ -101,6 +109,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "tqkv-server listening on " << (*server)->address() << std::endl;
+  if (!(*server)->data_address().empty())
+    std::cout << "tqkv-server data plane listening on " << (*server)->data_address() << std::endl;
   if (!(*server)->metrics_address().empty())
     std::cout << "tqkv-server metrics listening on " << (*server)->metrics_address() << std::endl;
   std::cerr << "tqkv-server: backend " << (*server)->backend_name() << ", data_dir '" << o.data_dir

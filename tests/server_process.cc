@@ -85,7 +85,9 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
       buf.erase(0, nl + 1);
       constexpr char kMetrics[] = "tqkv-server metrics listening on ";
       constexpr char kGrpc[] = "tqkv-server listening on ";
+      constexpr char kData[] = "tqkv-server data plane listening on ";
       if (absl::StartsWith(line, kMetrics)) p->metrics_address_ = line.substr(sizeof(kMetrics) - 1);
+      else if (absl::StartsWith(line, kData)) p->data_address_ = line.substr(sizeof(kData) - 1);
       else if (absl::StartsWith(line, kGrpc)) p->address_ = line.substr(sizeof(kGrpc) - 1);
     }
   }

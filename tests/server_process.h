@@ -26,6 +26,8 @@ class ServerProcess {
 
   const std::string& address() const { return address_; }
   const std::string& metrics_address() const { return metrics_address_; }
+  // Empty when the data plane is off.
+  const std::string& data_address() const { return data_address_; }
   pid_t pid() const { return pid_; }
 
   // SIGTERM and wait; returns the exit code (or -signal).
@@ -37,7 +39,7 @@ class ServerProcess {
   int Wait();
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
-  std::string address_, metrics_address_;
+  std::string address_, metrics_address_, data_address_;
 };
 
 // Path of the tqkv-server binary in the test's runfiles.

@@ -1,0 +1,186 @@
+#include "client/cpp/data_plane_client.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames are little-endian");
+
+namespace tqkv::client {
+namespace {
+
+constexpr char kPreface[] = "TQKVDP01";
+
+absl::Status Errno(absl::StatusCode code, const std::string& what) {
+  return absl::Status(code, absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Connect(
+    const DataPlaneClientOptions& options) {
+  std::unique_ptr<DataPlaneClient> c(new DataPlaneClient(options));
+  if (absl::Status s = c->EnsureConnected(); !s.ok()) return s;
+  return c;
+}
+
+DataPlaneClient::~DataPlaneClient() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status DataPlaneClient::Broken(const absl::Status& s) {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  return s;
+}
+
+absl::Status DataPlaneClient::EnsureConnected() {
+  if (fd_ >= 0) return absl::OkStatus();
+  const std::string& t = options_.target;
+  const size_t colon = t.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == t.size())
+    return absl::InvalidArgumentError(absl::StrCat("data plane target '", t, "' is not HOST:PORT"));
+  std::string host = t.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), t.substr(colon + 1).c_str(), &hints, &res); rc != 0)
+    return absl::UnavailableError(absl::StrCat("data plane ", t, ": ", gai_strerror(rc)));
+  absl::Status last = absl::UnavailableError(absl::StrCat("data plane ", t, ": no address"));
+  for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last = Errno(absl::StatusCode::kUnavailable, "socket");
+      continue;
+    }
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      last = Errno(absl::StatusCode::kUnavailable, absl::StrCat("connect to data plane ", t));
+      close(fd);
+      continue;
+    }
+    fd_ = fd;
+  }
+  freeaddrinfo(res);
+  if (fd_ < 0) return last;
+  const int one = 1;
+  setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const int64_t us = absl::ToInt64Microseconds(options_.timeout);
+  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  return SendAll(kPreface, 8);
+}
+
+absl::Status DataPlaneClient::SendAll(const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = send(fd_, p, n, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return Broken(absl::DeadlineExceededError("data plane send timed out"));
+      return Broken(Errno(absl::StatusCode::kUnavailable, "data plane send"));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneClient::RecvAll(char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t r = recv(fd_, p, n, 0);
+    if (r == 0) return Broken(absl::UnavailableError("data plane connection closed by the server"));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return Broken(absl::DeadlineExceededError("data plane receive timed out"));
+      return Broken(Errno(absl::StatusCode::kUnavailable, "data plane receive"));
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneClient::GetBlocks(const v1::GetBlocksRequest& req, DataPlaneBlocks* out,
+                                        bool with_format) {
+  if (req.dense())
+    return absl::InvalidArgumentError("the data plane serves packed blocks; use Client::GetBlocks "
+                                      "for dense ones");
+  if (absl::Status s = EnsureConnected(); !s.ok()) return s;
+  v1::DataPlaneRequest dr;
+  if (!options_.token.empty()) dr.set_authorization(absl::StrCat("Bearer ", options_.token));
+  *dr.mutable_get_blocks() = req;
+  dr.set_with_format(with_format);
+  const uint32_t n = static_cast<uint32_t>(dr.ByteSizeLong());
+  frame_.resize(4 + size_t{n});
+  std::memcpy(frame_.data(), &n, 4);
+  dr.SerializeToArray(frame_.data() + 4, static_cast<int>(n));
+  if (absl::Status s = SendAll(frame_.data(), frame_.size()); !s.ok()) return s;
+
+  // One recv usually brings the prefix, the header and the payload's first
+  // bytes; the rest of the payload is received in place.
+  constexpr size_t kPrefix = 12, kFirstRead = 4096;
+  if (head_.size() < kFirstRead) head_.resize(kFirstRead);
+  size_t have = 0;
+  auto recv_some = [&](size_t want) -> absl::Status {  // until `have` >= want
+    while (have < want) {
+      const ssize_t r = recv(fd_, head_.data() + have, head_.size() - have, 0);
+      if (r == 0)
+        return Broken(absl::UnavailableError("data plane connection closed by the server"));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+          return Broken(absl::DeadlineExceededError("data plane receive timed out"));
+        return Broken(Errno(absl::StatusCode::kUnavailable, "data plane receive"));
+      }
+      have += static_cast<size_t>(r);
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = recv_some(kPrefix); !s.ok()) return s;
+  uint32_t h;
+  uint64_t p;
+  std::memcpy(&h, head_.data(), 4);
+  std::memcpy(&p, head_.data() + 4, 8);
+  if (h > options_.max_header_bytes)
+    return Broken(absl::ResourceExhaustedError(
+        absl::StrCat("data plane reply header of ", h, " bytes is over the client's limit")));
+  if (head_.size() < kPrefix + h) head_.resize(kPrefix + h);
+  if (absl::Status s = recv_some(kPrefix + h); !s.ok()) return s;
+  if (!out->reply_.ParseFromArray(head_.data() + kPrefix, static_cast<int>(h)))
+    return Broken(absl::InternalError("data plane reply header does not parse"));
+  uint64_t sum = 0;
+  out->offsets_.clear();
+  for (const v1::DataPlaneBlock& b : out->reply_.blocks()) {
+    out->offsets_.push_back(sum);
+    sum += b.payload_bytes();
+  }
+  const size_t early = have - kPrefix - h;  // payload bytes already received
+  if (sum != p || early > p)
+    return Broken(absl::InternalError(absl::StrCat("data plane reply announces ", p,
+                                                   " payload bytes, its blocks ", sum)));
+  if (p > out->capacity_) {
+    out->buf_.reset(new char[p]);
+    out->capacity_ = p;
+  }
+  out->payload_bytes_ = p;
+  if (early > 0) std::memcpy(out->buf_.get(), head_.data() + kPrefix + h, early);
+  if (absl::Status s = RecvAll(out->buf_.get() + early, p - early); !s.ok()) return s;
+  if (out->reply_.code() != 0)
+    return absl::Status(static_cast<absl::StatusCode>(out->reply_.code()), out->reply_.message());
+  return absl::OkStatus();
+}
+
+}  // namespace tqkv::client

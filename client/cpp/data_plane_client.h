@@ -1,0 +1,92 @@
+// DataPlaneClient: bulk reads of packed blocks over tqkv's data plane (plain
+// TCP next to gRPC; wire format in proto/tqkv/v1/tqkv.proto, "Data plane").
+// One blocking connection, like a Redis client: a call writes one request
+// frame and reads its reply into a caller-reusable buffer.
+//
+// Errors are absl::Status with the server's code and message (the same codes
+// as gRPC GetBlocks). A broken connection or a timeout gives UNAVAILABLE /
+// DEADLINE_EXCEEDED and closes the socket; the next call reconnects.
+//
+// Thread safety: not thread-safe; use one client per thread.
+#ifndef TQKV_CLIENT_CPP_DATA_PLANE_CLIENT_H_
+#define TQKV_CLIENT_CPP_DATA_PLANE_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/tqkv/v1/tqkv.pb.h"
+
+namespace tqkv::client {
+
+struct DataPlaneClientOptions {
+  // The server's data-plane address HOST:PORT (printed by tqkv-server as
+  // "data plane listening on"). Required.
+  std::string target;
+  // Bearer token when the server has auth on; empty: none. Default: empty.
+  std::string token;
+  // Longest wait for one send or receive step of a call. Default: 30 s.
+  absl::Duration timeout = absl::Seconds(30);
+  // Largest reply header accepted (the DataPlaneReply message). Default: 64 MiB.
+  uint32_t max_header_bytes = 64u << 20;
+};
+
+// The reply to one GetBlocks: block i's packed bytes are payload(i).
+// Reusing one object across calls reuses its buffer.
+class DataPlaneBlocks {
+ public:
+  const v1::DataPlaneReply& reply() const { return reply_; }
+  size_t size() const { return static_cast<size_t>(reply_.blocks_size()); }
+  // Valid until the next call that fills this object.
+  std::string_view payload(size_t i) const {
+    return {buf_.get() + offsets_[i], static_cast<size_t>(reply_.blocks(static_cast<int>(i)).payload_bytes())};
+  }
+  uint64_t payload_bytes() const { return payload_bytes_; }
+
+ private:
+  friend class DataPlaneClient;
+  v1::DataPlaneReply reply_;
+  std::unique_ptr<char[]> buf_;
+  size_t capacity_ = 0;
+  uint64_t payload_bytes_ = 0;
+  std::vector<uint64_t> offsets_;
+};
+
+class DataPlaneClient {
+ public:
+  // Connects and sends the preface. UNAVAILABLE if the server cannot be
+  // reached, INVALID_ARGUMENT for a malformed target.
+  static absl::StatusOr<std::unique_ptr<DataPlaneClient>> Connect(
+      const DataPlaneClientOptions& options);
+  ~DataPlaneClient();
+  DataPlaneClient(const DataPlaneClient&) = delete;
+  DataPlaneClient& operator=(const DataPlaneClient&) = delete;
+
+  // Packed blocks of `req` (req.dense must be false) into *out: all of them,
+  // in request order, or the server's error (nothing in *out is valid then).
+  // `with_format`: also fill out->reply().format().
+  absl::Status GetBlocks(const v1::GetBlocksRequest& req, DataPlaneBlocks* out,
+                         bool with_format = false);
+
+ private:
+  explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
+  absl::Status EnsureConnected();
+  absl::Status SendAll(const char* p, size_t n);
+  absl::Status RecvAll(char* p, size_t n);
+  // Closes the socket and returns `s` (an I/O failure leaves the stream in
+  // an unknown state).
+  absl::Status Broken(const absl::Status& s);
+
+  const DataPlaneClientOptions options_;
+  int fd_ = -1;
+  std::string frame_;  // request scratch
+  std::string head_;   // reply prefix + header (+ the payload's first bytes)
+};
+
+}  // namespace tqkv::client
+
+#endif  // TQKV_CLIENT_CPP_DATA_PLANE_CLIENT_H_

@@ -1,0 +1,440 @@
+#include "service/data_plane.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "codec/status_macros.h"
+#include "service/convert.h"
+#include "service/net_address.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames are little-endian");
+
+namespace tqkv::service {
+namespace {
+
+constexpr size_t kPrefaceBytes = 8;
+constexpr size_t kReplyPrefixBytes = 12;  // u32 header length + u64 payload length
+constexpr int kMaxIov = 64;
+constexpr int kMaxEvents = 64;
+
+std::string ErrnoText(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+
+// One queued reply: `head` (prefix + DataPlaneReply) and iovecs over it and
+// over the stored payloads, which `blocks` keeps alive until the last byte
+// has been handed to the kernel.
+struct Reply {
+  std::string head;
+  std::vector<storage::BlockData> blocks;
+  std::vector<iovec> parts;  // non-empty; parts[0] covers `head`
+  size_t next = 0;           // first part not fully written
+};
+
+struct Conn {
+  int fd = -1;
+  std::string peer;
+  std::string in;          // received bytes; [in_off, size) not yet parsed
+  size_t in_off = 0;
+  bool preface_ok = false;
+  bool closing = false;    // close once the queued replies are written
+  uint32_t interest = 0;   // epoll events registered
+  std::deque<Reply> out;
+  uint64_t queued = 0;     // unwritten reply bytes
+};
+
+// Tags for the non-connection epoll entries.
+char kListenTag, kWakeTag;
+
+std::string PeerName(const sockaddr_storage& a) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+    port = ntohs(v4->sin_port);
+    return absl::StrCat("ipv4:", host, ":", port);
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+    port = ntohs(v6->sin6_port);
+    return absl::StrCat("ipv6:[", host, "]:", port);
+  }
+  return "unknown";
+}
+
+// A listening socket on `address`; *port gets the bound port.
+absl::StatusOr<int> Listen(const std::string& address, int* port) {
+  TQ_ASSIGN_OR_RETURN(auto hp, SplitHostPort(address));
+  std::string host = hp.first;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(hp.second);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane address '", address, "': ", gai_strerror(rc)));
+  std::string last_error = "no address";
+  int fd = -1;
+  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last_error = ErrnoText("socket");
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+      last_error = ErrnoText("bind/listen");
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0)
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve the data plane on ", address, ": ", last_error));
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return fd;
+}
+
+}  // namespace
+
+class DataPlaneServer::Loop {
+ public:
+  Loop(int listen_fd, const DataPlaneOptions& options, KvService* service, const RpcEnv* env)
+      : listen_fd_(listen_fd), options_(options), service_(service), env_(env) {}
+
+  ~Loop() {
+    for (auto& [fd, conn] : conns_) close(fd);
+    if (wake_fd_ >= 0) close(wake_fd_);
+    if (epoll_fd_ >= 0) close(epoll_fd_);
+  }
+
+  absl::Status Init() {
+    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (epoll_fd_ < 0 || wake_fd_ < 0) return absl::InternalError(ErrnoText("epoll/eventfd"));
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLEXCLUSIVE;  // one loop wakes per connection attempt
+    ev.data.ptr = &kListenTag;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0)
+      return absl::InternalError(ErrnoText("epoll_ctl(listen)"));
+    ev.events = EPOLLIN;
+    ev.data.ptr = &kWakeTag;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0)
+      return absl::InternalError(ErrnoText("epoll_ctl(eventfd)"));
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof one);
+  }
+
+  void Run() {
+    epoll_event events[kMaxEvents];
+    for (;;) {
+      const int n = epoll_wait(epoll_fd_, events, kMaxEvents, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return;
+      for (int i = 0; i < n; ++i) {
+        void* tag = events[i].data.ptr;
+        if (tag == &kWakeTag) return;
+        if (tag == &kListenTag) {
+          Accept();
+          continue;
+        }
+        OnEvent(static_cast<Conn*>(tag), events[i].events);
+      }
+    }
+  }
+
+ private:
+  void Accept() {
+    for (;;) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof addr;
+      const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;  // EAGAIN: another loop took it; else retried on the next wake-up
+      const int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      auto conn = std::make_unique<Conn>();
+      conn->fd = fd;
+      conn->peer = PeerName(addr);
+      Conn* c = conn.get();
+      conns_[fd] = std::move(conn);
+      c->interest = EPOLLIN;
+      epoll_event ev{};
+      ev.events = c->interest;
+      ev.data.ptr = c;
+      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) Close(c);
+    }
+  }
+
+  void OnEvent(Conn* c, uint32_t events) {
+    if (events & EPOLLIN) {
+      if (!ReadInput(c)) return;
+      Process(c);
+    }
+    if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) || !c->out.empty()) {
+      if (!Flush(c)) return;
+      Process(c);  // requests held back by backpressure
+      if (!Flush(c)) return;
+    }
+    if (c->closing && c->out.empty()) {
+      Close(c);
+      return;
+    }
+    UpdateInterest(c);
+  }
+
+  // Appends what the socket has; false (connection closed) on a reset.
+  bool ReadInput(Conn* c) {
+    for (;;) {
+      const ssize_t n = read(c->fd, scratch_, sizeof scratch_);
+      if (n > 0) {
+        c->in.append(scratch_, static_cast<size_t>(n));
+        if (static_cast<size_t>(n) < sizeof scratch_) return true;
+        continue;
+      }
+      if (n == 0) {  // the client is done sending: answer what is complete, then close
+        c->closing = true;
+        return true;
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      Close(c);
+      return false;
+    }
+  }
+
+  // Serves every complete frame while the reply queue has room.
+  void Process(Conn* c) {
+    while (c->queued < options_.max_queued_reply_bytes) {
+      const size_t avail = c->in.size() - c->in_off;
+      const char* p = c->in.data() + c->in_off;
+      if (!c->preface_ok) {
+        if (avail < kPrefaceBytes) break;
+        if (std::memcmp(p, kDataPlanePreface, kPrefaceBytes) != 0) {
+          Fail(c, absl::InvalidArgumentError(
+                      "not a tqkv data-plane stream: expected the preface \"TQKVDP01\""));
+          break;
+        }
+        c->preface_ok = true;
+        c->in_off += kPrefaceBytes;
+        continue;
+      }
+      if (avail < 4) break;
+      uint32_t n;
+      std::memcpy(&n, p, 4);
+      if (n > options_.max_request_bytes) {
+        Fail(c, absl::ResourceExhaustedError(
+                    absl::StrCat("request frame of ", n, " bytes is over the data plane's limit of ",
+                                 options_.max_request_bytes)));
+        break;
+      }
+      if (avail < 4 + size_t{n}) break;
+      Serve(c, p + 4, n);
+      c->in_off += 4 + size_t{n};
+    }
+    if (c->in_off == c->in.size()) {
+      c->in.clear();
+      c->in_off = 0;
+    } else if (c->in_off >= (64u << 10)) {
+      c->in.erase(0, c->in_off);
+      c->in_off = 0;
+    }
+  }
+
+  // A protocol error: one reply with `s`, then the connection closes and
+  // the rest of its input is ignored.
+  void Fail(Conn* c, const absl::Status& s) {
+    RecordCall(*env_, "DataGetBlocks", c->peer, s, 0.0);
+    v1::DataPlaneReply head;
+    head.set_code(static_cast<uint32_t>(s.code()));
+    head.set_message(std::string(s.message()));
+    Queue(c, head, {}, 0);
+    c->closing = true;
+    c->in.clear();
+    c->in_off = 0;
+  }
+
+  void Serve(Conn* c, const char* frame, uint32_t size) {
+    const auto start = std::chrono::steady_clock::now();
+    v1::DataPlaneRequest req;
+    absl::Status status;
+    v1::DataPlaneReply head;
+    GetPlan plan;
+    std::vector<iovec> payload;
+    uint64_t payload_bytes = 0;
+    if (!req.ParseFromArray(frame, static_cast<int>(size))) {
+      status = absl::InvalidArgumentError("request frame is not a DataPlaneRequest");
+    } else if (absl::StatusOr<Identity> id = env_->auth->Authenticate(req.authorization());
+               !id.ok()) {
+      status = id.status();
+    } else if (req.op_case() != v1::DataPlaneRequest::kGetBlocks) {
+      status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks)");
+    } else if (req.get_blocks().dense()) {
+      status = absl::InvalidArgumentError(
+          "the data plane serves packed blocks; read dense blocks with gRPC GetBlocks");
+    } else if (absl::StatusOr<GetPlan> p = service_->PrepareGet(*id, req.get_blocks()); !p.ok()) {
+      status = p.status();
+    } else {
+      plan = std::move(*p);
+      if (req.with_format()) *head.mutable_format() = plan.model->format;
+      for (size_t i = 0; i < plan.blocks.size(); ++i) {
+        const KvService::Span span = KvService::PackedBytes(plan, i);
+        v1::DataPlaneBlock* b = head.add_blocks();
+        b->set_block_hash(plan.hashes[i]);
+        b->set_tier(ToProtoTier(plan.blocks[i].tier));
+        b->set_payload_bytes(span.size);
+        if (span.size > 0) payload.push_back({const_cast<uint8_t*>(span.data), span.size});
+        payload_bytes += span.size;
+      }
+    }
+    if (!status.ok()) {
+      head.Clear();
+      head.set_code(static_cast<uint32_t>(status.code()));
+      head.set_message(std::string(status.message()));
+      payload.clear();
+      payload_bytes = 0;
+      plan.blocks.clear();
+    }
+    Queue(c, head, std::move(payload), payload_bytes);
+    c->out.back().blocks = std::move(plan.blocks);
+    RecordCall(*env_, "DataGetBlocks", c->peer, status,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
+  void Queue(Conn* c, const v1::DataPlaneReply& head, std::vector<iovec> payload,
+             uint64_t payload_bytes) {
+    Reply& r = c->out.emplace_back();
+    const uint32_t h = static_cast<uint32_t>(head.ByteSizeLong());
+    r.head.resize(kReplyPrefixBytes + h);
+    std::memcpy(r.head.data(), &h, 4);
+    std::memcpy(r.head.data() + 4, &payload_bytes, 8);
+    head.SerializeToArray(r.head.data() + kReplyPrefixBytes, static_cast<int>(h));
+    r.parts.reserve(1 + payload.size());
+    r.parts.push_back({r.head.data(), r.head.size()});
+    r.parts.insert(r.parts.end(), payload.begin(), payload.end());
+    c->queued += r.head.size() + payload_bytes;
+  }
+
+  // Writes queued replies until done or the socket is full; false if the
+  // connection was closed on an error.
+  bool Flush(Conn* c) {
+    while (!c->out.empty()) {
+      iovec iov[kMaxIov];
+      int n = 0;
+      for (auto it = c->out.begin(); it != c->out.end() && n < kMaxIov; ++it)
+        for (size_t k = it->next; k < it->parts.size() && n < kMaxIov; ++k) iov[n++] = it->parts[k];
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = static_cast<size_t>(n);
+      const ssize_t w = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        Close(c);
+        return false;
+      }
+      c->queued -= static_cast<uint64_t>(w);
+      size_t left = static_cast<size_t>(w);
+      while (left > 0) {
+        Reply& r = c->out.front();
+        iovec& part = r.parts[r.next];
+        const size_t take = std::min(left, part.iov_len);
+        part.iov_base = static_cast<char*>(part.iov_base) + take;
+        part.iov_len -= take;
+        left -= take;
+        if (part.iov_len == 0 && ++r.next == r.parts.size()) c->out.pop_front();
+      }
+    }
+    return true;
+  }
+
+  void UpdateInterest(Conn* c) {
+    uint32_t want = 0;
+    if (!c->closing && c->queued < options_.max_queued_reply_bytes) want |= EPOLLIN;
+    if (!c->out.empty()) want |= EPOLLOUT;
+    if (want == c->interest) return;
+    c->interest = want;
+    epoll_event ev{};
+    ev.events = want;
+    ev.data.ptr = c;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c->fd, &ev);
+  }
+
+  void Close(Conn* c) {
+    const int fd = c->fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    close(fd);
+    conns_.erase(fd);  // destroys *c
+  }
+
+  const int listen_fd_;
+  const DataPlaneOptions& options_;
+  KvService* const service_;
+  const RpcEnv* const env_;
+  int epoll_fd_ = -1, wake_fd_ = -1;
+  absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
+  char scratch_[64 << 10];
+};
+
+absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
+    const DataPlaneOptions& options, KvService* service, const RpcEnv* env) {
+  if (options.threads < 1 || options.threads > 64)
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane threads must be 1..64, not ", options.threads));
+  if (options.max_request_bytes < 64)
+    return absl::InvalidArgumentError("data plane max_request_bytes must be at least 64");
+  std::unique_ptr<DataPlaneServer> s(new DataPlaneServer());
+  s->options_ = options;
+  int port = 0;
+  TQ_ASSIGN_OR_RETURN(s->listen_fd_, Listen(options.listen, &port));
+  TQ_ASSIGN_OR_RETURN(auto hp, SplitHostPort(options.listen));
+  s->address_ = absl::StrCat(hp.first, ":", port);
+  for (int i = 0; i < options.threads; ++i) {
+    auto loop = std::make_unique<Loop>(s->listen_fd_, s->options_, service, env);
+    TQ_RETURN_IF_ERROR(loop->Init());
+    s->loops_.push_back(std::move(loop));
+  }
+  for (auto& loop : s->loops_) s->threads_.emplace_back([l = loop.get()] { l->Run(); });
+  return s;
+}
+
+void DataPlaneServer::Shutdown() {
+  for (auto& loop : loops_) loop->Stop();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  loops_.clear();  // closes every connection
+  if (listen_fd_ >= 0) close(listen_fd_);
+  listen_fd_ = -1;
+}
+
+DataPlaneServer::~DataPlaneServer() { Shutdown(); }
+
+}  // namespace tqkv::service

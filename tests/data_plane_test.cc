@@ -1,0 +1,355 @@
+// The data plane (bulk packed reads over plain TCP) against the real server:
+// bytes identical to gRPC GetBlocks and to a local CPU encode, layer ranges,
+// every request error with its code and a connection that stays usable,
+// protocol errors on raw sockets (bad preface, oversized and unparsable
+// frames, truncated streams), pipelining, auth and tenancy, blocks served
+// from disk after eviction, concurrent clients, and the request counter.
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/data_plane_client.h"
+#include "tests/fixture.h"
+
+namespace tqkv::testing {
+namespace {
+
+using absl::StatusCode;
+
+class DataPlaneTest : public ServerTest {
+ protected:
+  void SetUp() override { StartServer(); }
+
+  std::unique_ptr<client::DataPlaneClient> Dp(const std::string& token = "") {
+    client::DataPlaneClientOptions o;
+    o.target = server_->data_address();
+    o.token = token;
+    o.timeout = absl::Seconds(30);
+    auto c = client::DataPlaneClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  static v1::GetBlocksRequest Req(const v1::ModelRef& model, const std::vector<std::string>& hashes) {
+    v1::GetBlocksRequest r;
+    *r.mutable_model() = model;
+    for (const auto& h : hashes) r.add_block_hashes(h);
+    return r;
+  }
+
+  // gRPC GetBlocks payloads of `req`, in order.
+  std::vector<std::string> GrpcPayloads(const v1::GetBlocksRequest& req) {
+    auto r = client_->GetBlocks(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    std::vector<std::string> out;
+    if (r.ok())
+      for (const auto& m : *r) out.push_back(m.payload());
+    return out;
+  }
+
+  // A raw TCP connection to the data plane.
+  int RawConnect() {
+    const std::string& a = server_->data_address();
+    const size_t colon = a.rfind(':');
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    EXPECT_EQ(getaddrinfo(a.substr(0, colon).c_str(), a.substr(colon + 1).c_str(), &hints, &res), 0);
+    int fd = socket(res->ai_family, SOCK_STREAM, 0);
+    EXPECT_EQ(connect(fd, res->ai_addr, res->ai_addrlen), 0);
+    freeaddrinfo(res);
+    timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+  }
+  static void SendRaw(int fd, const std::string& bytes) {
+    ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  }
+  static std::string Frame(const v1::DataPlaneRequest& r) {
+    std::string body = r.SerializeAsString();
+    const uint32_t n = static_cast<uint32_t>(body.size());
+    return std::string(reinterpret_cast<const char*>(&n), 4) + body;
+  }
+  // Reads one reply; false if the connection closed first.
+  static bool ReadReply(int fd, v1::DataPlaneReply* head, std::string* payload) {
+    auto read_n = [&](char* p, size_t n) {
+      while (n > 0) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+      }
+      return true;
+    };
+    char prefix[12];
+    if (!read_n(prefix, 12)) return false;
+    uint32_t h;
+    uint64_t p;
+    std::memcpy(&h, prefix, 4);
+    std::memcpy(&p, prefix + 4, 8);
+    std::string hb(h, '\0');
+    payload->assign(p, '\0');
+    if (!read_n(hb.data(), h) || !read_n(payload->data(), p)) return false;
+    return head->ParseFromString(hb);
+  }
+  // True once the server has closed `fd` (recv returns 0).
+  static bool ClosedByServer(int fd) {
+    char c;
+    return recv(fd, &c, 1, 0) == 0;
+  }
+
+  uint64_t DataGetRequests() {
+    auto text = HttpGet(server_->metrics_address(), "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    const std::string key = "tqkv_rpc_requests_total{method=\"DataGetBlocks\"} ";
+    const size_t at = text.ok() ? text->find(key) : std::string::npos;
+    if (at == std::string::npos) return 0;
+    return std::stoull(text->substr(at + key.size()));
+  }
+};
+
+TEST_F(DataPlaneTest, ServesTheStoredBytesLikeGrpcGetBlocks) {
+  ASSERT_FALSE(server_->data_address().empty());
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(3, 40);
+  std::vector<v1::PutBlock> sent = PutDense(model, chain, 500);
+  auto codec = SmallCodec();
+  CpuBackend backend{CpuBackend::Options{0}};
+
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  client::DataPlaneBlocks out;
+  const v1::GetBlocksRequest req = Req(model, chain);
+  ASSERT_TRUE(dp->GetBlocks(req, &out, /*with_format=*/true).ok());
+  ASSERT_EQ(out.size(), chain.size());
+  const std::vector<std::string> grpc = GrpcPayloads(req);
+  ASSERT_EQ(grpc.size(), chain.size());
+  for (size_t i = 0; i < chain.size(); ++i) {
+    EXPECT_EQ(out.reply().blocks(i).block_hash(), chain[i]);
+    EXPECT_EQ(out.reply().blocks(i).tier(), v1::TIER_HOST);
+    EXPECT_EQ(out.payload(i), grpc[i]) << "block " << i;
+    EXPECT_EQ(out.payload(i), EncodeLocally(*codec, backend, sent[i])) << "block " << i;
+  }
+  EXPECT_EQ(out.reply().format().block_bytes(), codec->block_bytes());
+  EXPECT_EQ(out.reply().format().layers_size(), codec->shape().num_layers);
+
+  // Without with_format the reply carries no format; a layer range serves
+  // exactly those layers' bytes.
+  v1::GetBlocksRequest range = Req(model, {chain[7], chain[3]});
+  range.set_first_layer(1);
+  range.set_last_layer(2);
+  ASSERT_TRUE(dp->GetBlocks(range, &out).ok());
+  EXPECT_FALSE(out.reply().has_format());
+  const std::vector<std::string> grpc_range = GrpcPayloads(range);
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_EQ(grpc_range.size(), 2u);
+  EXPECT_EQ(out.payload(0), grpc_range[0]);
+  EXPECT_EQ(out.payload(1), grpc_range[1]);
+  EXPECT_EQ(out.payload(0).size(), codec->layer_range_bytes(1, 2));
+}
+
+TEST_F(DataPlaneTest, RequestErrorsGetTheirCodeAndTheConnectionStaysUsable) {
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(4, 3);
+  PutDense(model, chain, 600);
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  client::DataPlaneBlocks out;
+  const uint64_t before = DataGetRequests();
+
+  v1::GetBlocksRequest unknown = Req(model, chain);
+  unknown.mutable_model()->set_model_id(model.model_id() ^ 1);
+  v1::GetBlocksRequest stale = Req(model, chain);
+  stale.mutable_model()->set_layout_fingerprint(std::string(32, '0'));
+  v1::GetBlocksRequest missing = Req(model, {chain[0], "not-stored", chain[1]});
+  v1::GetBlocksRequest dup = Req(model, {chain[0], chain[0]});
+  v1::GetBlocksRequest layers = Req(model, chain);
+  layers.set_first_layer(2);
+  layers.set_last_layer(1);
+  v1::GetBlocksRequest no_model = Req(model, chain);
+  no_model.clear_model();
+  const std::vector<std::pair<v1::GetBlocksRequest, StatusCode>> cases = {
+      {unknown, StatusCode::kNotFound},
+      {stale, StatusCode::kFailedPrecondition},
+      {missing, StatusCode::kNotFound},
+      {dup, StatusCode::kInvalidArgument},
+      {layers, StatusCode::kInvalidArgument},
+      {no_model, StatusCode::kInvalidArgument},
+  };
+  for (const auto& [req, code] : cases) {
+    absl::Status s = dp->GetBlocks(req, &out);
+    EXPECT_EQ(s.code(), code) << s;
+    // The gRPC path answers the same code.
+    EXPECT_EQ(client_->GetBlocks(req).status().code(), code);
+    // Same connection, next request fine.
+    ASSERT_TRUE(dp->GetBlocks(Req(model, chain), &out).ok());
+    EXPECT_EQ(out.size(), chain.size());
+  }
+  // Dense reads are refused by the client before sending, and by the server.
+  v1::GetBlocksRequest dense = Req(model, chain);
+  dense.set_dense(true);
+  EXPECT_EQ(dp->GetBlocks(dense, &out).code(), StatusCode::kInvalidArgument);
+  int fd = RawConnect();
+  v1::DataPlaneRequest dr;
+  *dr.mutable_get_blocks() = dense;
+  SendRaw(fd, std::string("TQKVDP01") + Frame(dr));
+  v1::DataPlaneReply head;
+  std::string payload;
+  ASSERT_TRUE(ReadReply(fd, &head, &payload));
+  EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument));
+  EXPECT_NE(head.message().find("packed"), std::string::npos) << head.message();
+  EXPECT_TRUE(payload.empty());
+  close(fd);
+  // Every request was counted: 6 errors + 6 successes + 1 dense on the wire.
+  EXPECT_EQ(DataGetRequests() - before, 13u);
+  // Nothing changed.
+  EXPECT_EQ(Blocks(model), chain.size());
+}
+
+TEST_F(DataPlaneTest, ProtocolErrorsAnswerOnceAndClose) {
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(5, 2);
+  PutDense(model, chain, 700);
+  v1::DataPlaneReply head;
+  std::string payload;
+
+  {  // Not the preface (an HTTP/2 client by mistake).
+    int fd = RawConnect();
+    SendRaw(fd, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument));
+    EXPECT_NE(head.message().find("preface"), std::string::npos) << head.message();
+    EXPECT_TRUE(ClosedByServer(fd));
+    close(fd);
+  }
+  {  // A frame over the limit (the server's limit is --max_message_bytes).
+    int fd = RawConnect();
+    const uint32_t huge = 1u << 30;
+    SendRaw(fd, std::string("TQKVDP01") + std::string(reinterpret_cast<const char*>(&huge), 4));
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kResourceExhausted));
+    EXPECT_TRUE(ClosedByServer(fd));
+    close(fd);
+  }
+  {  // A frame that is not a DataPlaneRequest.
+    int fd = RawConnect();
+    const std::string junk = "\xff\xff\xff\xff\x0f";
+    const uint32_t n = static_cast<uint32_t>(junk.size());
+    SendRaw(fd, std::string("TQKVDP01") + std::string(reinterpret_cast<const char*>(&n), 4) + junk);
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument));
+    EXPECT_TRUE(ClosedByServer(fd));
+    close(fd);
+  }
+  {  // An empty request (no operation): an ordinary error, connection kept.
+    int fd = RawConnect();
+    v1::DataPlaneRequest empty;
+    v1::DataPlaneRequest get;
+    *get.mutable_get_blocks() = Req(model, chain);
+    // Pipelined: three frames in one write, three replies in order.
+    SendRaw(fd, std::string("TQKVDP01") + Frame(empty) + Frame(get) + Frame(get));
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument));
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(ReadReply(fd, &head, &payload));
+      EXPECT_EQ(head.code(), 0u) << head.message();
+      EXPECT_EQ(head.blocks_size(), 2);
+      EXPECT_EQ(payload.size(), 2 * SmallCodec()->block_bytes());
+    }
+    // A truncated frame, then the client goes away: nothing to answer.
+    const uint32_t n = 100;
+    SendRaw(fd, std::string(reinterpret_cast<const char*>(&n), 4) + "abc");
+    close(fd);
+  }
+  // The server is unaffected.
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  client::DataPlaneBlocks out;
+  EXPECT_TRUE(dp->GetBlocks(Req(model, chain), &out).ok());
+}
+
+TEST_F(DataPlaneTest, ServesBlocksFromDiskAfterEviction) {
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(6, 12);
+  std::vector<v1::PutBlock> sent = PutDense(model, chain, 800);
+  ASSERT_TRUE(client_->Evict(v1::EvictRequest()).ok());
+  ASSERT_EQ(Blocks(model, v1::TIER_DISK), chain.size());
+  auto codec = SmallCodec();
+  CpuBackend backend{CpuBackend::Options{0}};
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  client::DataPlaneBlocks out;
+  ASSERT_TRUE(dp->GetBlocks(Req(model, chain), &out).ok());
+  for (size_t i = 0; i < chain.size(); ++i) {
+    EXPECT_EQ(out.reply().blocks(i).tier(), v1::TIER_DISK);
+    EXPECT_EQ(out.payload(i), EncodeLocally(*codec, backend, sent[i]));
+  }
+}
+
+TEST_F(DataPlaneTest, ConcurrentClientsGetTheirOwnBlocks) {
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(7, 64);
+  std::vector<v1::PutBlock> sent = PutDense(model, chain, 900);
+  auto codec = SmallCodec();
+  CpuBackend backend{CpuBackend::Options{0}};
+  std::vector<std::string> want;
+  for (const auto& b : sent) want.push_back(EncodeLocally(*codec, backend, b));
+  constexpr int kThreads = 16, kRequests = 200;
+  std::vector<int> bad(kThreads, 0);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      auto dp = Dp();
+      if (dp == nullptr) {
+        bad[t] = kRequests;
+        return;
+      }
+      client::DataPlaneBlocks out;
+      for (int r = 0; r < kRequests; ++r) {
+        const size_t a = (t * 7 + r * 13) % chain.size(), b = (a + 1 + t) % chain.size();
+        if (!dp->GetBlocks(Req(model, {chain[a], chain[b]}), &out).ok() || out.size() != 2 ||
+            out.payload(0) != want[a] || out.payload(1) != want[b])
+          ++bad[t];
+      }
+    });
+  for (auto& th : ts) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
+}
+
+TEST_F(DataPlaneTest, TenancyComesFromTheToken) {
+  server_.reset();
+  client_.reset();
+  data_dir_.clear();
+  const std::string dir = MakeTempDir("tokens");
+  std::ofstream(dir + "/tokens") << "tok-a alpha\ntok-b beta\n";
+  StartServer({"--auth_tokens_file=" + dir + "/tokens"});
+  client::ClientOptions o;
+  o.target = server_->address();
+  o.token = "tok-a";
+  auto a = std::move(client::Client::Connect(o)).value();
+  auto reg = a->RegisterModel(client::SmallModel("m"));
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  v1::ModelRef model;
+  model.set_model_id(reg->model_id());
+  model.set_layout_fingerprint(reg->layout_fingerprint());
+  v1::PutHeader header;
+  *header.mutable_model() = model;
+  std::vector<v1::PutBlock> blocks = {
+      client::DenseBlock(client::SmallModel("m").layout(), "h1", "", 1)};
+  ASSERT_TRUE(a->PutBlocks(header, blocks).ok());
+
+  client::DataPlaneBlocks out;
+  EXPECT_EQ(Dp("")->GetBlocks(Req(model, {"h1"}), &out).code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(Dp("tok-zzz")->GetBlocks(Req(model, {"h1"}), &out).code(),
+            StatusCode::kUnauthenticated);
+  EXPECT_EQ(Dp("tok-b")->GetBlocks(Req(model, {"h1"}), &out).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Dp("tok-a")->GetBlocks(Req(model, {"h1"}), &out).ok());
+}
+
+}  // namespace
+}  // namespace tqkv::testing
