@@ -257,8 +257,13 @@ class DataPlaneServer::Loop {
         break;
       }
       if (avail < 4 + size_t{n}) break;
-      Serve(c, p + 4, n);
+      v1::DataPlaneRequest req;
+      if (!req.ParseFromArray(p + 4, static_cast<int>(n))) {
+        Fail(c, absl::InvalidArgumentError("request frame is not a DataPlaneRequest"));
+        break;
+      }
       c->in_off += 4 + size_t{n};
+      Serve(c, req);
     }
     if (c->in_off == c->in.size()) {
       c->in.clear();
@@ -282,18 +287,14 @@ class DataPlaneServer::Loop {
     c->in_off = 0;
   }
 
-  void Serve(Conn* c, const char* frame, uint32_t size) {
+  void Serve(Conn* c, const v1::DataPlaneRequest& req) {
     const auto start = std::chrono::steady_clock::now();
-    v1::DataPlaneRequest req;
     absl::Status status;
     v1::DataPlaneReply head;
     GetPlan plan;
     std::vector<iovec> payload;
     uint64_t payload_bytes = 0;
-    if (!req.ParseFromArray(frame, static_cast<int>(size))) {
-      status = absl::InvalidArgumentError("request frame is not a DataPlaneRequest");
-    } else if (absl::StatusOr<Identity> id = env_->auth->Authenticate(req.authorization());
-               !id.ok()) {
+    if (absl::StatusOr<Identity> id = env_->auth->Authenticate(req.authorization()); !id.ok()) {
       status = id.status();
     } else if (req.op_case() != v1::DataPlaneRequest::kGetBlocks) {
       status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks)");
