@@ -52,11 +52,22 @@ int FastEncodeBits(const GpuComponent* comps, int heads) {
   return bits;
 }
 
-template <int KB, int VB, typename T>
+// True when every head's component has a quantisation table the
+// specialised encode can hold (vacuously for bits without tables).
+bool HasQuantLuts(const GpuComponent* comps, int heads) {
+  for (int h = 0; h < heads; ++h) {
+    const GpuGroup& g = comps[h].groups[0];
+    const int cap = LutMaxCells(g.mse_bits);
+    if (cap > 0 && (g.lut == nullptr || g.lut_cells < 2 || g.lut_cells > cap)) return false;
+  }
+  return true;
+}
+
+template <int KB, int VB, typename T, bool kLut>
 cudaError_t EncodeFastKV(const EncodeLaunch& a, cudaStream_t stream) {
   const int64_t blocks = a.heads * ((a.tokens + kEncTokensPerBlock - 1) / kEncTokensPerBlock);
   const dim3 grid(static_cast<unsigned>(blocks), 2);
-  EncodeFastKernel<KB, VB, T><<<grid, 32 * kEncWarps, 0, stream>>>(a);
+  EncodeFastKernel<KB, VB, T, kLut><<<grid, 32 * kEncWarps, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -68,17 +79,24 @@ bool FastEncodePair(int kb, int vb) {
   }
 }
 
-template <typename T>
+// kLut: quantise 3-, 4- and 8-bit rows through the tables (2-bit rows
+// always compare: no table variant of k2v2).
+template <typename T, bool kLut>
 cudaError_t EncodeFastWith(const EncodeLaunch& a, cudaStream_t stream) {
   switch (FastEncodeBits(a.host_k, a.heads) * 10 + FastEncodeBits(a.host_v, a.heads)) {
-    case 22: return EncodeFastKV<2, 2, T>(a, stream);
-    case 33: return EncodeFastKV<3, 3, T>(a, stream);
-    case 44: return EncodeFastKV<4, 4, T>(a, stream);
-    case 88: return EncodeFastKV<8, 8, T>(a, stream);
-    case 42: return EncodeFastKV<4, 2, T>(a, stream);
-    case 24: return EncodeFastKV<2, 4, T>(a, stream);
+    case 22: return EncodeFastKV<2, 2, T, false>(a, stream);
+    case 33: return EncodeFastKV<3, 3, T, kLut>(a, stream);
+    case 44: return EncodeFastKV<4, 4, T, kLut>(a, stream);
+    case 88: return EncodeFastKV<8, 8, T, kLut>(a, stream);
+    case 42: return EncodeFastKV<4, 2, T, kLut>(a, stream);
+    case 24: return EncodeFastKV<2, 4, T, kLut>(a, stream);
     default: return cudaErrorNotSupported;
   }
+}
+
+template <typename T>
+cudaError_t EncodeFastWith(const EncodeLaunch& a, cudaStream_t stream) {
+  return EncodeUsesQuantLut(a) ? EncodeFastWith<T, true>(a, stream) : EncodeFastWith<T, false>(a, stream);
 }
 
 }  // namespace
@@ -93,6 +111,13 @@ bool EncodeUsesFastPath(const EncodeLaunch& a) {
       a.k_pages.block_stride % 4 != 0 || a.v_pages.block_stride % 4 != 0)
     return false;
   return FastEncodePair(FastEncodeBits(a.host_k, a.heads), FastEncodeBits(a.host_v, a.heads));
+}
+
+bool EncodeUsesQuantLut(const EncodeLaunch& a) {
+  if (!a.allow_quant_lut || !EncodeUsesFastPath(a)) return false;
+  const int kb = FastEncodeBits(a.host_k, a.heads), vb = FastEncodeBits(a.host_v, a.heads);
+  return (LutMaxCells(kb) > 0 || LutMaxCells(vb) > 0) && HasQuantLuts(a.host_k, a.heads) &&
+         HasQuantLuts(a.host_v, a.heads);
 }
 
 cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream) {

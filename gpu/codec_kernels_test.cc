@@ -2,8 +2,14 @@
 // RowCodec::Encode (norms within 1 ulp) for every format family, at awkward
 // sizes (odd token counts, partial blocks, d = 64/96/128/256, a QR
 // rotation), with unreferenced slots poisoned (0xFF) and left untouched.
+// The specialised d = 128 encode is checked with its quantisation tables and
+// with the boundary search they replace, also on rows of NaN, ±inf, zeros,
+// denormals and huge values; its dispatch is checked without a GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +19,7 @@
 #include "codec/test_util.h"
 #include "gpu/codec_tables.h"
 #include "gpu/kernels.h"
+#include "gpu/quant_lut.h"
 #include "gpu/test_support.h"
 
 namespace tqkv::gpu {
@@ -144,10 +151,26 @@ TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
                      c.format == "k4v2" || c.format == "k2v4") &&
                     dim == 128 && !c.qr;
   EXPECT_EQ(EncodeUsesFastPath(a), fast);
+  // 3-, 4- and 8-bit rows quantise through the codebooks' tables.
+  EXPECT_EQ(EncodeUsesQuantLut(a), fast && c.format != "k2v2");
   ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(ToHost<unsigned long long>(flag, 1)[0], kNoBadSlot);
   std::vector<uint8_t> kp_gpu = ToHost<uint8_t>(kp, kg.total_bytes()), vp_gpu = ToHost<uint8_t>(vp, vg.total_bytes());
+  if (EncodeUsesQuantLut(a)) {  // the boundary search writes the same bytes
+    DeviceBuffer kps = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+    DeviceBuffer vps = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
+    EncodeLaunch s = a;
+    s.allow_quant_lut = false;
+    s.k_pages.base = kps.as<uint8_t>();
+    s.v_pages.base = vps.as<uint8_t>();
+    EXPECT_TRUE(EncodeUsesFastPath(s));
+    EXPECT_FALSE(EncodeUsesQuantLut(s));
+    ASSERT_EQ(LaunchEncode(s, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(ToHost<uint8_t>(kps, kg.total_bytes()), kp_gpu) << "K: search and tables differ";
+    EXPECT_EQ(ToHost<uint8_t>(vps, vg.total_bytes()), vp_gpu) << "V: search and tables differ";
+  }
   int failures = 0;
   for (int comp = 0; comp < 2; ++comp) {
     const PageGeometry& g = comp == 0 ? kg : vg;
@@ -253,6 +276,149 @@ std::vector<Case> Cases() {
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, CodecKernels, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return Name(i.param); });
+
+// The specialised encode on special rows (fp32 input, d = 128): indices
+// identical to the CPU codec and norms bit-identical (or both NaN), through
+// the tables and through the boundary search.
+class FastEncodeSpecialRows : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FastEncodeSpecialRows, MatchCpu) {
+  TQ_SKIP_WITHOUT_GPU();
+  const int heads = 2, bs = 16, dim = 128, num_blocks = 3;
+  const int64_t tokens = 40;
+  auto codec = *ModelCodec::Create({1, heads, heads, dim, bs}, {.format = GetParam(), .seed = 77}, nullptr);
+  auto tables = *DeviceCodecTables::Upload(*codec);
+  std::vector<float> k = RandomRows(tokens * heads, dim, 5, 3), v = RandomRows(tokens * heads, dim, 6);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  auto row = [&](std::vector<float>& x, int r) { return x.data() + static_cast<size_t>(r) * dim; };
+  for (std::vector<float>* x : {&k, &v}) {
+    std::fill_n(row(*x, 0), dim, 0.0f);                                  // zero row
+    row(*x, 1)[7] = nan;                                                 // one NaN
+    row(*x, 2)[100] = -nan;
+    row(*x, 3)[0] = inf;                                                 // ±inf
+    row(*x, 4)[127] = -inf;
+    for (int j = 0; j < dim; ++j) row(*x, 5)[j] *= 1e30f;               // squares overflow: inv = 0
+    for (int j = 0; j < dim; ++j) row(*x, 6)[j] *= 1e-40f;              // denormal inputs
+    for (int j = 0; j < dim; ++j) row(*x, 7)[j] = j == 3 ? 1e4f : 1e-4f; // one outlier
+    for (int j = 0; j < dim; ++j) row(*x, 8)[j] = (j % 2 ? -1.0f : 1.0f) * 1e-20f;
+    for (int r = 9; r < tokens * heads; ++r) {                           // scales 1e-30 .. 1e30
+      const float scale = std::pow(10.0f, static_cast<float>(r % 13) * 5.0f - 30.0f);
+      for (int j = 0; j < dim; ++j) row(*x, r)[j] *= scale;
+    }
+  }
+  std::vector<int64_t> slots(tokens);
+  for (int64_t t = 0; t < tokens; ++t) slots[t] = t;
+  PageGeometry kg = codec->k_geometry(0), vg = codec->v_geometry(0);
+  kg.num_blocks = vg.num_blocks = num_blocks;
+  std::vector<uint8_t> kp_cpu(kg.total_bytes(), 0xFF), vp_cpu(vg.total_bytes(), 0xFF);
+  ASSERT_TRUE(EncodeToPages(codec->layer(0), {k.data(), DType::kF32, tokens, heads, dim},
+                            {v.data(), DType::kF32, tokens, heads, dim}, slots.data(), {kp_cpu.data(), kg},
+                            {vp_cpu.data(), vg}, nullptr)
+                  .ok());
+  DeviceBuffer dk = ToDevice(k), dv = ToDevice(v), ds = ToDevice(slots), flag = *DeviceBuffer::Allocate(8);
+  for (bool lut : {true, false}) {
+    DeviceBuffer kp = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+    DeviceBuffer vp = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
+    EncodeLaunch a;
+    a.k = dk.get();
+    a.v = dv.get();
+    a.dtype = kGpuF32;
+    a.tokens = tokens;
+    SetLayerPages(*codec, *tables, 0, kp.as<uint8_t>(), vp.as<uint8_t>(), num_blocks, ds.as<int64_t>(),
+                  flag.as<unsigned long long>(), &a);
+    a.host_k = &tables->host(0, 0, Component::kKey);
+    a.host_v = &tables->host(0, 0, Component::kValue);
+    a.allow_quant_lut = lut;
+    ASSERT_TRUE(EncodeUsesFastPath(a));
+    EXPECT_EQ(EncodeUsesQuantLut(a), lut && GetParam() != "k2v2");
+    ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    int failures = 0;
+    for (int comp = 0; comp < 2; ++comp) {
+      const PageGeometry& g = comp ? vg : kg;
+      const std::vector<uint8_t> gpu = ToHost<uint8_t>(comp ? vp : kp, g.total_bytes());
+      const std::vector<uint8_t>& cpu = comp ? vp_cpu : kp_cpu;
+      const size_t index_bytes = g.row_bytes - 4;  // fp32 norm after the indices
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int h = 0; h < heads; ++h) {
+          const size_t off = g.offset(slots[t], h);
+          float ng, nc;
+          std::memcpy(&ng, gpu.data() + off + index_bytes, 4);
+          std::memcpy(&nc, cpu.data() + off + index_bytes, 4);
+          const bool same_norm = std::memcmp(&ng, &nc, 4) == 0 || (std::isnan(ng) && std::isnan(nc));
+          if ((std::memcmp(gpu.data() + off, cpu.data() + off, index_bytes) != 0 || !same_norm) && failures++ < 5)
+            ADD_FAILURE() << (lut ? "tables" : "search") << (comp ? " V" : " K") << " row " << t * heads + h
+                          << " differs from the CPU codec (norm " << ng << " vs " << nc << ")";
+        }
+    }
+    EXPECT_EQ(failures, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(D128, FastEncodeSpecialRows, ::testing::Values("k2v2", "k3v3", "k4v4", "k8v8", "k4v2"));
+
+// Dispatch (host only, runs without a GPU): tables for every 3-, 4- and
+// 8-bit component select the table kernels; a missing or oversized table,
+// or allow_quant_lut = false, falls back to the boundary search.
+TEST(FastEncodeDispatch, TablesOrSearch) {
+  const uint32_t dummy = 0;  // table pointers are only tested for null here
+  auto describe = [&](const std::string& format, bool with_tables) {
+    auto codec = *ModelCodec::Create({1, 2, 2, 128, 16}, {.format = format}, nullptr);
+    std::vector<GpuComponent> comps;
+    for (int c = 0; c < 2; ++c)
+      for (int h = 0; h < 2; ++h) {
+        GpuComponent gc = DescribeComponent(c == 0 ? codec->layer(0).k(h) : codec->layer(0).v(h));
+        const GpuGroup& g = gc.groups[0];
+        auto lut = with_tables && LutMaxCells(g.mse_bits) > 0
+                       ? BuildQuantLut((*GetCodebook(128, g.mse_bits))->boundaries_f.data(), g.num_boundaries,
+                                       LutMaxCells(g.mse_bits))
+                       : std::nullopt;
+        if (lut.has_value()) {
+          gc.groups[0].lut_cells = lut->cells;
+          gc.groups[0].lut = &dummy;
+        }
+        comps.push_back(gc);
+      }
+    return comps;
+  };
+  auto launch = [](const std::vector<GpuComponent>& comps) {
+    EncodeLaunch a;
+    a.dtype = kGpuF16;
+    a.tokens = 1;
+    a.heads = 2;
+    a.dim = 128;
+    a.host_k = comps.data();
+    a.host_v = comps.data() + 2;
+    return a;
+  };
+  for (const char* format : {"k3v3", "k4v4", "k8v8", "k4v2", "k2v4"}) {
+    std::vector<GpuComponent> comps = describe(format, true);
+    EncodeLaunch a = launch(comps);
+    EXPECT_TRUE(EncodeUsesFastPath(a)) << format;
+    EXPECT_TRUE(EncodeUsesQuantLut(a)) << format;
+    a.allow_quant_lut = false;
+    EXPECT_TRUE(EncodeUsesFastPath(a)) << format;
+    EXPECT_FALSE(EncodeUsesQuantLut(a)) << format;
+    // The last head of a component with tables (V for k2v4).
+    const int j = LutMaxCells(comps[1].groups[0].mse_bits) > 0 ? 1 : 3;
+    // No table for it (BuildQuantLut found none): search.
+    std::vector<GpuComponent> missing = comps;
+    missing[j].groups[0].lut_cells = 0;
+    missing[j].groups[0].lut = nullptr;
+    EXPECT_FALSE(EncodeUsesQuantLut(launch(missing))) << format;
+    EXPECT_TRUE(EncodeUsesFastPath(launch(missing))) << format;
+    // More cells than the kernel's shared-memory table holds: search.
+    std::vector<GpuComponent> big = comps;
+    big[j].groups[0].lut_cells = LutMaxCells(big[j].groups[0].mse_bits) * 2;
+    EXPECT_FALSE(EncodeUsesQuantLut(launch(big))) << format;
+    // Descriptors without tables (DescribeComponent alone): search.
+    EXPECT_FALSE(EncodeUsesQuantLut(launch(describe(format, false)))) << format;
+  }
+  // 2-bit rows always compare against their three boundaries.
+  std::vector<GpuComponent> k2v2 = describe("k2v2", true);
+  EXPECT_TRUE(EncodeUsesFastPath(launch(k2v2)));
+  EXPECT_FALSE(EncodeUsesQuantLut(launch(k2v2)));
+}
 
 }  // namespace
 }  // namespace tqkv::gpu

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/quant_lut.h"
 
 namespace tqkv::gpu {
 namespace {
@@ -13,7 +15,15 @@ namespace {
 // Offsets into the float/int pools, patched into pointers after upload.
 struct PendingGroup {
   size_t s1 = SIZE_MAX, s2 = SIZE_MAX, qr = SIZE_MAX, cent = SIZE_MAX, bound = SIZE_MAX,
-         qjl = SIZE_MAX, map = SIZE_MAX;
+         qjl = SIZE_MAX, map = SIZE_MAX, lut = SIZE_MAX;
+};
+
+// One codebook's tables: centroids + boundaries in the float pool, the
+// quantisation table (if any) in the int pool.
+struct SharedCodebook {
+  size_t cent = SIZE_MAX, lut = SIZE_MAX;
+  int lut_cells = 0;
+  float lut_scale = 0, lut_offset = 0;
 };
 
 }  // namespace
@@ -74,7 +84,7 @@ absl::StatusOr<std::unique_ptr<DeviceCodecTables>> DeviceCodecTables::Upload(con
   std::vector<float> floats;
   std::vector<int32_t> ints;
   std::vector<PendingGroup> pending;
-  std::map<const void*, size_t> shared;  // codebooks
+  std::map<const void*, SharedCodebook> shared;
   std::map<std::pair<int, int>, size_t> qjl_shared;  // (component, group): QjlSeed depends on nothing else
   auto push = [&floats](const std::vector<float>& v) {
     size_t off = floats.size();
@@ -103,12 +113,31 @@ absl::StatusOr<std::unique_ptr<DeviceCodecTables>> DeviceCodecTables::Upload(con
           }
           auto it = shared.find(src.codebook);
           if (it == shared.end()) {
-            size_t off = push(src.codebook->centroids_f);
+            SharedCodebook sc;
+            sc.cent = push(src.codebook->centroids_f);
             push(src.codebook->boundaries_f);
-            it = shared.emplace(src.codebook, off).first;
+            // Built once per codebook; none (the encode searches) when the
+            // specialised encode has no tables for these bits or none fits.
+            const std::vector<float>& b = src.codebook->boundaries_f;
+            const int cap = LutMaxCells(src.layout.mse_bits);
+            std::optional<QuantLut> lut;
+            if (cap > 0) lut = BuildQuantLut(b.data(), static_cast<int>(b.size()), cap);
+            if (lut.has_value()) {
+              sc.lut = ints.size();
+              ints.insert(ints.end(), lut->words.begin(), lut->words.end());
+              sc.lut_cells = lut->cells;
+              sc.lut_scale = lut->scale;
+              sc.lut_offset = lut->offset;
+            }
+            it = shared.emplace(src.codebook, sc).first;
           }
-          p.cent = it->second;
-          p.bound = it->second + src.codebook->centroids_f.size();
+          const SharedCodebook& sc = it->second;
+          p.cent = sc.cent;
+          p.bound = sc.cent + src.codebook->centroids_f.size();
+          p.lut = sc.lut;
+          gc.groups[gi].lut_cells = sc.lut_cells;
+          gc.groups[gi].lut_scale = sc.lut_scale;
+          gc.groups[gi].lut_offset = sc.lut_offset;
           if (src.layout.qjl) {
             auto q = qjl_shared.find({c, gi});
             if (q == qjl_shared.end()) q = qjl_shared.emplace(std::make_pair(c, gi), push(src.qjl)).first;
@@ -151,6 +180,7 @@ absl::StatusOr<std::unique_ptr<DeviceCodecTables>> DeviceCodecTables::Upload(con
       g.boundaries = fptr(p.bound);
       g.qjl_matrix = fptr(p.qjl);
       g.channel_map = p.map == SIZE_MAX ? nullptr : ib + p.map;
+      g.lut = p.lut == SIZE_MAX ? nullptr : reinterpret_cast<const uint32_t*>(ib + p.lut);
     }
   }
   absl::Status st = t->components_.Reserve(t->host_.size() * sizeof(GpuComponent));

@@ -1,7 +1,9 @@
 // DeviceCodecTables: device copies of one ModelCodec's rotation signs, QR
 // matrices, codebooks, QJL matrices and channel maps, plus the GpuComponent
 // descriptors that point at them (one per layer, kv head and K|V). Built
-// once per model from the tables the CPU computed (RowCodec::groups()).
+// once per model from the tables the CPU computed (RowCodec::groups()),
+// with one quantisation table per codebook the specialised encode can use
+// (gpu/quant_lut.h; GpuGroup::lut).
 //
 // Thread safety: immutable after Upload; safe to share.
 #ifndef TQKV_GPU_CODEC_TABLES_H_
@@ -17,8 +19,8 @@
 
 namespace tqkv::gpu {
 
-// Fills a descriptor from a RowCodec; table pointers are left null (tests
-// and Upload patch them).
+// Fills a descriptor from a RowCodec; table pointers are left null and
+// lut_cells 0 (tests and Upload patch them).
 GpuComponent DescribeComponent(const RowCodec& codec);
 
 class DeviceCodecTables {

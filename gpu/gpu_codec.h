@@ -15,6 +15,17 @@ inline constexpr int kMaxHadamardBlocks = 8;
 // Largest channel group the kernels are instantiated for (8 values/lane).
 inline constexpr int kMaxGroupChannels = 256;
 
+// Uniform-cell quantisation tables (gpu/quant_lut.h): t = fma(u, (cells − 1)
+// · kLutUlp, kLutMagic) = 2 + c · 2^-22 holds the cell c in the low mantissa
+// bits, and bits(t) · 4 = 4c (mod 2^32) is its byte offset in the table.
+inline constexpr float kLutMagic = 2.0f;
+inline constexpr uint32_t kLutMagicBits = 0x40000000u;
+inline constexpr float kLutUlp = 0x1p-22f;  // the ulp of floats in [2, 4)
+// Most cells a B-bit codebook's table may have: what the specialised encode
+// holds in shared memory (32 words span the 32 banks once). 0: no table, the
+// encode searches the boundaries (2 bits: three compares are cheaper).
+constexpr int LutMaxCells(int bits) { return bits == 3 || bits == 4 ? 32 : bits == 8 ? 1024 : 0; }
+
 enum GpuComponentKind : int32_t { kGpuDense = 0, kGpuMse = 1, kGpuRecipe = 2 };
 enum GpuRotationKind : int32_t { kGpuHadamard = 0, kGpuQr = 1 };
 // Element types of dense tensors (same values as codec/dtype.h's DType).
@@ -40,6 +51,11 @@ struct GpuGroup {
   const float* boundaries = nullptr;  // [2^mse_bits - 1]
   const float* qjl_matrix = nullptr;  // [n, n] row-major (QJL)
   const int32_t* channel_map = nullptr;  // [n] source channels; null = identity
+  // Quantisation table of the codebook (gpu/quant_lut.h); lut_cells == 0
+  // when there is none (LutMaxCells(mse_bits) == 0, or no valid table).
+  int32_t lut_cells = 0;
+  float lut_scale = 0, lut_offset = 0;
+  const uint32_t* lut = nullptr;  // [2 · lut_cells]: bnd bit patterns, then base
 };
 
 struct GpuComponent {

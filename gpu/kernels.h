@@ -48,15 +48,24 @@ struct EncodeLaunch {
   const GpuComponent* v_comp = nullptr;
   int32_t max_group_channels = 0;  // max over both components (host value)
   unsigned long long* bad_slot = nullptr;
-  // Optional host copies of k_comp / v_comp ([heads] each). With them, fp16
-  // input at d = 128 whose components are all 2- or 4-bit mse rows (one RHT
-  // group, fp32 norm after the indices) takes the specialised kernel.
+  // Optional host copies of k_comp / v_comp ([heads] each). With them,
+  // fp16/bf16/fp32 input at d = 128 whose components are 2-, 3-, 4- or
+  // 8-bit mse rows (one RHT group, fp32 norm after the indices; K/V bits
+  // 2/2, 3/3, 4/4, 8/8, 4/2 or 2/4) takes the specialised kernel.
   const GpuComponent* host_k = nullptr;
   const GpuComponent* host_v = nullptr;
   bool allow_fast_path = true;
+  // The specialised kernel quantises 3-, 4- and 8-bit rows through the
+  // codebooks' uniform-cell tables (GpuGroup::lut) when every component has
+  // one; false (benchmarks, tests) or a missing table: it searches the
+  // boundaries instead. Same bytes either way.
+  bool allow_quant_lut = true;
 };
 // True when LaunchEncode(a) uses the specialised d = 128 kernel.
 bool EncodeUsesFastPath(const EncodeLaunch& a);
+// True when it does and quantises through the tables (never for k2v2,
+// whose rows always compare against the three boundaries).
+bool EncodeUsesQuantLut(const EncodeLaunch& a);
 cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream);
 
 // Decode the rows at `slots` into dense K/V [n, heads, dim] of `dtype`

@@ -5,6 +5,9 @@
 //
 // Layout: 8 lanes per row, 4 rows per warp; lane L of a row holds channels
 // j = 4L + e + 32i (e, i in 0..3) loaded as four 4-channel pieces. Then
+//  * the first sign vector s1 as an XOR of the raw input's sign bits (one
+//    LOP per 32-bit word: (x·inv)·s1 = (±x)·inv exactly, round-to-nearest
+//    being sign-symmetric, and x² is unchanged);
 //  * the canonical sum of squares: accumulator l = 4L + e chains its
 //    x_{l+32i} in order i = 0..3 in registers; the butterfly over l
 //    (off 16, 8, 4 → lanes L^4, L^2, L^1; off 2, 1 → e^2, e^1 in registers)
@@ -12,8 +15,13 @@
 //  * the FWHT stages h = 1, 2 (e bits) and 32, 64 (i bits) in registers,
 //    h = 4, 8, 16 across lanes (L bits) with the same a+b / a−b per pair as
 //    codec/rotation.cc (fma(±1, x, o) rounds exactly like o ± x);
-//  * quantisation (= the number of boundaries strictly below y; NaN → 0) as
-//    a branch-free search over boundaries in registers (2/3/4 bits) or an
+//  * y = x·(±scale), one FMUL: (x·scale)·s2 with s2 = ±1 is exactly that;
+//  * quantisation (= the number of boundaries strictly below y; NaN → 0):
+//    3-, 4- and 8-bit rows through the codebook's uniform-cell table in
+//    shared memory (gpu/quant_lut.h: two FFMA, the address from the second
+//    one's bit pattern, two LDS, one compare); 2-bit rows as the sum of
+//    three compares; codebooks without a table (kLut = false) by a
+//    branch-free search over boundaries in registers (3/4 bits) or an
 //    8-step search over the block's boundaries in shared memory (8 bits);
 //  * packing with shuffles inside the row's 8 lanes, 4-byte stores (3 bits:
 //    lanes 0..2 assemble the three words of each 12-byte chunk).
@@ -29,18 +37,48 @@ namespace tqkv::gpu {
 inline constexpr int kEncWarps = 8;
 inline constexpr int kEncTokensPerBlock = 256;  // per (kv head, component)
 
-// Boundaries of a B-bit codebook: in registers for B <= 4 (branch-free
+// B-bit rows of a launch with kLut quantise through the codebook's table
+// (LutMaxCells(B) words of bnd, then of base, in shared memory).
+template <int B, bool kLut>
+inline constexpr bool kUseLut = kLut && LutMaxCells(B) > 0;
+// Otherwise the boundaries: in registers for B <= 4 (compares / branch-free
 // search), in shared memory for B = 8 (eight dependent lookups).
 template <int B>
 inline constexpr bool kBoundsInRegs = B <= 4;
 template <int B>
 inline constexpr int kRegBounds = kBoundsInRegs<B> ? (1 << B) - 1 : 1;
 
-// Number of boundaries strictly below y (codec/codebook.h; NaN → 0).
+// Number of boundaries strictly below y through the uniform-cell table
+// (gpu/quant_lut.h; QuantLutIndex bit for bit): the saturating FFMA maps
+// every float into [0, 1] (NaN → +0, so NaN → cell 0 → index 0), the
+// second puts the cell c in the low mantissa bits of t = 2 + c·2^-22, and
+// c − bits(2) folds away in 32-bit address arithmetic (bits(2)·4 = 2^32):
+// one LEA addresses bnd (lut[c]) and base (lut[kCap + c]). `step` =
+// (cells − 1)·2^-22. About 9 SASS instructions per value with the packing,
+// two of them LDS.
+template <int kCap>
+__device__ __forceinline__ uint32_t QuantizeLut(float y, float scale, float offset, float step,
+                                                const uint32_t* lut) {
+  float u;
+  asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(u) : "f"(y), "f"(scale), "f"(offset));
+  const uint32_t c = __float_as_uint(__fmaf_rn(u, step, kLutMagic)) - kLutMagicBits;
+  return lut[kCap + c] + (y > __uint_as_float(lut[c]) ? 1u : 0u);
+}
+
+// 0xffffffff if a > b, else 0 (NaN: 0). Written as PTX set: nvcc turns the
+// C++ (a > b) sums of QuantizeFast<2> into longer select chains.
+__device__ __forceinline__ uint32_t GreaterMask(float a, float b) {
+  uint32_t r;
+  asm("set.gt.u32.f32 %0, %1, %2;" : "=r"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// Number of boundaries strictly below y by comparing / searching
+// (codec/codebook.h; NaN → 0).
 template <int B>
 __device__ __forceinline__ uint32_t QuantizeFast(float y, const float (&b)[kRegBounds<B>], const float* bsm) {
   if constexpr (B == 2) {
-    return static_cast<uint32_t>(y > b[0]) + static_cast<uint32_t>(y > b[1]) + static_cast<uint32_t>(y > b[2]);
+    return 0u - (GreaterMask(y, b[0]) + GreaterMask(y, b[1]) + GreaterMask(y, b[2]));
   } else if constexpr (B == 3) {
     const bool c2 = y > b[3];
     const bool c1 = y > (c2 ? b[5] : b[1]);
@@ -65,11 +103,17 @@ __device__ __forceinline__ uint32_t QuantizeFast(float y, const float (&b)[kRegB
   }
 }
 
-// Input element loads: four consecutive channels of a row.
+// Input element loads: four consecutive channels of a row; SignMask/Flip
+// apply ±1 signs to the raw words (the sign bit of each channel).
 template <typename T>
 struct FastInput {
   using Raw = uint2;  // 4 × 16-bit
   static __device__ __forceinline__ Raw Load(const T* p) { return __ldcs(reinterpret_cast<const uint2*>(p)); }
+  static __device__ __forceinline__ Raw SignMask(const float* s) {
+    auto bit = [](float v, uint32_t m) { return v < 0.0f ? m : 0u; };
+    return make_uint2(bit(s[0], 0x8000u) | bit(s[1], 0x80000000u), bit(s[2], 0x8000u) | bit(s[3], 0x80000000u));
+  }
+  static __device__ __forceinline__ void Flip(Raw& r, const Raw& m) { r.x ^= m.x, r.y ^= m.y; }
   static __device__ __forceinline__ void ToFloat(const Raw& r, float* x) {
     if constexpr (std::is_same_v<T, __half>) {
       const __half2 lo = *reinterpret_cast<const __half2*>(&r.x);
@@ -86,32 +130,59 @@ template <>
 struct FastInput<float> {
   using Raw = uint4;
   static __device__ __forceinline__ Raw Load(const float* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
+  static __device__ __forceinline__ Raw SignMask(const float* s) {
+    auto bit = [](float v) { return v < 0.0f ? 0x80000000u : 0u; };
+    return make_uint4(bit(s[0]), bit(s[1]), bit(s[2]), bit(s[3]));
+  }
+  static __device__ __forceinline__ void Flip(Raw& r, const Raw& m) { r.x ^= m.x, r.y ^= m.y, r.z ^= m.z, r.w ^= m.w; }
   static __device__ __forceinline__ void ToFloat(const Raw& r, float* x) {
     x[0] = __uint_as_float(r.x), x[1] = __uint_as_float(r.y), x[2] = __uint_as_float(r.z), x[3] = __uint_as_float(r.w);
   }
 };
 
-template <int B, typename T>
+template <int B, typename T, bool kLut>
 __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k, int h, int64_t tok0) {
   using In = FastInput<T>;
+  using Raw = typename In::Raw;
+  constexpr int kCap = LutMaxCells(B);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int L = lane & 7, sub = lane >> 3;
   const GpuComponent& c = (is_k ? a.k_comp : a.v_comp)[h];
   const GpuGroup& gr = c.groups[0];
   const PageRegion& pr = is_k ? a.k_pages : a.v_pages;
   const T* src = static_cast<const T*>(is_k ? a.k : a.v);
-  float s1[16], s2[16];
+  // s1 as sign-bit masks of the raw pieces; scale·s2 = ±scale.
+  Raw sgn[4];
+  float ss2[16];
+  const float scale = gr.block_scale[0];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 4; ++i) {
+    float s1[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s1[4 * i + e] = __ldg(gr.s1 + 4 * L + e + 32 * i);
-      s2[4 * i + e] = __ldg(gr.s2 + 4 * L + e + 32 * i);
+      s1[e] = __ldg(gr.s1 + 4 * L + e + 32 * i);
+      ss2[4 * i + e] = __fmul_rn(scale, __ldg(gr.s2 + 4 * L + e + 32 * i));
     }
-  const float scale = gr.block_scale[0];
+    sgn[i] = In::SignMask(s1);
+  }
   float bnd[kRegBounds<B>];
   const float* bsm = nullptr;
-  if constexpr (kBoundsInRegs<B>) {
+  const uint32_t* lut = nullptr;
+  float lut_scale = 0.0f, lut_offset = 0.0f, lut_step = 0.0f;
+  if constexpr (kUseLut<B, kLut>) {
+    __shared__ uint32_t lut_arr[2 * kCap];
+    const int cells = gr.lut_cells;  // <= kCap (EncodeUsesQuantLut)
+    for (int k = threadIdx.x; k < cells; k += blockDim.x) {
+      lut_arr[k] = __ldg(gr.lut + k);
+      lut_arr[kCap + k] = __ldg(gr.lut + cells + k);
+    }
+    __syncthreads();
+    lut = lut_arr;
+    lut_scale = gr.lut_scale;
+    lut_offset = gr.lut_offset;
+    lut_step = static_cast<float>(cells - 1) * kLutUlp;
+    bnd[0] = 0.0f;
+  } else if constexpr (kBoundsInRegs<B>) {
 #pragma unroll
     for (int k = 0; k < (1 << B) - 1; ++k) bnd[k] = __ldg(gr.boundaries + k);
   } else {
@@ -128,7 +199,6 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
   const int3 p3_src = L == 0 ? make_int3(0, 1, 2) : (L == 1 ? make_int3(2, 3, 4) : make_int3(5, 6, 7));
   const int3 p3_sh = L == 0 ? make_int3(0, 12, 24) : (L == 1 ? make_int3(8, 4, 16) : make_int3(4, 8, 20));
   // The next pass's row and slot load while this pass computes.
-  using Raw = typename In::Raw;
   auto fetch = [&](int pass, Raw (&raw)[4], int64_t& slot) {
     const int64_t t = tok0 + (pass * kEncWarps + warp) * 4 + sub;
     slot = -1;
@@ -148,7 +218,10 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
   for (int pass = 0; pass < kPasses; ++pass) {
     float x[16];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) In::ToFloat(nraw[i], x + 4 * i);
+    for (int i = 0; i < 4; ++i) {
+      In::Flip(nraw[i], sgn[i]);
+      In::ToFloat(nraw[i], x + 4 * i);
+    }
     const int64_t slot = nslot;
     fetch(pass + 1, nraw, nslot);
     // Canonical norm.
@@ -167,7 +240,7 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
     const float norm = __fsqrt_rn(ss);
     const float inv = norm > 0.0f ? __fdiv_rn(1.0f, norm) : 0.0f;
 #pragma unroll
-    for (int r = 0; r < 16; ++r) x[r] = __fmul_rn(__fmul_rn(x[r], inv), s1[r]);
+    for (int r = 0; r < 16; ++r) x[r] = __fmul_rn(x[r], inv);
     // FWHT, stages h = 1, 2 (e bits), 4, 8, 16 (lane bits), 32, 64 (i bits).
 #pragma unroll
     for (int hb = 1; hb <= 2; hb <<= 1)
@@ -197,15 +270,18 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
             x[4 * i + e] = __fadd_rn(p, q);
             x[4 * (i + hi) + e] = __fsub_rn(p, q);
           }
-    // Scale, signs, quantise, pack.
+    // Scale and signs, quantise, pack.
     uint32_t part[4];  // per i: the lane's 4 channels' indices, packed
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       uint32_t v = 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float y = __fmul_rn(__fmul_rn(x[4 * i + e], scale), s2[4 * i + e]);
-        v |= QuantizeFast<B>(y, bnd, bsm) << (B * e);
+        const float y = __fmul_rn(x[4 * i + e], ss2[4 * i + e]);
+        uint32_t q;
+        if constexpr (kUseLut<B, kLut>) q = QuantizeLut<kCap>(y, lut_scale, lut_offset, lut_step, lut);
+        else q = QuantizeFast<B>(y, bnd, bsm);
+        v += q << (B * e);  // disjoint fields: + packs like | and folds into LEA/IMAD
       }
       part[i] = v;
     }
@@ -249,14 +325,15 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
   }
 }
 
-// grid: (heads × token blocks, 2 components); 256 threads.
-template <int KB, int VB, typename T>
+// grid: (heads × token blocks, 2 components); 256 threads. kLut: every
+// 3-, 4- and 8-bit component has a table of at most LutMaxCells(B) cells.
+template <int KB, int VB, typename T, bool kLut>
 __global__ void __launch_bounds__(32 * kEncWarps, 2) EncodeFastKernel(EncodeLaunch a) {
   if (*a.bad_slot != kNoBadSlot) return;
   const int h = static_cast<int>(blockIdx.x % a.heads);
   const int64_t tok0 = static_cast<int64_t>(blockIdx.x / a.heads) * kEncTokensPerBlock;
-  if (blockIdx.y == 0) EncodeRowsFast<KB, T>(a, true, h, tok0);
-  else EncodeRowsFast<VB, T>(a, false, h, tok0);
+  if (blockIdx.y == 0) EncodeRowsFast<KB, T, kLut>(a, true, h, tok0);
+  else EncodeRowsFast<VB, T, kLut>(a, false, h, tok0);
 }
 
 }  // namespace tqkv::gpu
