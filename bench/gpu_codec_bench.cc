@@ -117,6 +117,15 @@ int Run(int iters) {
       g.allow_fast_path = false;
       enc_generic_ms = MedianMs([&] { LaunchEncode(g, nullptr); }, std::max(5, iters / 5));
     }
+    // The specialised kernel quantising by boundary search instead of the
+    // uniform-cell tables (EncodeLaunch::allow_quant_lut), same run.
+    if (EncodeUsesQuantLut(e)) {
+      EncodeLaunch s = e;
+      s.allow_quant_lut = false;
+      const float search_ms = MedianMs([&] { LaunchEncode(s, nullptr); }, iters);
+      std::printf("%-5s encode quantiser: tables %.3f ms, boundary search %.3f ms (search / tables = %.2f)\n",
+                  format, enc_ms, search_ms, search_ms / enc_ms);
+    }
     const double packed = static_cast<double>(blocks) * (codec->k_page_bytes(0) + codec->v_page_bytes(0));
     const double dense = 2.0 * host.size() * 2;
     DecodeLaunch d;
