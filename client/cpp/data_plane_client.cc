@@ -99,7 +99,8 @@ absl::Status DataPlaneClient::SendAll(const char* p, size_t n) {
 
 absl::Status DataPlaneClient::RecvAll(char* p, size_t n) {
   while (n > 0) {
-    const ssize_t r = recv(fd_, p, n, 0);
+    // MSG_WAITALL: one call sleeps until the whole rest has arrived.
+    const ssize_t r = recv(fd_, p, n, MSG_WAITALL);
     if (r == 0) return Broken(absl::UnavailableError("data plane connection closed by the server"));
     if (r < 0) {
       if (errno == EINTR) continue;
