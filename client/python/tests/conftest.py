@@ -19,6 +19,7 @@ import pytest
 import tqkv
 
 _LISTEN = re.compile(r"tqkv-server listening on (\S+)")
+_DATA = re.compile(r"tqkv-server data plane listening on (\S+)")
 
 
 class Server:
@@ -32,13 +33,19 @@ class Server:
         self.lines = []
         found = threading.Event()
         self.address = None
+        self.data_address = None
 
         def reader():
             for line in self.proc.stdout:
                 self.lines.append(line.rstrip())
+                d = _DATA.search(line)
+                if d:
+                    self.data_address = d.group(1)
                 m = _LISTEN.search(line)
                 if m and self.address is None:
                     self.address = m.group(1)
+                # The data-plane line follows the gRPC one.
+                if self.address is not None and self.data_address is not None:
                     found.set()
             found.set()  # exited
 

@@ -9,6 +9,7 @@
         c.get_blocks(m, [b"h0"], dense=True)[0].k           # dequantized fp16
 """
 from .client import Client, Sequence
+from .data_plane import DataPlane
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, TqkvError,
                      Unauthenticated, Unavailable)
@@ -18,7 +19,7 @@ from .types import (Block, BlockData, EvictResult, Format, LayerFormat, LookupRe
                     ModelStats, PutResult, Stats, TierBytes)
 
 __all__ = [
-    "Client", "Sequence", "Block", "BlockData", "EvictResult", "Format", "LayerFormat",
+    "Client", "Sequence", "DataPlane", "Block", "BlockData", "EvictResult", "Format", "LayerFormat",
     "LookupResult", "Model", "ModelStats", "PutResult", "Stats", "TierBytes",
     "TqkvError", "InvalidArgument", "NotFound", "FailedPrecondition", "AlreadyExists",
     "ResourceExhausted", "DataLoss", "Unavailable", "Unauthenticated", "PermissionDenied",

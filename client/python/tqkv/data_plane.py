@@ -1,0 +1,117 @@
+"""Bulk packed reads over tqkv's data plane (plain TCP next to gRPC).
+
+    with tqkv.DataPlane("127.0.0.1:50052", token=None) as dp:
+        blocks = dp.get_blocks(model, [b"h0", b"h1"])   # [BlockData], payload = bytes
+        views = dp.get_blocks(model, hashes, copy=False)  # payloads as memoryviews of one buffer
+
+Same tenancy, fingerprint checks and error classes as Client.get_blocks
+(packed blocks only). Wire format: proto/tqkv/v1/tqkv.proto, "Data plane":
+the preface b"TQKVDP01", then per request `u32 len + DataPlaneRequest`; per
+reply `u32 H, u64 P, DataPlaneReply (H bytes), payloads (P bytes)`.
+
+Not thread-safe: use one DataPlane per thread.
+"""
+import socket
+import struct
+
+import grpc
+
+from . import errors
+from ._proto import pb
+from .client import Client, _hashes
+from .types import TIER_NAMES, BlockData, Format
+
+_PREFACE = b"TQKVDP01"
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class DataPlane:
+    def __init__(self, address, token=None, timeout=30.0):
+        """address: the server's data-plane HOST:PORT (tqkv-server prints it as
+        `data plane listening on`)."""
+        host, _, port = address.rpartition(":")
+        self._addr = (host.strip("[]"), int(port))
+        self._token = token
+        self._timeout = timeout
+        self._sock = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _connect(self):
+        if self._sock is None:
+            try:
+                s = socket.create_connection(self._addr, timeout=self._timeout)
+            except OSError as e:
+                raise errors.Unavailable(f"data plane {self._addr}: {e}",
+                                         method="DataGetBlocks") from e
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.sendall(_PREFACE)
+            self._sock = s
+        return self._sock
+
+    def _recv_into(self, view):
+        got = 0
+        while got < len(view):
+            n = self._sock.recv_into(view[got:])
+            if n == 0:
+                self.close()
+                raise errors.Unavailable("data plane connection closed by the server",
+                                         method="DataGetBlocks")
+            got += n
+
+    def get_blocks(self, model, hashes, *, first_layer=0, last_layer=0, with_format=False,
+                   copy=True):
+        """A BlockData per requested hash, in order (all or an error).
+
+        payload: bytes of layers [first_layer, last_layer); with copy=False,
+        memoryviews into one buffer of the whole reply. format: the model's
+        Format when with_format. Raises NotFound for a missing block,
+        FailedPrecondition for a stale fingerprint, Unauthenticated, ...
+        """
+        req = pb.DataPlaneRequest(
+            get_blocks=pb.GetBlocksRequest(model=Client._ref(model), block_hashes=_hashes(hashes),
+                                           first_layer=first_layer, last_layer=last_layer),
+            with_format=with_format)
+        if self._token:
+            req.authorization = "Bearer " + self._token
+        body = req.SerializeToString()
+        sock = self._connect()
+        try:
+            sock.sendall(struct.pack("<I", len(body)) + body)
+            prefix = bytearray(12)
+            self._recv_into(memoryview(prefix))
+            h, p = struct.unpack("<IQ", prefix)
+            head = bytearray(h)
+            self._recv_into(memoryview(head))
+            payload = bytearray(p)
+            self._recv_into(memoryview(payload))
+        except socket.timeout as e:
+            self.close()
+            raise errors.DeadlineExceeded("data plane call timed out",
+                                          method="DataGetBlocks") from e
+        except OSError as e:
+            self.close()
+            raise errors.Unavailable(f"data plane: {e}", method="DataGetBlocks") from e
+        reply = pb.DataPlaneReply.FromString(bytes(head))
+        if reply.code != 0:
+            code = _CODES.get(reply.code, grpc.StatusCode.UNKNOWN)
+            cls = errors._BY_CODE.get(code, errors.TqkvError)
+            raise cls(reply.message, code=code, method="DataGetBlocks")
+        fmt = Format.from_proto(reply.format) if reply.HasField("format") else None
+        view = memoryview(payload)
+        out, at = [], 0
+        for b in reply.blocks:
+            part = view[at:at + b.payload_bytes]
+            at += b.payload_bytes
+            out.append(BlockData(b.block_hash, TIER_NAMES.get(b.tier, str(b.tier)),
+                                 payload=bytes(part) if copy else part, format=fmt))
+        return out
