@@ -71,7 +71,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--shapes", default="", help="subset, e.g. 32x32768,1x131072 (default: all)")
+    ap.add_argument("--formats", default="", help="subset, e.g. k4v4 (default: all)")
+    ap.add_argument("--quick", action="store_true",
+                    help="served kernel vs SDPA only (no variants, split sweep or CUDA-core kernel); "
+                         "for profiling")
     args = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
+    formats = [f for f in args.formats.split(",") if f] or list(GOALS)
     lib = load(args.lib)
     dev = torch.device("cuda")
     stream = torch.cuda.current_stream().cuda_stream
@@ -84,13 +91,13 @@ def main():
     print(f"copy ceiling (D2D, read+write): {ceiling / 1e12:.2f} TB/s ({ms:.3f} ms for 2 GiB)")
     del src, dst
 
-    handles = {f: lib.tqkv_gpu_create(f.encode(), D, KVH, QH, BS, 7) for f in GOALS}
+    handles = {f: lib.tqkv_gpu_create(f.encode(), D, KVH, QH, BS, 7) for f in formats}
     for f, h in handles.items():
         if not h:
             sys.exit(f"create {f}: {lib.tqkv_gpu_last_error().decode()}")
     flag = torch.empty(8, dtype=torch.uint8, device=dev)
     rows = []
-    for batch, ctx in SHAPES:
+    for batch, ctx in shapes:
         torch.manual_seed(0)
         k = torch.randn(batch, KVH, ctx, D, dtype=torch.float16, device=dev)
         v = torch.randn(batch, KVH, ctx, D, dtype=torch.float16, device=dev)
@@ -149,6 +156,11 @@ def main():
             t_tq = timed(call, args.iters)
             floor = batch * ctx * KVH * (kr + vr)
             bw = floor / (t_tq * 1e-3)
+            if args.quick:
+                line += (f"\n    {f}: {t_tq:.3f} ms  ratio {t_tq / t_sdpa:.3f}x SDPA  "
+                         f"{bw / 1e12:.2f} TB/s of packed bytes  rel.err vs fp16 SDPA {err:.3f}")
+                del kp, vp, ws, out
+                continue
             fast = lib.tqkv_gpu_attention_uses_fast_path(h, stride)
             t_gen = timed(lambda: call(0), max(5, args.iters // 5)) if batch * ctx <= 16 * 16384 else float("nan")
             if call(2, old_splits):

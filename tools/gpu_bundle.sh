@@ -5,7 +5,8 @@
 # copy ceiling), and tqkv-server with the end-to-end Attend benchmark.
 # Usage: tools/gpu_bundle.sh [out_dir=dist/gpu]
 # On the GPU machine: dist/gpu/run_all.sh  (logs to $OUT, or ./logs;
-# SKIP_KERNEL_BENCH=1 or SKIP_E2E=1 leave out the kernel or end-to-end benchmarks).
+# SKIP_KERNEL_BENCH=1, SKIP_ATTENTION_BENCH=1 or SKIP_E2E=1 leave out the kernel
+# benchmarks, only the decode-vs-SDPA one, or the end-to-end benchmark).
 # The device tool carries at most 64 MiB, and every binary holds the CUDA
 # fatbins (~10 MB), so a compressed copy is made too: carry `dist/gpu_xz`
 # and run `dist/gpu_xz/run_all.sh` (it unpacks to a temp dir and runs).
@@ -44,8 +45,10 @@ for t in codec_kernels_test attention_test cuda_backend_test; do
 done
 if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
   timeout 180 "$HERE/gpu_codec_bench" 50 > "$LOGS/gpu_codec_bench.log" 2>&1; echo "gpu_codec_bench rc=$?" | tee -a "$LOGS/summary.txt"
-  timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 \
-    > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
+  if [ -z "${SKIP_ATTENTION_BENCH:-}" ]; then
+    timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 \
+      > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
+  fi
 fi
 # End to end: one decode step of a 32-layer model at 32K context as 32 Attend
 # calls over loopback to tqkv-server on the CUDA backend.
