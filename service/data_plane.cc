@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -17,6 +18,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "codec/status_macros.h"
 #include "service/convert.h"
 #include "service/net_address.h"
@@ -128,19 +130,24 @@ class DataPlaneServer::Loop {
 
   ~Loop() {
     for (auto& [fd, conn] : conns_) close(fd);
+    for (auto& [fd, peer] : adopted_) close(fd);
     if (wake_fd_ >= 0) close(wake_fd_);
     if (epoll_fd_ >= 0) close(epoll_fd_);
   }
 
-  absl::Status Init() {
+  // `accept`: this loop accepts connections (on listen_fd_) and deals them
+  // out round-robin over `peers` (itself included).
+  absl::Status Init(bool accept) {
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (epoll_fd_ < 0 || wake_fd_ < 0) return absl::InternalError(ErrnoText("epoll/eventfd"));
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLEXCLUSIVE;  // one loop wakes per connection attempt
-    ev.data.ptr = &kListenTag;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0)
-      return absl::InternalError(ErrnoText("epoll_ctl(listen)"));
+    if (accept) {
+      ev.events = EPOLLIN;
+      ev.data.ptr = &kListenTag;
+      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0)
+        return absl::InternalError(ErrnoText("epoll_ctl(listen)"));
+    }
     ev.events = EPOLLIN;
     ev.data.ptr = &kWakeTag;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0)
@@ -148,9 +155,21 @@ class DataPlaneServer::Loop {
     return absl::OkStatus();
   }
 
+  void SetPeers(std::vector<Loop*> peers) { peers_ = std::move(peers); }
+
+  // Hands an accepted connection to this loop (from the accepting loop's
+  // thread).
+  void Adopt(int fd, std::string peer) {
+    {
+      absl::MutexLock l(&mu_);
+      adopted_.emplace_back(fd, std::move(peer));
+    }
+    Wake();
+  }
+
   void Stop() {
-    const uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof one);
+    stop_.store(true);
+    Wake();
   }
 
   void Run() {
@@ -161,7 +180,18 @@ class DataPlaneServer::Loop {
       if (n < 0) return;
       for (int i = 0; i < n; ++i) {
         void* tag = events[i].data.ptr;
-        if (tag == &kWakeTag) return;
+        if (tag == &kWakeTag) {
+          uint64_t n;
+          (void)!read(wake_fd_, &n, sizeof n);
+          if (stop_.load()) return;
+          std::vector<std::pair<int, std::string>> adopted;
+          {
+            absl::MutexLock l(&mu_);
+            adopted.swap(adopted_);
+          }
+          for (auto& [fd, peer] : adopted) Register(fd, std::move(peer));
+          continue;
+        }
         if (tag == &kListenTag) {
           Accept();
           continue;
@@ -172,26 +202,42 @@ class DataPlaneServer::Loop {
   }
 
  private:
+  // Accepts what is pending and deals the connections out round-robin:
+  // every loop gets its share whatever the kernel's wake-up order.
   void Accept() {
     for (;;) {
       sockaddr_storage addr{};
       socklen_t len = sizeof addr;
       const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
                              SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN: another loop took it; else retried on the next wake-up
+      if (fd < 0) return;  // EAGAIN, or retried on the next wake-up
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      auto conn = std::make_unique<Conn>();
-      conn->fd = fd;
-      conn->peer = PeerName(addr);
-      Conn* c = conn.get();
-      conns_[fd] = std::move(conn);
-      c->interest = EPOLLIN;
-      epoll_event ev{};
-      ev.events = c->interest;
-      ev.data.ptr = c;
-      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) Close(c);
+      Loop* to = peers_[next_peer_++ % peers_.size()];
+      if (to == this) {
+        Register(fd, PeerName(addr));
+      } else {
+        to->Adopt(fd, PeerName(addr));
+      }
     }
+  }
+
+  void Register(int fd, std::string peer) {
+    auto conn = std::make_unique<Conn>();
+    conn->fd = fd;
+    conn->peer = std::move(peer);
+    Conn* c = conn.get();
+    conns_[fd] = std::move(conn);
+    c->interest = EPOLLIN;
+    epoll_event ev{};
+    ev.events = c->interest;
+    ev.data.ptr = c;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) Close(c);
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof one);
   }
 
   void OnEvent(Conn* c, uint32_t events) {
@@ -401,6 +447,11 @@ class DataPlaneServer::Loop {
   KvService* const service_;
   const RpcEnv* const env_;
   int epoll_fd_ = -1, wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::vector<Loop*> peers_;  // the accepting loop's round-robin targets
+  size_t next_peer_ = 0;
+  absl::Mutex mu_;
+  std::vector<std::pair<int, std::string>> adopted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
   char scratch_[64 << 10];
 };
@@ -418,11 +469,14 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   TQ_ASSIGN_OR_RETURN(s->listen_fd_, Listen(options.listen, &port));
   TQ_ASSIGN_OR_RETURN(auto hp, SplitHostPort(options.listen));
   s->address_ = absl::StrCat(hp.first, ":", port);
+  std::vector<Loop*> all;
   for (int i = 0; i < options.threads; ++i) {
     auto loop = std::make_unique<Loop>(s->listen_fd_, s->options_, service, env);
-    TQ_RETURN_IF_ERROR(loop->Init());
+    TQ_RETURN_IF_ERROR(loop->Init(/*accept=*/i == 0));
+    all.push_back(loop.get());
     s->loops_.push_back(std::move(loop));
   }
+  s->loops_[0]->SetPeers(std::move(all));
   for (auto& loop : s->loops_) s->threads_.emplace_back([l = loop.get()] { l->Run(); });
   return s;
 }
