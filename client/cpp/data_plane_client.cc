@@ -82,34 +82,30 @@ absl::Status DataPlaneClient::EnsureConnected() {
   return SendAll(kPreface, 8);
 }
 
+absl::Status DataPlaneClient::Failed(ssize_t r, const char* op) {
+  if (r == 0) return Broken(absl::UnavailableError("data plane connection closed by the server"));
+  if (errno == EAGAIN || errno == EWOULDBLOCK)
+    return Broken(absl::DeadlineExceededError(absl::StrCat("data plane ", op, " timed out")));
+  return Broken(Errno(absl::StatusCode::kUnavailable, absl::StrCat("data plane ", op)));
+}
+
 absl::Status DataPlaneClient::SendAll(const char* p, size_t n) {
   while (n > 0) {
     const ssize_t w = send(fd_, p, n, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return Broken(absl::DeadlineExceededError("data plane send timed out"));
-      return Broken(Errno(absl::StatusCode::kUnavailable, "data plane send"));
-    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Failed(w, "send");
     p += w;
     n -= static_cast<size_t>(w);
   }
   return absl::OkStatus();
 }
 
-absl::Status DataPlaneClient::RecvAll(char* p, size_t n) {
-  while (n > 0) {
-    // MSG_WAITALL: one call sleeps until the whole rest has arrived.
-    const ssize_t r = recv(fd_, p, n, MSG_WAITALL);
-    if (r == 0) return Broken(absl::UnavailableError("data plane connection closed by the server"));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return Broken(absl::DeadlineExceededError("data plane receive timed out"));
-      return Broken(Errno(absl::StatusCode::kUnavailable, "data plane receive"));
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
+absl::Status DataPlaneClient::Recv(char* p, size_t cap, size_t want, size_t* have, int flags) {
+  while (*have < want) {
+    const ssize_t r = recv(fd_, p + *have, cap - *have, flags);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return Failed(r, "receive");
+    *have += static_cast<size_t>(r);
   }
   return absl::OkStatus();
 }
@@ -135,22 +131,7 @@ absl::Status DataPlaneClient::GetBlocks(const v1::GetBlocksRequest& req, DataPla
   constexpr size_t kPrefix = 12, kFirstRead = 4096;
   if (head_.size() < kFirstRead) head_.resize(kFirstRead);
   size_t have = 0;
-  auto recv_some = [&](size_t want) -> absl::Status {  // until `have` >= want
-    while (have < want) {
-      const ssize_t r = recv(fd_, head_.data() + have, head_.size() - have, 0);
-      if (r == 0)
-        return Broken(absl::UnavailableError("data plane connection closed by the server"));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-          return Broken(absl::DeadlineExceededError("data plane receive timed out"));
-        return Broken(Errno(absl::StatusCode::kUnavailable, "data plane receive"));
-      }
-      have += static_cast<size_t>(r);
-    }
-    return absl::OkStatus();
-  };
-  if (absl::Status s = recv_some(kPrefix); !s.ok()) return s;
+  if (absl::Status s = Recv(head_.data(), head_.size(), kPrefix, &have, 0); !s.ok()) return s;
   uint32_t h;
   uint64_t p;
   std::memcpy(&h, head_.data(), 4);
@@ -159,7 +140,7 @@ absl::Status DataPlaneClient::GetBlocks(const v1::GetBlocksRequest& req, DataPla
     return Broken(absl::ResourceExhaustedError(
         absl::StrCat("data plane reply header of ", h, " bytes is over the client's limit")));
   if (head_.size() < kPrefix + h) head_.resize(kPrefix + h);
-  if (absl::Status s = recv_some(kPrefix + h); !s.ok()) return s;
+  if (absl::Status s = Recv(head_.data(), head_.size(), kPrefix + h, &have, 0); !s.ok()) return s;
   if (!out->reply_.ParseFromArray(head_.data() + kPrefix, static_cast<int>(h)))
     return Broken(absl::InternalError("data plane reply header does not parse"));
   uint64_t sum = 0;
@@ -178,7 +159,9 @@ absl::Status DataPlaneClient::GetBlocks(const v1::GetBlocksRequest& req, DataPla
   }
   out->payload_bytes_ = p;
   if (early > 0) std::memcpy(out->buf_.get(), head_.data() + kPrefix + h, early);
-  if (absl::Status s = RecvAll(out->buf_.get() + early, p - early); !s.ok()) return s;
+  // MSG_WAITALL: one call sleeps until the whole rest has arrived.
+  size_t got = early;
+  if (absl::Status s = Recv(out->buf_.get(), p, p, &got, MSG_WAITALL); !s.ok()) return s;
   if (out->reply_.code() != 0)
     return absl::Status(static_cast<absl::StatusCode>(out->reply_.code()), out->reply_.message());
   return absl::OkStatus();

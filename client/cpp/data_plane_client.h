@@ -11,6 +11,8 @@
 #ifndef TQKV_CLIENT_CPP_DATA_PLANE_CLIENT_H_
 #define TQKV_CLIENT_CPP_DATA_PLANE_CLIENT_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -76,7 +78,10 @@ class DataPlaneClient {
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
   absl::Status EnsureConnected();
   absl::Status SendAll(const char* p, size_t n);
-  absl::Status RecvAll(char* p, size_t n);
+  // Receives into p[*have, cap) until *have >= want.
+  absl::Status Recv(char* p, size_t cap, size_t want, size_t* have, int flags);
+  // The status of a send/recv that returned r <= 0 (errno set if r < 0).
+  absl::Status Failed(ssize_t r, const char* op);
   // Closes the socket and returns `s` (an I/O failure leaves the stream in
   // an unknown state).
   absl::Status Broken(const absl::Status& s);
