@@ -5,10 +5,13 @@
 // calls each. Reports per-call latency and its split into kernel time (the
 // server's `kernel_micros`) and the rest (RPC, (de)serialisation, copies),
 // against a baseline measured in the same run: a trivial RPC (Lookup of one
-// hash) on the same channel.
+// hash) on the same channel. With --data (the server's data-plane address)
+// every step is also run over the data plane (DataPlaneClient::Attend),
+// alternating with the gRPC step, and both are reported.
 //
-// Usage: attend_e2e_bench --server HOST:PORT [--layers 32 --context 32768
-//        --kv_heads 8 --q_heads 32 --head_dim 128 --format k4v4 --steps 20]
+// Usage: attend_e2e_bench --server HOST:PORT [--data HOST:PORT] [--layers 32
+//        --context 32768 --kv_heads 8 --q_heads 32 --head_dim 128
+//        --format k4v4 --steps 20]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli/args.h"
 #include "client/cpp/client.h"
+#include "client/cpp/data_plane_client.h"
 #include "client/cpp/synthetic.h"
 
 namespace tqkv {
@@ -43,10 +47,11 @@ int Fail(const absl::Status& s, const char* what) {
 
 int Run(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, 1,
-                               {"server", "layers", "context", "kv_heads", "q_heads", "head_dim",
+                               {"server", "data", "layers", "context", "kv_heads", "q_heads", "head_dim",
                                 "format", "steps", "put_batch"});
   if (!args.ok()) return Fail(args.status(), "arguments");
   const std::string server = args->Get("server", "localhost:50051");
+  const std::string data = args->Get("data", "");
   const int layers = *args->GetInt("layers", 32), kv = *args->GetInt("kv_heads", 8),
             qh = *args->GetInt("q_heads", 32), d = *args->GetInt("head_dim", 128),
             steps = *args->GetInt("steps", 20), put_batch = *args->GetInt("put_batch", 32);
@@ -105,21 +110,40 @@ int Run(int argc, char** argv) {
   *ping.mutable_model() = header.model();
   ping.add_block_hashes(chain[0]);
 
-  std::vector<double> call_us, kernel_us, rest_us, step_us, ping_us;
-  for (int s = -1; s < steps; ++s) {  // step -1 warms up (uploads, caches)
+  std::unique_ptr<client::DataPlaneClient> dp;
+  if (!data.empty()) {
+    auto d = client::DataPlaneClient::Connect({.target = data, .timeout = absl::Seconds(600)});
+    if (!d.ok()) return Fail(d.status(), "data plane connect");
+    dp = std::move(*d);
+  }
+  struct Path {
+    const char* name;
+    std::vector<double> call_us, kernel_us, rest_us, step_us;
+  };
+  Path grpc_path{"gRPC"}, dp_path{"data plane"};
+  std::vector<double> ping_us;
+  // One decode step over gRPC (dp == nullptr) or the data plane.
+  auto step = [&](Path& path, client::DataPlaneClient* over, bool record) -> absl::Status {
     auto step_start = Clock::now();
     for (int layer = 0; layer < layers; ++layer) {
       req.set_layer(layer);
       auto a = Clock::now();
-      auto r = (*c)->Attend(req);
+      absl::StatusOr<v1::AttendResponse> r = over ? over->Attend(req) : (*c)->Attend(req);
       auto b = Clock::now();
-      if (!r.ok()) return Fail(r.status(), "attend");
-      if (s < 0) continue;
-      call_us.push_back(Micros(a, b));
-      kernel_us.push_back(static_cast<double>(r->kernel_micros()));
-      rest_us.push_back(Micros(a, b) - static_cast<double>(r->kernel_micros()));
+      if (!r.ok()) return r.status();
+      if (!record) continue;
+      path.call_us.push_back(Micros(a, b));
+      path.kernel_us.push_back(static_cast<double>(r->kernel_micros()));
+      path.rest_us.push_back(Micros(a, b) - static_cast<double>(r->kernel_micros()));
     }
-    if (s >= 0) step_us.push_back(Micros(step_start, Clock::now()));
+    if (record) path.step_us.push_back(Micros(step_start, Clock::now()));
+    return absl::OkStatus();
+  };
+  for (int s = -1; s < steps; ++s) {  // step -1 warms up (uploads, caches)
+    if (absl::Status st = step(grpc_path, nullptr, s >= 0); !st.ok()) return Fail(st, "attend");
+    if (dp)
+      if (absl::Status st = step(dp_path, dp.get(), s >= 0); !st.ok())
+        return Fail(st, "attend (data plane)");
     auto a = Clock::now();
     auto p = (*c)->Lookup(ping);
     if (!p.ok()) return Fail(p.status(), "lookup");
@@ -130,14 +154,18 @@ int Run(int argc, char** argv) {
               "(%lld blocks, %.3f GB packed); put %.1f s\n",
               layers, kv, qh, d, format.c_str(), (long long)context, (long long)blocks, packed_gb,
               put_s);
-  std::printf("Attend per call (us): median %.0f p99 %.0f | kernel median %.0f | rest (RPC, "
-              "copies) median %.0f\n",
-              Percentile(call_us, 0.5), Percentile(call_us, 0.99), Percentile(kernel_us, 0.5),
-              Percentile(rest_us, 0.5));
-  std::printf("decode step (%d calls) median %.2f ms; baseline trivial RPC (Lookup of 1 hash) "
-              "median %.0f us -> Attend call = %.1fx a trivial RPC\n",
-              layers, Percentile(step_us, 0.5) / 1e3, Percentile(ping_us, 0.5),
-              Percentile(call_us, 0.5) / std::max(1.0, Percentile(ping_us, 0.5)));
+  for (const Path* path : {&grpc_path, &dp_path}) {
+    if (path->call_us.empty()) continue;
+    std::printf("[%s] Attend per call (us): median %.0f p99 %.0f | kernel median %.0f | rest "
+                "(transport, copies) median %.0f | decode step (%d calls) median %.2f ms\n",
+                path->name, Percentile(path->call_us, 0.5), Percentile(path->call_us, 0.99),
+                Percentile(path->kernel_us, 0.5), Percentile(path->rest_us, 0.5), layers,
+                Percentile(path->step_us, 0.5) / 1e3);
+  }
+  std::printf("baseline trivial RPC (Lookup of 1 hash) median %.0f us -> gRPC Attend call = %.1fx a "
+              "trivial RPC\n",
+              Percentile(ping_us, 0.5),
+              Percentile(grpc_path.call_us, 0.5) / std::max(1.0, Percentile(ping_us, 0.5)));
   return 0;
 }
 

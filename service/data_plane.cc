@@ -335,6 +335,7 @@ class DataPlaneServer::Loop {
 
   void Serve(Conn* c, const v1::DataPlaneRequest& req) {
     const auto start = std::chrono::steady_clock::now();
+    const bool attend = req.op_case() == v1::DataPlaneRequest::kAttend;
     absl::Status status;
     v1::DataPlaneReply head;
     GetPlan plan;
@@ -342,8 +343,15 @@ class DataPlaneServer::Loop {
     uint64_t payload_bytes = 0;
     if (absl::StatusOr<Identity> id = env_->auth->Authenticate(req.authorization()); !id.ok()) {
       status = id.status();
+    } else if (attend) {
+      absl::StatusOr<v1::AttendResponse> r = service_->Attend(*id, req.attend());
+      if (r.ok()) {
+        *head.mutable_attend() = std::move(*r);
+      } else {
+        status = r.status();
+      }
     } else if (req.op_case() != v1::DataPlaneRequest::kGetBlocks) {
-      status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks)");
+      status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks, attend)");
     } else if (req.get_blocks().dense()) {
       status = absl::InvalidArgumentError(
           "the data plane serves packed blocks; read dense blocks with gRPC GetBlocks");
@@ -372,7 +380,7 @@ class DataPlaneServer::Loop {
     }
     Queue(c, head, std::move(payload), payload_bytes);
     c->out.back().blocks = std::move(plan.blocks);
-    RecordCall(*env_, "DataGetBlocks", c->peer, status,
+    RecordCall(*env_, attend ? "DataAttend" : "DataGetBlocks", c->peer, status,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 

@@ -13,15 +13,17 @@
 //
 // Semantics are KvService::PrepareGet's (tenancy from the bearer token,
 // model and fingerprint checks, all-or-nothing: a missing block fails the
-// request before any payload byte is sent). Each request is recorded in the
-// RPC metrics as method "DataGetBlocks" (latency = time to prepare the
-// reply) and failures are logged like RPC failures.
+// request before any payload byte is sent) and KvService::Attend's. Each
+// request is recorded in the RPC metrics as method "DataGetBlocks" or
+// "DataAttend" (latency = time to prepare the reply) and failures are
+// logged like RPC failures.
 //
 // Threads: `threads` event loops (epoll, level-triggered). Loop 0 accepts
 // and deals connections out round-robin (leaving it to the kernel's wake-up
 // order put nearly every connection on one loop: measured 0.95x Redis GET at
 // 512 KiB instead of 1.4x); a request is served inline on its connection's
-// loop (a hit on the disk tier reads RocksDB there). Backpressure: a
+// loop (a hit on the disk tier reads RocksDB there; an Attend runs the
+// backend there). Backpressure: a
 // connection whose queued reply bytes exceed max_queued_reply_bytes is not
 // read from until the client drains them.
 //

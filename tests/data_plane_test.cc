@@ -103,10 +103,10 @@ class DataPlaneTest : public ServerTest {
     return recv(fd, &c, 1, 0) == 0;
   }
 
-  uint64_t DataGetRequests() {
+  uint64_t DataGetRequests(const std::string& method = "DataGetBlocks") {
     auto text = HttpGet(server_->metrics_address(), "/metrics");
     EXPECT_TRUE(text.ok()) << text.status();
-    const std::string key = "tqkv_rpc_requests_total{method=\"DataGetBlocks\"} ";
+    const std::string key = "tqkv_rpc_requests_total{method=\"" + method + "\"} ";
     const size_t at = text.ok() ? text->find(key) : std::string::npos;
     if (at == std::string::npos) return 0;
     return std::stoull(text->substr(at + key.size()));
@@ -319,6 +319,53 @@ TEST_F(DataPlaneTest, ConcurrentClientsGetTheirOwnBlocks) {
     });
   for (auto& th : ts) th.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
+}
+
+TEST_F(DataPlaneTest, AttendGivesTheSameOutputsAsGrpcAttend) {
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(8, 6);
+  PutDense(model, chain, 1000);
+  v1::CreateSequenceRequest cs;
+  *cs.mutable_model() = model;
+  for (const auto& h : chain) cs.add_block_hashes(h);
+  *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 21);
+  *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 22);
+  auto seq = client_->CreateSequence(cs);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  const uint64_t before = DataGetRequests("DataAttend");
+  for (int layer = 0; layer < 2; ++layer) {
+    v1::AttendRequest at;
+    at.set_layer(layer);
+    v1::AttendItem* item = at.add_items();
+    item->set_sequence_id(seq->sequence_id());
+    *item->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 30 + layer);
+    auto via_grpc = client_->Attend(at);
+    auto via_dp = dp->Attend(at);
+    ASSERT_TRUE(via_grpc.ok()) << via_grpc.status();
+    ASSERT_TRUE(via_dp.ok()) << via_dp.status();
+    ASSERT_EQ(via_dp->outputs_size(), 1);
+    EXPECT_EQ(via_dp->outputs(0).dtype(), v1::DTYPE_FP16);
+    EXPECT_EQ(via_dp->outputs(0).data(), via_grpc->outputs(0).data()) << "layer " << layer;
+    EXPECT_NE(via_dp->outputs(0).data(), std::string(via_dp->outputs(0).data().size(), '\0'));
+  }
+  // Errors: the same codes as gRPC, and the connection stays usable.
+  v1::AttendRequest bad;
+  bad.set_layer(0);
+  bad.add_items()->set_sequence_id("no-such-sequence");
+  *bad.mutable_items(0)->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 40);
+  EXPECT_EQ(dp->Attend(bad).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(client_->Attend(bad).status().code(), StatusCode::kNotFound);
+  v1::AttendRequest layer_out = bad;
+  layer_out.mutable_items(0)->set_sequence_id(seq->sequence_id());
+  layer_out.set_layer(7);
+  EXPECT_EQ(dp->Attend(layer_out).status().code(), client_->Attend(layer_out).status().code());
+  EXPECT_NE(dp->Attend(layer_out).status().code(), StatusCode::kOk);
+  v1::AttendRequest ok = bad;
+  ok.mutable_items(0)->set_sequence_id(seq->sequence_id());
+  EXPECT_TRUE(dp->Attend(ok).ok());
+  EXPECT_EQ(DataGetRequests("DataAttend") - before, 6u);  // 2 layers, 3 errors, 1 ok
 }
 
 TEST_F(DataPlaneTest, TenancyComesFromTheToken) {

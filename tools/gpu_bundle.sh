@@ -60,10 +60,11 @@ if [ -z "${SKIP_E2E:-}" ]; then
   addr=""
   for _ in $(seq 300); do
     addr=$(sed -n 's/^tqkv-server listening on //p' "$LOGS/e2e_server.log" | head -1)
-    [ -n "$addr" ] && break; sleep 0.1
+    daddr=$(sed -n "s/^tqkv-server data plane listening on //p" "$LOGS/e2e_server.log" | head -1)
+    [ -n "$addr" ] && [ -n "$daddr" ] && break; sleep 0.1
   done
   for fmt in k4v4 k4v2; do
-    timeout 300 "$HERE/attend_e2e_bench" --server "$addr" --layers 32 --context 32768 --format "$fmt" \
+    timeout 300 "$HERE/attend_e2e_bench" --server "$addr" --data "$daddr" --layers 32 --context 32768 --format "$fmt" \
       --steps 20 >> "$LOGS/attend_e2e_bench.log" 2>/dev/null
     echo "attend_e2e_bench $fmt rc=$?" | tee -a "$LOGS/summary.txt"
   done

@@ -115,15 +115,26 @@ absl::Status DataPlaneClient::GetBlocks(const v1::GetBlocksRequest& req, DataPla
   if (req.dense())
     return absl::InvalidArgumentError("the data plane serves packed blocks; use Client::GetBlocks "
                                       "for dense ones");
-  if (absl::Status s = EnsureConnected(); !s.ok()) return s;
   v1::DataPlaneRequest dr;
-  if (!options_.token.empty()) dr.set_authorization(absl::StrCat("Bearer ", options_.token));
   *dr.mutable_get_blocks() = req;
   dr.set_with_format(with_format);
-  const uint32_t n = static_cast<uint32_t>(dr.ByteSizeLong());
+  return Exchange(&dr, out);
+}
+
+absl::StatusOr<v1::AttendResponse> DataPlaneClient::Attend(const v1::AttendRequest& req) {
+  v1::DataPlaneRequest dr;
+  *dr.mutable_attend() = req;
+  if (absl::Status s = Exchange(&dr, &scratch_); !s.ok()) return s;
+  return std::move(*scratch_.reply_.mutable_attend());
+}
+
+absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks* out) {
+  if (absl::Status s = EnsureConnected(); !s.ok()) return s;
+  if (!options_.token.empty()) dr->set_authorization(absl::StrCat("Bearer ", options_.token));
+  const uint32_t n = static_cast<uint32_t>(dr->ByteSizeLong());
   frame_.resize(4 + size_t{n});
   std::memcpy(frame_.data(), &n, 4);
-  dr.SerializeToArray(frame_.data() + 4, static_cast<int>(n));
+  dr->SerializeToArray(frame_.data() + 4, static_cast<int>(n));
   if (absl::Status s = SendAll(frame_.data(), frame_.size()); !s.ok()) return s;
 
   // One recv usually brings the prefix, the header and the payload's first

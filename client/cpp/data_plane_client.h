@@ -1,5 +1,6 @@
-// DataPlaneClient: bulk reads of packed blocks over tqkv's data plane (plain
-// TCP next to gRPC; wire format in proto/tqkv/v1/tqkv.proto, "Data plane").
+// DataPlaneClient: bulk reads of packed blocks, and Attend, over tqkv's data
+// plane (plain TCP next to gRPC; wire format in proto/tqkv/v1/tqkv.proto,
+// "Data plane").
 // One blocking connection, like a Redis client: a call writes one request
 // frame and reads its reply into a caller-reusable buffer.
 //
@@ -73,10 +74,14 @@ class DataPlaneClient {
   // `with_format`: also fill out->reply().format().
   absl::Status GetBlocks(const v1::GetBlocksRequest& req, DataPlaneBlocks* out,
                          bool with_format = false);
+  // KvStore.Attend over the data plane: same request, response and errors.
+  absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& req);
 
  private:
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
   absl::Status EnsureConnected();
+  // Sends *req (adding the token) and receives its reply into *out.
+  absl::Status Exchange(v1::DataPlaneRequest* req, DataPlaneBlocks* out);
   absl::Status SendAll(const char* p, size_t n);
   // Receives into p[*have, cap) until *have >= want.
   absl::Status Recv(char* p, size_t cap, size_t want, size_t* have, int flags);
@@ -90,6 +95,7 @@ class DataPlaneClient {
   int fd_ = -1;
   std::string frame_;  // request scratch
   std::string head_;   // reply prefix + header (+ the payload's first bytes)
+  DataPlaneBlocks scratch_;  // replies without payload (Attend)
 };
 
 }  // namespace tqkv::client
