@@ -1,4 +1,5 @@
 """The data plane (bulk packed reads over plain TCP) from Python."""
+import numpy as np
 import pytest
 
 import tqkv
@@ -40,3 +41,21 @@ def test_data_plane_matches_grpc_get_blocks(client, server, rng):
 def test_data_plane_unreachable_is_unavailable():
     with pytest.raises(tqkv.Unavailable):
         tqkv.DataPlane("127.0.0.1:1", timeout=5).get_blocks((1, "0" * 32), [b"h"])
+
+
+def test_data_plane_attend_matches_grpc_attend(client, server, rng):
+    hq = 4
+    m = client.register_model(unique(), num_layers=2, num_kv_heads=H, num_q_heads=hq, head_dim=D,
+                              block_size=BS, cache_dtype="k4v4")
+    hs = hashes(unique("dpa"), 3)
+    client.put_blocks(m, [tqkv.Block(h, *kv(rng, 2, BS, H, D)) for h in hs])
+    q = rng.standard_normal((1, hq, D)).astype(np.float16)
+    with client.create_sequence(m, hs) as seq, tqkv.DataPlane(server.data_address) as dp:
+        for layer in range(2):
+            want = client.attend(layer, [(seq, q)])[0]
+            got, micros = dp.attend(layer, [(seq, q)], return_kernel_micros=True)
+            assert got[0].dtype == np.float16 and got[0].shape == (1, hq, D)
+            assert np.array_equal(got[0], want) and np.abs(want).max() > 0
+        with pytest.raises(tqkv.NotFound):
+            dp.attend(0, [("no-such-sequence", q)])
+        assert np.array_equal(dp.attend(1, [(seq, q)])[0], client.attend(1, [(seq, q)])[0])

@@ -329,17 +329,9 @@ class Client:
         last token). Returns one output [num_queries, q_heads, d] per item in
         q's dtype - a torch tensor when q was one. scale 0: 1/sqrt(d).
         """
-        req = pb.AttendRequest(layer=layer, scale=scale)
-        torch_out = []
-        for item in items:
-            seq, q = item[0], item[1]
-            positions = item[2] if len(item) > 2 and item[2] is not None else ()
-            req.items.append(pb.AttendItem(sequence_id=_seq_id(seq), q=tensors.to_proto(q),
-                                           positions=[int(p) for p in positions]))
-            torch_out.append(tensors.is_torch(q))
+        req, torch_out = _attend_request(layer, items, scale)
         r = self._call("Attend", self._kv.Attend, req)
-        outs = [tensors.from_proto(t, as_torch=tt) for t, tt in zip(r.outputs, torch_out)]
-        return (outs, r.kernel_micros) if return_kernel_micros else outs
+        return _attend_outputs(r, torch_out, return_kernel_micros)
 
     def drop_sequence(self, sequence_id):
         self._call("DropSequence", self._kv.DropSequence,
@@ -378,6 +370,24 @@ class Sequence:
 
 def _seq_id(s):
     return s.id if isinstance(s, Sequence) else str(s)
+
+
+def _attend_request(layer, items, scale):
+    """AttendRequest of Client.attend's arguments, and per item whether q was torch."""
+    req = pb.AttendRequest(layer=layer, scale=scale)
+    torch_out = []
+    for item in items:
+        seq, q = item[0], item[1]
+        positions = item[2] if len(item) > 2 and item[2] is not None else ()
+        req.items.append(pb.AttendItem(sequence_id=_seq_id(seq), q=tensors.to_proto(q),
+                                       positions=[int(p) for p in positions]))
+        torch_out.append(tensors.is_torch(q))
+    return req, torch_out
+
+
+def _attend_outputs(resp, torch_out, return_kernel_micros):
+    outs = [tensors.from_proto(t, as_torch=tt) for t, tt in zip(resp.outputs, torch_out)]
+    return (outs, resp.kernel_micros) if return_kernel_micros else outs
 
 
 def _as_block(x):

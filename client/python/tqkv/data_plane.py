@@ -1,8 +1,9 @@
-"""Bulk packed reads over tqkv's data plane (plain TCP next to gRPC).
+"""Bulk packed reads and Attend over tqkv's data plane (plain TCP next to gRPC).
 
     with tqkv.DataPlane("127.0.0.1:50052", token=None) as dp:
         blocks = dp.get_blocks(model, [b"h0", b"h1"])   # [BlockData], payload = bytes
         views = dp.get_blocks(model, hashes, copy=False)  # payloads as memoryviews of one buffer
+        out = dp.attend(layer, [(seq, q)])[0]             # as Client.attend, without gRPC
 
 Same tenancy, fingerprint checks and error classes as Client.get_blocks
 (packed blocks only). Wire format: proto/tqkv/v1/tqkv.proto, "Data plane":
@@ -18,7 +19,7 @@ import grpc
 
 from . import errors
 from ._proto import pb
-from .client import Client, _hashes
+from .client import Client, _attend_outputs, _attend_request, _hashes
 from .types import TIER_NAMES, BlockData, Format
 
 _PREFACE = b"TQKVDP01"
@@ -68,19 +69,8 @@ class DataPlane:
                                          method="DataGetBlocks")
             got += n
 
-    def get_blocks(self, model, hashes, *, first_layer=0, last_layer=0, with_format=False,
-                   copy=True):
-        """A BlockData per requested hash, in order (all or an error).
-
-        payload: bytes of layers [first_layer, last_layer); with copy=False,
-        memoryviews into one buffer of the whole reply. format: the model's
-        Format when with_format. Raises NotFound for a missing block,
-        FailedPrecondition for a stale fingerprint, Unauthenticated, ...
-        """
-        req = pb.DataPlaneRequest(
-            get_blocks=pb.GetBlocksRequest(model=Client._ref(model), block_hashes=_hashes(hashes),
-                                           first_layer=first_layer, last_layer=last_layer),
-            with_format=with_format)
+    def _exchange(self, req, method):
+        """Sends a DataPlaneRequest; returns (DataPlaneReply, payload bytearray)."""
         if self._token:
             req.authorization = "Bearer " + self._token
         body = req.SerializeToString()
@@ -96,16 +86,31 @@ class DataPlane:
             self._recv_into(memoryview(payload))
         except socket.timeout as e:
             self.close()
-            raise errors.DeadlineExceeded("data plane call timed out",
-                                          method="DataGetBlocks") from e
+            raise errors.DeadlineExceeded("data plane call timed out", method=method) from e
         except OSError as e:
             self.close()
-            raise errors.Unavailable(f"data plane: {e}", method="DataGetBlocks") from e
+            raise errors.Unavailable(f"data plane: {e}", method=method) from e
         reply = pb.DataPlaneReply.FromString(bytes(head))
         if reply.code != 0:
             code = _CODES.get(reply.code, grpc.StatusCode.UNKNOWN)
             cls = errors._BY_CODE.get(code, errors.TqkvError)
-            raise cls(reply.message, code=code, method="DataGetBlocks")
+            raise cls(reply.message, code=code, method=method)
+        return reply, payload
+
+    def get_blocks(self, model, hashes, *, first_layer=0, last_layer=0, with_format=False,
+                   copy=True):
+        """A BlockData per requested hash, in order (all or an error).
+
+        payload: bytes of layers [first_layer, last_layer); with copy=False,
+        memoryviews into one buffer of the whole reply. format: the model's
+        Format when with_format. Raises NotFound for a missing block,
+        FailedPrecondition for a stale fingerprint, Unauthenticated, ...
+        """
+        req = pb.DataPlaneRequest(
+            get_blocks=pb.GetBlocksRequest(model=Client._ref(model), block_hashes=_hashes(hashes),
+                                           first_layer=first_layer, last_layer=last_layer),
+            with_format=with_format)
+        reply, payload = self._exchange(req, "DataGetBlocks")
         fmt = Format.from_proto(reply.format) if reply.HasField("format") else None
         view = memoryview(payload)
         out, at = [], 0
@@ -115,3 +120,9 @@ class DataPlane:
             out.append(BlockData(b.block_hash, TIER_NAMES.get(b.tier, str(b.tier)),
                                  payload=bytes(part) if copy else part, format=fmt))
         return out
+
+    def attend(self, layer, items, scale=0.0, *, return_kernel_micros=False):
+        """Client.attend over the data plane: same arguments, outputs and errors."""
+        req, torch_out = _attend_request(layer, items, scale)
+        reply, _ = self._exchange(pb.DataPlaneRequest(attend=req), "DataAttend")
+        return _attend_outputs(reply.attend, torch_out, return_kernel_micros)
