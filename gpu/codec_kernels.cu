@@ -1,5 +1,8 @@
 // Launchers of the encode/decode kernels (gpu/kernels/codec_kernels.cuh).
 #include "gpu/kernels.h"
+
+#include <type_traits>
+
 #include "gpu/kernels/codec_kernels.cuh"
 #include "gpu/kernels/encode_fast.cuh"
 
@@ -63,12 +66,26 @@ bool HasQuantLuts(const GpuComponent* comps, int heads) {
   return true;
 }
 
-template <int KB, int VB, typename T, bool kLut>
+template <int KB, int VB, typename T, bool kLut, bool kXpose, int kMinBlocks>
 cudaError_t EncodeFastKV(const EncodeLaunch& a, cudaStream_t stream) {
   const int64_t blocks = a.heads * ((a.tokens + kEncTokensPerBlock - 1) / kEncTokensPerBlock);
   const dim3 grid(static_cast<unsigned>(blocks), 2);
-  EncodeFastKernel<KB, VB, T, kLut><<<grid, 32 * kEncWarps, 0, stream>>>(a);
+  EncodeFastKernel<KB, VB, T, kLut, kXpose, kMinBlocks><<<grid, 32 * kEncWarps, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+// The variant the launch asks for (EncodeLaunch::encode_transpose,
+// encode_blocks_per_sm) from fp16 input, the default from the others.
+template <int KB, int VB, typename T, bool kLut>
+cudaError_t EncodeFastKV(const EncodeLaunch& a, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const bool three = a.encode_blocks_per_sm == 3;
+    if (a.encode_transpose)
+      return three ? EncodeFastKV<KB, VB, T, kLut, true, 3>(a, stream) : EncodeFastKV<KB, VB, T, kLut, true, 2>(a, stream);
+    return three ? EncodeFastKV<KB, VB, T, kLut, false, 3>(a, stream) : EncodeFastKV<KB, VB, T, kLut, false, 2>(a, stream);
+  } else {
+    return EncodeFastKV<KB, VB, T, kLut, kEncodeTransposeDefault, kEncodeBlocksPerSmDefault>(a, stream);
+  }
 }
 
 // Served (K bits, V bits) pairs of the specialised encode.
@@ -121,7 +138,9 @@ bool EncodeUsesQuantLut(const EncodeLaunch& a) {
 }
 
 cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream) {
-  if (a.bad_slot == nullptr || a.tokens < 0 || a.heads <= 0) return cudaErrorInvalidValue;
+  if (a.bad_slot == nullptr || a.tokens < 0 || a.heads <= 0 ||
+      (a.encode_blocks_per_sm != 2 && a.encode_blocks_per_sm != 3))
+    return cudaErrorInvalidValue;
   const int64_t limit = a.k_pages.num_slots < a.v_pages.num_slots ? a.k_pages.num_slots : a.v_pages.num_slots;
   cudaError_t e = CheckSlots(a.slots, a.tokens, limit, a.bad_slot, stream);
   if (e != cudaSuccess || a.tokens == 0) return e;

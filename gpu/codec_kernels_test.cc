@@ -3,8 +3,10 @@
 // sizes (odd token counts, partial blocks, d = 64/96/128/256, a QR
 // rotation), with unreferenced slots poisoned (0xFF) and left untouched.
 // The specialised d = 128 encode is checked with its quantisation tables and
-// with the boundary search they replace, also on rows of NaN, ±inf, zeros,
-// denormals and huge values; its dispatch is checked without a GPU.
+// with the boundary search they replace, with its shared-memory transposes
+// and the shuffles they replace, at both register budgets, also on rows of
+// NaN, ±inf, zeros, denormals and huge values; its dispatch is checked
+// without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -157,20 +159,33 @@ TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(ToHost<unsigned long long>(flag, 1)[0], kNoBadSlot);
   std::vector<uint8_t> kp_gpu = ToHost<uint8_t>(kp, kg.total_bytes()), vp_gpu = ToHost<uint8_t>(vp, vg.total_bytes());
-  if (EncodeUsesQuantLut(a)) {  // the boundary search writes the same bytes
-    DeviceBuffer kps = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
-    DeviceBuffer vps = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
-    EncodeLaunch s = a;
-    s.allow_quant_lut = false;
-    s.k_pages.base = kps.as<uint8_t>();
-    s.v_pages.base = vps.as<uint8_t>();
-    EXPECT_TRUE(EncodeUsesFastPath(s));
-    EXPECT_FALSE(EncodeUsesQuantLut(s));
-    ASSERT_EQ(LaunchEncode(s, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(ToHost<uint8_t>(kps, kg.total_bytes()), kp_gpu) << "K: search and tables differ";
-    EXPECT_EQ(ToHost<uint8_t>(vps, vg.total_bytes()), vp_gpu) << "V: search and tables differ";
-  }
+  // Every other variant of the specialised encode writes the same bytes:
+  // the boundary search instead of the tables and, from fp16 input (the
+  // only one with variants), shuffles instead of the shared-memory
+  // transposes and the 3-blocks-per-SM register budget.
+  for (bool lut : {true, false})
+    for (bool xpose : {true, false})
+      for (int blocks : {2, 3}) {
+        const bool served = xpose == kEncodeTransposeDefault && blocks == kEncodeBlocksPerSmDefault;
+        if (!fast || (lut && served) || (!lut && !EncodeUsesQuantLut(a)) || (c.dtype != DType::kF16 && !served))
+          continue;
+        const std::string variant = std::string(lut ? "tables" : "search") + (xpose ? ", transpose, " : ", shuffle, ") +
+                                    std::to_string(blocks) + " blocks/SM";
+        DeviceBuffer kps = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+        DeviceBuffer vps = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
+        EncodeLaunch s = a;
+        s.allow_quant_lut = lut;
+        s.encode_transpose = xpose;
+        s.encode_blocks_per_sm = blocks;
+        s.k_pages.base = kps.as<uint8_t>();
+        s.v_pages.base = vps.as<uint8_t>();
+        EXPECT_TRUE(EncodeUsesFastPath(s)) << variant;
+        EXPECT_EQ(EncodeUsesQuantLut(s), lut && EncodeUsesQuantLut(a)) << variant;
+        ASSERT_EQ(LaunchEncode(s, nullptr), cudaSuccess) << variant;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << variant;
+        EXPECT_EQ(ToHost<uint8_t>(kps, kg.total_bytes()), kp_gpu) << "K: " << variant << " differs from the default";
+        EXPECT_EQ(ToHost<uint8_t>(vps, vg.total_bytes()), vp_gpu) << "V: " << variant << " differs from the default";
+      }
   int failures = 0;
   for (int comp = 0; comp < 2; ++comp) {
     const PageGeometry& g = comp == 0 ? kg : vg;
@@ -277,9 +292,10 @@ std::vector<Case> Cases() {
 INSTANTIATE_TEST_SUITE_P(AllFormats, CodecKernels, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return Name(i.param); });
 
-// The specialised encode on special rows (fp32 input, d = 128): indices
-// identical to the CPU codec and norms bit-identical (or both NaN), through
-// the tables and through the boundary search.
+// The specialised encode on special rows (fp32 and fp16 input, d = 128):
+// indices identical to the CPU codec and norms bit-identical (or both NaN),
+// through the tables and through the boundary search, and from fp16 through
+// the transposes and the shuffles at both register budgets.
 class FastEncodeSpecialRows : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FastEncodeSpecialRows, MatchCpu) {
@@ -310,48 +326,60 @@ TEST_P(FastEncodeSpecialRows, MatchCpu) {
   for (int64_t t = 0; t < tokens; ++t) slots[t] = t;
   PageGeometry kg = codec->k_geometry(0), vg = codec->v_geometry(0);
   kg.num_blocks = vg.num_blocks = num_blocks;
-  std::vector<uint8_t> kp_cpu(kg.total_bytes(), 0xFF), vp_cpu(vg.total_bytes(), 0xFF);
-  ASSERT_TRUE(EncodeToPages(codec->layer(0), {k.data(), DType::kF32, tokens, heads, dim},
-                            {v.data(), DType::kF32, tokens, heads, dim}, slots.data(), {kp_cpu.data(), kg},
-                            {vp_cpu.data(), vg}, nullptr)
-                  .ok());
-  DeviceBuffer dk = ToDevice(k), dv = ToDevice(v), ds = ToDevice(slots), flag = *DeviceBuffer::Allocate(8);
-  for (bool lut : {true, false}) {
-    DeviceBuffer kp = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
-    DeviceBuffer vp = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
-    EncodeLaunch a;
-    a.k = dk.get();
-    a.v = dv.get();
-    a.dtype = kGpuF32;
-    a.tokens = tokens;
-    SetLayerPages(*codec, *tables, 0, kp.as<uint8_t>(), vp.as<uint8_t>(), num_blocks, ds.as<int64_t>(),
-                  flag.as<unsigned long long>(), &a);
-    a.host_k = &tables->host(0, 0, Component::kKey);
-    a.host_v = &tables->host(0, 0, Component::kValue);
-    a.allow_quant_lut = lut;
-    ASSERT_TRUE(EncodeUsesFastPath(a));
-    EXPECT_EQ(EncodeUsesQuantLut(a), lut && GetParam() != "k2v2");
-    ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    int failures = 0;
-    for (int comp = 0; comp < 2; ++comp) {
-      const PageGeometry& g = comp ? vg : kg;
-      const std::vector<uint8_t> gpu = ToHost<uint8_t>(comp ? vp : kp, g.total_bytes());
-      const std::vector<uint8_t>& cpu = comp ? vp_cpu : kp_cpu;
-      const size_t index_bytes = g.row_bytes - 4;  // fp32 norm after the indices
-      for (int64_t t = 0; t < tokens; ++t)
-        for (int h = 0; h < heads; ++h) {
-          const size_t off = g.offset(slots[t], h);
-          float ng, nc;
-          std::memcpy(&ng, gpu.data() + off + index_bytes, 4);
-          std::memcpy(&nc, cpu.data() + off + index_bytes, 4);
-          const bool same_norm = std::memcmp(&ng, &nc, 4) == 0 || (std::isnan(ng) && std::isnan(nc));
-          if ((std::memcmp(gpu.data() + off, cpu.data() + off, index_bytes) != 0 || !same_norm) && failures++ < 5)
-            ADD_FAILURE() << (lut ? "tables" : "search") << (comp ? " V" : " K") << " row " << t * heads + h
-                          << " differs from the CPU codec (norm " << ng << " vs " << nc << ")";
+  DeviceBuffer ds = ToDevice(slots), flag = *DeviceBuffer::Allocate(8);
+  // fp32 input; fp16 input (infinities, fp16 denormals and zeros where fp32
+  // had huge and tiny values) also through every kernel variant.
+  for (DType dt : {DType::kF32, DType::kF16}) {
+    const std::vector<uint8_t> kin = Convert(k, dt), vin = Convert(v, dt);
+    std::vector<uint8_t> kp_cpu(kg.total_bytes(), 0xFF), vp_cpu(vg.total_bytes(), 0xFF);
+    ASSERT_TRUE(EncodeToPages(codec->layer(0), {kin.data(), dt, tokens, heads, dim}, {vin.data(), dt, tokens, heads, dim},
+                              slots.data(), {kp_cpu.data(), kg}, {vp_cpu.data(), vg}, nullptr)
+                    .ok());
+    DeviceBuffer dk = ToDevice(kin), dv = ToDevice(vin);
+    for (bool lut : {true, false})
+      for (bool xpose : {true, false})
+        for (int blocks : {2, 3}) {
+          if (dt != DType::kF16 && (xpose != kEncodeTransposeDefault || blocks != kEncodeBlocksPerSmDefault)) continue;
+          const std::string variant = std::string(DTypeName(dt)) + (lut ? " tables" : " search") +
+                                      (xpose ? ", transpose, " : ", shuffle, ") + std::to_string(blocks) + " blocks/SM";
+          DeviceBuffer kp = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+          DeviceBuffer vp = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
+          EncodeLaunch a;
+          a.k = dk.get();
+          a.v = dv.get();
+          a.dtype = static_cast<int32_t>(dt);
+          a.tokens = tokens;
+          SetLayerPages(*codec, *tables, 0, kp.as<uint8_t>(), vp.as<uint8_t>(), num_blocks, ds.as<int64_t>(),
+                        flag.as<unsigned long long>(), &a);
+          a.host_k = &tables->host(0, 0, Component::kKey);
+          a.host_v = &tables->host(0, 0, Component::kValue);
+          a.allow_quant_lut = lut;
+          a.encode_transpose = xpose;
+          a.encode_blocks_per_sm = blocks;
+          ASSERT_TRUE(EncodeUsesFastPath(a)) << variant;
+          EXPECT_EQ(EncodeUsesQuantLut(a), lut && GetParam() != "k2v2") << variant;
+          ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess) << variant;
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << variant;
+          int failures = 0;
+          for (int comp = 0; comp < 2; ++comp) {
+            const PageGeometry& g = comp ? vg : kg;
+            const std::vector<uint8_t> gpu = ToHost<uint8_t>(comp ? vp : kp, g.total_bytes());
+            const std::vector<uint8_t>& cpu = comp ? vp_cpu : kp_cpu;
+            const size_t index_bytes = g.row_bytes - 4;  // fp32 norm after the indices
+            for (int64_t t = 0; t < tokens; ++t)
+              for (int h = 0; h < heads; ++h) {
+                const size_t off = g.offset(slots[t], h);
+                float ng, nc;
+                std::memcpy(&ng, gpu.data() + off + index_bytes, 4);
+                std::memcpy(&nc, cpu.data() + off + index_bytes, 4);
+                const bool same_norm = std::memcmp(&ng, &nc, 4) == 0 || (std::isnan(ng) && std::isnan(nc));
+                if ((std::memcmp(gpu.data() + off, cpu.data() + off, index_bytes) != 0 || !same_norm) && failures++ < 5)
+                  ADD_FAILURE() << variant << (comp ? " V" : " K") << " row " << t * heads + h
+                                << " differs from the CPU codec (norm " << ng << " vs " << nc << ")";
+              }
+          }
+          EXPECT_EQ(failures, 0) << variant;
         }
-    }
-    EXPECT_EQ(failures, 0);
   }
 }
 
@@ -418,6 +446,20 @@ TEST(FastEncodeDispatch, TablesOrSearch) {
   std::vector<GpuComponent> k2v2 = describe("k2v2", true);
   EXPECT_TRUE(EncodeUsesFastPath(launch(k2v2)));
   EXPECT_FALSE(EncodeUsesQuantLut(launch(k2v2)));
+}
+
+// Register budgets the specialised encode is not compiled for are refused
+// before anything is enqueued (runs without a GPU).
+TEST(FastEncodeDispatch, RejectsOtherBlocksPerSm) {
+  unsigned long long flag = kNoBadSlot;  // host memory: never reached
+  for (int blocks : {0, 1, 4}) {
+    EncodeLaunch a;
+    a.tokens = 1;
+    a.heads = 1;
+    a.bad_slot = &flag;
+    a.encode_blocks_per_sm = blocks;
+    EXPECT_EQ(LaunchEncode(a, nullptr), cudaErrorInvalidValue) << blocks;
+  }
 }
 
 }  // namespace

@@ -22,6 +22,9 @@
 namespace tqkv::gpu {
 
 inline constexpr unsigned long long kNoBadSlot = ~0ull;
+// The served variant of the specialised encode (EncodeLaunch below).
+inline constexpr bool kEncodeTransposeDefault = true;
+inline constexpr int32_t kEncodeBlocksPerSmDefault = 2;
 
 struct PageRegion {
   uint8_t* base = nullptr;
@@ -60,6 +63,16 @@ struct EncodeLaunch {
   // one; false (benchmarks, tests) or a missing table: it searches the
   // boundaries instead. Same bytes either way.
   bool allow_quant_lut = true;
+  // Variants of the specialised kernel (benchmarks, tests; same bytes).
+  // encode_transpose: its FWHT stages h = 4, 8, 16 and the norm's butterfly
+  // exchange values through per-warp shared-memory transposes (true) or
+  // warp shuffles (false). encode_blocks_per_sm: the blocks of 256 threads
+  // per SM its registers are budgeted for, 2 (<= 128 registers) or 3
+  // (<= 80); any other value makes LaunchEncode return
+  // cudaErrorInvalidValue. fp16 input runs the variant asked for; bf16 and
+  // fp32 input always run the defaults (the only ones instantiated).
+  bool encode_transpose = kEncodeTransposeDefault;
+  int32_t encode_blocks_per_sm = kEncodeBlocksPerSmDefault;
 };
 // True when LaunchEncode(a) uses the specialised d = 128 kernel.
 bool EncodeUsesFastPath(const EncodeLaunch& a);

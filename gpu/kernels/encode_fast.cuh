@@ -3,18 +3,26 @@
 // or fp32 input: k2v2 / k3v3 / k4v4 / k8v8 / k4v2 / k2v4. Bit-identical to
 // RowCodec::Encode and to EncodeKernel.
 //
-// Layout: 8 lanes per row, 4 rows per warp; lane L of a row holds channels
-// j = 4L + e + 32i (e, i in 0..3) loaded as four 4-channel pieces. Then
+// Layout A: 8 lanes per row, 4 rows per warp; lane L of a row holds channels
+// j = 4L + e + 32i (e, i in 0..3; channel bits 0-1 = e, 2-4 = L, 5-6 = i),
+// loaded as four 4-channel pieces. Then
 //  * the first sign vector s1 as an XOR of the raw input's sign bits (one
 //    LOP per 32-bit word: (x·inv)·s1 = (±x)·inv exactly, round-to-nearest
 //    being sign-symmetric, and x² is unchanged);
-//  * the canonical sum of squares: accumulator l = 4L + e chains its
-//    x_{l+32i} in order i = 0..3 in registers; the butterfly over l
-//    (off 16, 8, 4 → lanes L^4, L^2, L^1; off 2, 1 → e^2, e^1 in registers)
-//    adds the same pairs as codec/canonical.h (fp32 + is commutative);
-//  * the FWHT stages h = 1, 2 (e bits) and 32, 64 (i bits) in registers,
-//    h = 4, 8, 16 across lanes (L bits) with the same a+b / a−b per pair as
-//    codec/rotation.cc (fma(±1, x, o) rounds exactly like o ± x);
+//  * the canonical sum of squares (codec/canonical.h): accumulator l = 4L + e
+//    chains its x_{l+32i} in order i = 0..3 in registers, then the butterfly
+//    over l (off 16, 8, 4: lane bits; off 2, 1: e bits) adds the same pairs
+//    as the reference (fp32 + is commutative) — kXpose: through shared
+//    memory, one 16-byte read giving each lane the four leaves of its
+//    off-16/off-8 subtree, then three shuffles (RowSumSquares); otherwise
+//    three shuffle levels of four values;
+//  * the FWHT with the same a+b / a−b per pair, in the same stage order, as
+//    codec/rotation.cc: h = 1, 2 (e bits) in registers; h = 4, 8, 16 (lane
+//    bits) — kXpose: in registers of layout B (lane bits = channel bits
+//    {1, 5, 6}, registers = 8 pairs over bits {0} × {2, 3, 4}) reached and
+//    left through a conflict-free shared-memory transpose (FwhtLaneStages);
+//    otherwise across lanes as fma(±1, x, shfl), which rounds exactly like
+//    o ± x; h = 32, 64 (i bits) in registers;
 //  * y = x·(±scale), one FMUL: (x·scale)·s2 with s2 = ±1 is exactly that;
 //  * quantisation (= the number of boundaries strictly below y; NaN → 0):
 //    3-, 4- and 8-bit rows through the codebook's uniform-cell table in
@@ -25,6 +33,12 @@
 //    8-step search over the block's boundaries in shared memory (8 bits);
 //  * packing with shuffles inside the row's 8 lanes, 4-byte stores (3 bits:
 //    lanes 0..2 assemble the three words of each 12-byte chunk).
+// SASS instructions per pass (4 rows per warp) from fp16, 2 blocks/SM,
+// shuffles → transposes: k4v4 580 → 552, k3v3 616 → 584, k8v8 572 → 541
+// (tables), k2v2 584 → 551: k4v4 trades 57 SHFL and 48 FFMA for 39 FADD,
+// 17 STS, 13 LDS and ~10 integer ops. Registers: k4v4 96 → 102, still 2
+// blocks/SM; the 3-blocks/SM budget (80, no spills with tables) costs 3-6
+// instructions per pass.
 #ifndef TQKV_GPU_KERNELS_ENCODE_FAST_CUH_
 #define TQKV_GPU_KERNELS_ENCODE_FAST_CUH_
 
@@ -140,8 +154,108 @@ struct FastInput<float> {
   }
 };
 
-template <int B, typename T, bool kLut>
-__device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k, int h, int64_t tok0) {
+// Per-warp shared memory of the kXpose exchanges: the 4 rows' values (row r
+// at kXRowWords·r, its channel chunk i = 32i..32i+31 at kXChunkWords·i) and
+// the norm's accumulators (row r at kNormRowWords·r). The padding makes
+// every access below conflict-free.
+inline constexpr int kXChunkWords = 36, kXRowWords = 4 * kXChunkWords, kNormRowWords = 40;
+struct __align__(16) EncodeWarpSmem {
+  float x[4 * kXRowWords];
+  float acc[4 * kNormRowWords];
+};
+
+// Σ x_j² of the lane's row (x in layout A) in the canonical order, the same
+// value in its 8 lanes; nr: the row's acc words.
+template <bool kXpose>
+__device__ __forceinline__ float RowSumSquares(const float (&x)[16], int L, float* nr) {
+  float acc[4];  // acc_l, l = 4L + e
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    acc[e] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[e] = __fmaf_rn(x[4 * i + e], x[4 * i + e], acc[e]);
+  }
+  if constexpr (kXpose) {
+    // With a_m = acc_{e+4m}, the value after off 16, 8, 4 at l = e is
+    //   ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+    // a_m of e is stored at word 8e + 4(m & 1) + (m >> 1); lane L reads
+    // (a_h, a_{h+2}, a_{h+4}, a_{h+6}) of e = L & 3, h = L >> 2 as one
+    // float4; the row stride of 40 words keeps the four rows' stores apart.
+#pragma unroll
+    for (int e = 0; e < 4; ++e) nr[8 * e + 4 * (L & 1) + (L >> 1)] = acc[e];
+    __syncwarp();
+    const float4 q = *reinterpret_cast<const float4*>(nr + 8 * (L & 3) + 4 * (L >> 2));
+    float t = __fadd_rn(__fadd_rn(q.x, q.z), __fadd_rn(q.y, q.w));  // off 16, off 8
+    t = __fadd_rn(t, __shfl_xor_sync(kFullMask, t, 4));              // off 4: the other h
+    t = __fadd_rn(t, __shfl_xor_sync(kFullMask, t, 2));              // off 2: e ^ 2
+    return __fadd_rn(t, __shfl_xor_sync(kFullMask, t, 1));           // off 1: e ^ 1
+  } else {
+#pragma unroll
+    for (int off = 4; off >= 1; off >>= 1)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] = __fadd_rn(acc[e], __shfl_xor_sync(kFullMask, acc[e], off));
+    return __fadd_rn(__fadd_rn(acc[0], acc[2]), __fadd_rn(acc[1], acc[3]));
+  }
+}
+
+// FWHT stages h = 4, 8, 16 (channel bits 2-4 = the lane bits of layout A)
+// of the lane's row; x in layout A before and after; xr: the row's x words.
+template <bool kXpose>
+__device__ __forceinline__ void FwhtLaneStages(float (&x)[16], int L, float* xr) {
+  if constexpr (kXpose) {
+    // Channel j at word kXChunkWords·(j >> 5) + (j & 31). Layout A stores
+    // its 4 channels 4L..4L+3 of chunk i as one float4 (a quarter-warp, one
+    // row, covers the 32 banks). Layout B: lane L holds channels
+    // j0 + 2(L & 1) + 4k + 32(L >> 1), j0 in 0..1, k (channel bits 2-4) in
+    // 0..7, as 8 float2 (a half-warp, two rows 144 words apart, covers the
+    // 32 banks: the chunk padding of 4 words separates L >> 1).
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<float4*>(xr + kXChunkWords * i + 4 * L) =
+          make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+    __syncwarp();
+    float* xb = xr + kXChunkWords * (L >> 1) + 2 * (L & 1);
+    float y[16];  // y[2k + j0]
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float2 v = *reinterpret_cast<const float2*>(xb + 4 * k);
+      y[2 * k] = v.x, y[2 * k + 1] = v.y;
+    }
+#pragma unroll
+    for (int hk = 1; hk <= 4; hk <<= 1)  // h = 4hk
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if ((k & hk) == 0)
+#pragma unroll
+          for (int j0 = 0; j0 < 2; ++j0) {
+            const float p = y[2 * k + j0], q = y[2 * (k + hk) + j0];
+            y[2 * k + j0] = __fadd_rn(p, q);
+            y[2 * (k + hk) + j0] = __fsub_rn(p, q);
+          }
+    // Each lane rewrites only the words it read, so no other lane's read of
+    // them is pending; the next pass's stores likewise hit this lane's own
+    // layout-A words.
+#pragma unroll
+    for (int k = 0; k < 8; ++k) *reinterpret_cast<float2*>(xb + 4 * k) = make_float2(y[2 * k], y[2 * k + 1]);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(xr + kXChunkWords * i + 4 * L);
+      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int hl = 1; hl <= 4; hl <<= 1) {
+      const float sg = (L & hl) ? -1.0f : 1.0f;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) x[r] = __fmaf_rn(sg, x[r], __shfl_xor_sync(kFullMask, x[r], hl));
+    }
+  }
+}
+
+template <int B, typename T, bool kLut, bool kXpose>
+__device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k, int h, int64_t tok0,
+                                               EncodeWarpSmem* ws) {
   using In = FastInput<T>;
   using Raw = typename In::Raw;
   constexpr int kCap = LutMaxCells(B);
@@ -224,19 +338,7 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
     }
     const int64_t slot = nslot;
     fetch(pass + 1, nraw, nslot);
-    // Canonical norm.
-    float acc[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      acc[e] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[e] = __fmaf_rn(x[4 * i + e], x[4 * i + e], acc[e]);
-    }
-#pragma unroll
-    for (int off = 4; off >= 1; off >>= 1)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] = __fadd_rn(acc[e], __shfl_xor_sync(kFullMask, acc[e], off));
-    const float ss = __fadd_rn(__fadd_rn(acc[0], acc[2]), __fadd_rn(acc[1], acc[3]));
+    const float ss = RowSumSquares<kXpose>(x, L, ws->acc + kNormRowWords * sub);
     const float norm = __fsqrt_rn(ss);
     const float inv = norm > 0.0f ? __fdiv_rn(1.0f, norm) : 0.0f;
 #pragma unroll
@@ -253,12 +355,7 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
             x[4 * i + e] = __fadd_rn(p, q);
             x[4 * i + e + hb] = __fsub_rn(p, q);
           }
-#pragma unroll
-    for (int hl = 1; hl <= 4; hl <<= 1) {
-      const float sg = (L & hl) ? -1.0f : 1.0f;
-#pragma unroll
-      for (int r = 0; r < 16; ++r) x[r] = __fmaf_rn(sg, x[r], __shfl_xor_sync(kFullMask, x[r], hl));
-    }
+    FwhtLaneStages<kXpose>(x, L, ws->x + kXRowWords * sub);
 #pragma unroll
     for (int hi = 1; hi <= 2; hi <<= 1)
 #pragma unroll
@@ -327,13 +424,17 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
 
 // grid: (heads × token blocks, 2 components); 256 threads. kLut: every
 // 3-, 4- and 8-bit component has a table of at most LutMaxCells(B) cells.
-template <int KB, int VB, typename T, bool kLut>
-__global__ void __launch_bounds__(32 * kEncWarps, 2) EncodeFastKernel(EncodeLaunch a) {
+// kXpose: shared-memory transposes instead of shuffles (see the top);
+// kMinBlocks: blocks per SM the registers are budgeted for (2: 128, 3: 80).
+template <int KB, int VB, typename T, bool kLut, bool kXpose, int kMinBlocks>
+__global__ void __launch_bounds__(32 * kEncWarps, kMinBlocks) EncodeFastKernel(EncodeLaunch a) {
+  __shared__ EncodeWarpSmem smem[kXpose ? kEncWarps : 1];
   if (*a.bad_slot != kNoBadSlot) return;
   const int h = static_cast<int>(blockIdx.x % a.heads);
   const int64_t tok0 = static_cast<int64_t>(blockIdx.x / a.heads) * kEncTokensPerBlock;
-  if (blockIdx.y == 0) EncodeRowsFast<KB, T, kLut>(a, true, h, tok0);
-  else EncodeRowsFast<VB, T, kLut>(a, false, h, tok0);
+  EncodeWarpSmem* ws = smem + (kXpose ? threadIdx.x >> 5 : 0);
+  if (blockIdx.y == 0) EncodeRowsFast<KB, T, kLut, kXpose>(a, true, h, tok0, ws);
+  else EncodeRowsFast<VB, T, kLut, kXpose>(a, false, h, tok0, ws);
 }
 
 }  // namespace tqkv::gpu
