@@ -126,6 +126,25 @@ int Run(int iters) {
       std::printf("%-5s encode quantiser: tables %.3f ms, boundary search %.3f ms (search / tables = %.2f)\n",
                   format, enc_ms, search_ms, search_ms / enc_ms);
     }
+    // The specialised kernel's variants (EncodeLaunch::encode_transpose,
+    // encode_blocks_per_sm), same run: the FWHT's cross-lane stages and the
+    // norm's butterfly through shared-memory transposes or shuffles, with
+    // registers budgeted for 2 or 3 blocks of 256 threads per SM.
+    if (enc_fast) {
+      float ms[2][2];  // [transpose][3 blocks/SM]
+      for (int x = 0; x < 2; ++x)
+        for (int b = 0; b < 2; ++b) {
+          EncodeLaunch s = e;
+          s.encode_transpose = x == 1;
+          s.encode_blocks_per_sm = 2 + b;
+          ms[x][b] = MedianMs([&] { LaunchEncode(s, nullptr); }, iters);
+        }
+      std::printf(
+          "%-5s encode exchange: 2 blocks/SM: transpose %.3f ms, shuffle %.3f ms (shuffle / transpose = %.2f); "
+          "3 blocks/SM: transpose %.3f ms, shuffle %.3f ms (2 / 3 blocks/SM with transposes = %.2f) [%s]\n",
+          format, ms[1][0], ms[0][0], ms[0][0] / ms[1][0], ms[1][1], ms[0][1], ms[1][0] / ms[1][1],
+          cudaGetErrorName(cudaGetLastError()));
+    }
     const double packed = static_cast<double>(blocks) * (codec->k_page_bytes(0) + codec->v_page_bytes(0));
     const double dense = 2.0 * host.size() * 2;
     DecodeLaunch d;
