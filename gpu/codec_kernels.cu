@@ -83,6 +83,8 @@ cudaError_t EncodeFastKV(const EncodeLaunch& a, cudaStream_t stream) {
     if (a.encode_transpose)
       return three ? EncodeFastKV<KB, VB, T, kLut, true, 3>(a, stream) : EncodeFastKV<KB, VB, T, kLut, true, 2>(a, stream);
     return three ? EncodeFastKV<KB, VB, T, kLut, false, 3>(a, stream) : EncodeFastKV<KB, VB, T, kLut, false, 2>(a, stream);
+  } else if constexpr (std::is_same_v<T, float>) {
+    return EncodeFastKV<KB, VB, T, kLut, kEncodeTransposeDefault, kEncodeBlocksPerSmF32>(a, stream);
   } else {
     return EncodeFastKV<KB, VB, T, kLut, kEncodeTransposeDefault, kEncodeBlocksPerSmDefault>(a, stream);
   }

@@ -166,7 +166,8 @@ TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
   for (bool lut : {true, false})
     for (bool xpose : {true, false})
       for (int blocks : {2, 3}) {
-        const bool served = xpose == kEncodeTransposeDefault && blocks == kEncodeBlocksPerSmDefault;
+        const bool served = xpose == kEncodeTransposeDefault &&
+                            blocks == ServedEncodeBlocksPerSm(static_cast<int32_t>(c.dtype));
         if (!fast || (lut && served) || (!lut && !EncodeUsesQuantLut(a)) || (c.dtype != DType::kF16 && !served))
           continue;
         const std::string variant = std::string(lut ? "tables" : "search") + (xpose ? ", transpose, " : ", shuffle, ") +
@@ -339,7 +340,9 @@ TEST_P(FastEncodeSpecialRows, MatchCpu) {
     for (bool lut : {true, false})
       for (bool xpose : {true, false})
         for (int blocks : {2, 3}) {
-          if (dt != DType::kF16 && (xpose != kEncodeTransposeDefault || blocks != kEncodeBlocksPerSmDefault)) continue;
+          if (dt != DType::kF16 &&
+              (xpose != kEncodeTransposeDefault || blocks != ServedEncodeBlocksPerSm(static_cast<int32_t>(dt))))
+            continue;
           const std::string variant = std::string(DTypeName(dt)) + (lut ? " tables" : " search") +
                                       (xpose ? ", transpose, " : ", shuffle, ") + std::to_string(blocks) + " blocks/SM";
           DeviceBuffer kp = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));

@@ -22,9 +22,19 @@
 namespace tqkv::gpu {
 
 inline constexpr unsigned long long kNoBadSlot = ~0ull;
-// The served variant of the specialised encode (EncodeLaunch below).
-inline constexpr bool kEncodeTransposeDefault = true;
-inline constexpr int32_t kEncodeBlocksPerSmDefault = 2;
+// The served variant of the specialised encode (EncodeLaunch below), as
+// measured on the H200 (bench/RESULTS.md): warp shuffles for the FWHT's
+// cross-lane stages (the shared-memory transposes issue 5% fewer
+// instructions but ran 2-8% slower) and registers budgeted for 3 blocks of
+// 256 threads per SM (7-12% faster than 2, no spills from 16-bit input).
+// fp32 input keeps 2: at 3 it spills 16-88 bytes.
+inline constexpr bool kEncodeTransposeDefault = false;
+inline constexpr int32_t kEncodeBlocksPerSmDefault = 3;
+inline constexpr int32_t kEncodeBlocksPerSmF32 = 2;
+// The blocks-per-SM budget served for an input dtype (kGpuF16/BF16/F32).
+constexpr int32_t ServedEncodeBlocksPerSm(int32_t dtype) {
+  return dtype == kGpuF32 ? kEncodeBlocksPerSmF32 : kEncodeBlocksPerSmDefault;
+}
 
 struct PageRegion {
   uint8_t* base = nullptr;
@@ -70,7 +80,8 @@ struct EncodeLaunch {
   // per SM its registers are budgeted for, 2 (<= 128 registers) or 3
   // (<= 80); any other value makes LaunchEncode return
   // cudaErrorInvalidValue. fp16 input runs the variant asked for; bf16 and
-  // fp32 input always run the defaults (the only ones instantiated).
+  // fp32 input always run the served one (ServedEncodeBlocksPerSm; the
+  // only ones instantiated).
   bool encode_transpose = kEncodeTransposeDefault;
   int32_t encode_blocks_per_sm = kEncodeBlocksPerSmDefault;
 };
