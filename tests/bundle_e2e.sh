@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/bundle_lib.sh
 DEST="${1:-dist/e2e}"
-TESTS=(e2e_test bad_input_test durability_test concurrency_test)
+TESTS=(e2e_test bad_input_test durability_test concurrency_test data_plane_test)
 bazel build //service:tqkv-server $(printf '//tests:%s ' "${TESTS[@]}")
 BIN="$(bazel info bazel-bin 2>/dev/null)"
 rm -rf "$DEST"
@@ -32,7 +32,7 @@ export LD_LIBRARY_PATH="$HERE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TEST_SRCDIR="$HERE/runfiles" TEST_WORKSPACE=tqkv TQKV_TEST_BACKEND="${1:-cuda}"
 export TEST_TMPDIR="$(mktemp -d)"
 status=0
-for t in e2e_test bad_input_test durability_test concurrency_test; do
+for t in e2e_test bad_input_test durability_test concurrency_test data_plane_test; do
   timeout 240 "$HERE/$t" > "$LOGS/$t.log" 2>&1; rc=$?
   echo "$t rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1
 done
