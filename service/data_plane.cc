@@ -181,8 +181,8 @@ class DataPlaneServer::Loop {
       for (int i = 0; i < n; ++i) {
         void* tag = events[i].data.ptr;
         if (tag == &kWakeTag) {
-          uint64_t n;
-          (void)!read(wake_fd_, &n, sizeof n);
+          uint64_t wakes;
+          (void)!read(wake_fd_, &wakes, sizeof wakes);
           if (stop_.load()) return;
           std::vector<std::pair<int, std::string>> adopted;
           {
