@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The `tqkv` CLI's server commands against the real tqkv-server: status,
-# put, lookup, get (packed and dense), stats and bench, then a graceful
+# put, lookup, get (packed, dense, and packed over the data plane), stats and
+# bench (with its data-plane reads), then a graceful
 # SIGTERM that must exit 0.
 set -euo pipefail
 RUNFILES="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-tqkv}"
@@ -20,6 +21,8 @@ for _ in $(seq 1 300); do
 done
 ADDR=$(sed -n 's/^tqkv-server listening on //p' "$TMP/out")
 [ -n "$ADDR" ] || fail "no listening line"
+DATA=$(sed -n 's/^tqkv-server data plane listening on //p' "$TMP/out")
+[ -n "$DATA" ] || fail "no data plane line"
 S=(--server "$ADDR")
 
 out=$("$TQKV" status "${S[@]}")
@@ -34,6 +37,10 @@ out=$("$TQKV" lookup "${S[@]}" --blocks 45 --seed 3)
 [ "$out" = "hits 40/45 host=40" ] || fail "lookup: $out"
 out=$("$TQKV" get "${S[@]}" --blocks 40 --seed 3)
 echo "$out" | grep -q '^blocks 40 bytes 184320 (packed)' || fail "get: $out"
+out=$("$TQKV" get "${S[@]}" --blocks 40 --seed 3 --data "$DATA")
+echo "$out" | grep -q '^blocks 40 bytes 184320 (packed, data plane)' || fail "get over the data plane: $out"
+"$TQKV" get "${S[@]}" --blocks 41 --seed 3 --data "$DATA" >/dev/null 2>"$TMP/dp_err" && fail "data-plane get of a missing block must fail"
+grep -q 'NOT_FOUND' "$TMP/dp_err" || fail "data-plane missing block message: $(cat "$TMP/dp_err")"
 out=$("$TQKV" get "${S[@]}" --blocks 2 --seed 3 --dense)
 echo "$out" | grep -q '^blocks 2 bytes 32768 (dense fp16)' || fail "get dense: $out"
 "$TQKV" get "${S[@]}" --blocks 41 --seed 3 >/dev/null 2>"$TMP/get_err" && fail "get of a missing block must fail"
@@ -43,9 +50,10 @@ out=$("$TQKV" stats "${S[@]}")
 echo "$out" | grep -q 'model synthetic (id [0-9]*), compression 3.56x' || fail "stats: $out"
 echo "$out" | grep -q 'host: blocks=40 bytes=184320 dense_equivalent=655360' || fail "stats tiers: $out"
 
-out=$("$TQKV" bench "${S[@]}" --blocks 200 --threads 2 --rounds 1 --seed 9)
+out=$("$TQKV" bench "${S[@]}" --blocks 200 --threads 2 --rounds 1 --seed 9 --data "$DATA")
 echo "$out" | grep -q '^put .* blocks/s' || fail "bench: $out"
 echo "$out" | grep -q '^lookup .* hashes/s' || fail "bench: $out"
+echo "$out" | grep -q "^get .* MB/s packed out (data plane)" || fail "bench data plane: $out"
 
 "$TQKV" put "${S[@]}" --bogus 1 >/dev/null 2>&1 && fail "unknown flag must fail"
 

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli/args.h"
 #include "client/cpp/client.h"
+#include "client/cpp/data_plane_client.h"
 #include "client/cpp/synthetic.h"
 
 namespace tqkv::cli {
@@ -66,6 +67,17 @@ absl::StatusOr<std::unique_ptr<client::Client>> MakeClient(const Args& a) {
   if (!ms.ok()) return ms.status();
   o.deadline = absl::Milliseconds(*ms);
   return client::Client::Connect(o);
+}
+
+// The data-plane client of --data HOST:PORT (with --token, --timeout_ms).
+absl::StatusOr<std::unique_ptr<client::DataPlaneClient>> MakeDataClient(const Args& a) {
+  client::DataPlaneClientOptions o;
+  o.target = a.Get("data", "");
+  o.token = a.Get("token", "");
+  auto ms = a.GetInt("timeout_ms", 30000);
+  if (!ms.ok()) return ms.status();
+  o.timeout = absl::Milliseconds(*ms);
+  return client::DataPlaneClient::Connect(o);
 }
 
 absl::StatusOr<v1::RegisterModelRequest> ModelFromFlags(const Args& a) {
@@ -206,6 +218,14 @@ int Get(const Args& a, Ctx& c) {
   *req.mutable_model() = m->first;
   for (const auto& h : *chain) req.add_block_hashes(h);
   req.set_dense(a.Has("dense"));
+  if (a.Has("data")) {  // packed blocks over the data plane
+    auto dp = MakeDataClient(a);
+    if (!dp.ok()) return Fail(c.err, dp.status());
+    client::DataPlaneBlocks out;
+    if (absl::Status s = (*dp)->GetBlocks(req, &out); !s.ok()) return Fail(c.err, s);
+    c.out << "blocks " << out.size() << " bytes " << out.payload_bytes() << " (packed, data plane)\n";
+    return 0;
+  }
   auto r = c.client->GetBlocks(req);
   if (!r.ok()) return Fail(c.err, r.status());
   uint64_t bytes = 0;
@@ -273,6 +293,24 @@ int Bench(const Args& a, Ctx& c) {
     return r.status();
   });
   const double get_s = seconds(t0);
+  // The same reads over the data plane (--data), one connection per thread.
+  double dp_get_s = 0;
+  std::atomic<uint64_t> dp_bytes{0};
+  if (ok && a.Has("data")) {
+    t0 = Clock::now();
+    ok = run([&](client::Client&, size_t b, size_t e) {
+      auto dp = MakeDataClient(a);
+      if (!dp.ok()) return dp.status();
+      v1::GetBlocksRequest req;
+      *req.mutable_model() = ref;
+      for (size_t i = b; i < e; ++i) req.add_block_hashes((*chain)[i]);
+      client::DataPlaneBlocks out;
+      absl::Status s = (*dp)->GetBlocks(req, &out);
+      dp_bytes += out.payload_bytes();
+      return s;
+    });
+    dp_get_s = seconds(t0);
+  }
   t0 = Clock::now();
   ok = ok && run([&](client::Client& cl, size_t b, size_t e) {
     v1::LookupRequest req;
@@ -285,7 +323,11 @@ int Bench(const Args& a, Ctx& c) {
   const double n = static_cast<double>(chain->size()) * *rounds;
   c.out << std::fixed << std::setprecision(1) << "put    " << n / put_s << " blocks/s, "
         << dense_bytes * *rounds / put_s / 1e6 << " MB/s dense fp16 in\n"
-        << "get    " << n / get_s << " blocks/s, " << got_bytes / get_s / 1e6 << " MB/s packed out\n"
+        << "get    " << n / get_s << " blocks/s, " << got_bytes / get_s / 1e6 << " MB/s packed out\n";
+  if (dp_get_s > 0)
+    c.out << "get    " << n / dp_get_s << " blocks/s, " << dp_bytes / dp_get_s / 1e6
+          << " MB/s packed out (data plane)\n";
+  c.out
         << "lookup " << n / look_s << " hashes/s (" << *threads << " threads, chains of "
         << chain->size() / *threads << ")\n";
   return 0;
@@ -296,7 +338,7 @@ void Usage(const std::string& cmd, std::ostream& out) {
       << " [--server HOST:PORT] [--token T] [--timeout_ms MS]"
          " [--model NAME --layers L --kv_heads H --q_heads Q --head_dim D --block_size B"
          " --format F] [--blocks N --seed S] [--durable] [--dense] [--threads T --rounds R]"
-         " [--model_id ID]\n";
+         " [--model_id ID] [--data HOST:PORT (get, bench: packed reads over the data plane)]\n";
 }
 
 }  // namespace
@@ -309,8 +351,8 @@ int ServiceCommand(const std::string& cmd, int argc, char** argv, std::ostream& 
           {"stats", {&Stats, Flags(false, {"model_id"})}},
           {"put", {&Put, Flags(true, {"durable"})}},
           {"lookup", {&Lookup, Flags(true)}},
-          {"get", {&Get, Flags(true, {"dense"})}},
-          {"bench", {&Bench, Flags(true, {"threads", "rounds"})}},
+          {"get", {&Get, Flags(true, {"dense", "data"})}},
+          {"bench", {&Bench, Flags(true, {"threads", "rounds", "data"})}},
       };
   auto it = commands.find(cmd);
   if (it == commands.end()) return -1;
