@@ -59,3 +59,23 @@ def test_data_plane_attend_matches_grpc_attend(client, server, rng):
         with pytest.raises(tqkv.NotFound):
             dp.attend(0, [("no-such-sequence", q)])
         assert np.array_equal(dp.attend(1, [(seq, q)])[0], client.attend(1, [(seq, q)])[0])
+
+
+def test_client_routes_packed_reads_and_attend_over_the_data_plane(client, server, rng):
+    hq = 4
+    m = client.register_model(unique(), num_layers=2, num_kv_heads=H, num_q_heads=hq, head_dim=D,
+                              block_size=BS, cache_dtype="k4v4")
+    hs = hashes(unique("dpc"), 4)
+    client.put_blocks(m, [tqkv.Block(h, *kv(rng, 2, BS, H, D)) for h in hs])
+    q = rng.standard_normal((1, hq, D)).astype(np.float16)
+    with tqkv.Client(server.address, timeout=60, data_address=server.data_address) as fast:
+        got = fast.get_blocks(m, hs)
+        want = client.get_blocks(m, hs)
+        assert [b.payload for b in got] == [b.payload for b in want]
+        assert got[0].format == want[0].format
+        dense = fast.get_blocks(m, hs[:1], dense=True)  # dense stays on gRPC
+        assert dense[0].k.shape == (2, BS, H, D)
+        with pytest.raises(tqkv.NotFound):
+            fast.get_blocks(m, [b"missing"])
+        with client.create_sequence(m, hs) as seq:
+            assert np.array_equal(fast.attend(0, [(seq, q)])[0], client.attend(0, [(seq, q)])[0])

@@ -12,6 +12,7 @@ received.
 import collections.abc
 import itertools
 import random
+import threading
 import time
 
 import grpc
@@ -46,12 +47,15 @@ class Client:
     (None: no auth). timeout: per-attempt deadline in seconds for unary calls
     and whole streams. retries/backoff_s/max_backoff_s: UNAVAILABLE retry
     policy (attempts after the first; first delay; cap). credentials: a
-    grpc.ChannelCredentials for TLS (default plaintext).
+    grpc.ChannelCredentials for TLS (default plaintext). data_address: the
+    server's data-plane "host:port" (tqkv-server prints it); when set,
+    packed get_blocks/iter_blocks and attend go over the data plane (one
+    connection per thread) instead of gRPC, with the same results and errors.
     """
 
     def __init__(self, address, token=None, timeout=30.0, *, retries=5, backoff_s=0.05,
                  max_backoff_s=2.0, credentials=None, max_message_bytes=_DEFAULT_MAX_MESSAGE,
-                 options=()):
+                 options=(), data_address=None):
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)] + list(options)
         if credentials is not None:
@@ -66,9 +70,15 @@ class Client:
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.data_address = data_address
+        self._token = token
+        self._dp = threading.local()
 
     # ---- lifecycle ---------------------------------------------------------
     def close(self):
+        dp = getattr(self._dp, "conn", None)
+        if dp is not None:
+            dp.close()
         self._channel.close()
 
     def __enter__(self):
@@ -89,6 +99,24 @@ class Client:
     def _sleep(self, attempt):
         d = min(self.max_backoff_s, self.backoff_s * (2 ** attempt))
         time.sleep(d * (0.5 + random.random() / 2))
+
+    def _data_plane_call(self, fn):
+        """fn(DataPlane) on this thread's data-plane connection, retried like
+        _call on Unavailable (the connection is re-opened)."""
+        from .data_plane import DataPlane  # data_plane imports this module
+        attempt = 0
+        while True:
+            dp = getattr(self._dp, "conn", None)
+            if dp is None:
+                dp = self._dp.conn = DataPlane(self.data_address, token=self._token,
+                                               timeout=self.timeout)
+            try:
+                return fn(dp)
+            except errors.Unavailable:
+                if attempt >= self.retries:
+                    raise
+                self._sleep(attempt)
+                attempt += 1
 
     def _call(self, method, fn, request, *, retry=True):
         attempt = 0
@@ -232,6 +260,10 @@ class Client:
         Raises NotFound for a missing block, FailedPrecondition for a stale
         fingerprint, DataLoss for a block that failed its checksum.
         """
+        if self.data_address and not dense:
+            yield from self._data_plane_call(lambda dp: dp.get_blocks(
+                model, hashes, first_layer=first_layer, last_layer=last_layer, with_format=True))
+            return
         hs = _hashes(hashes)
         ref = self._ref(model)
         fmt = None
@@ -329,6 +361,10 @@ class Client:
         last token). Returns one output [num_queries, q_heads, d] per item in
         q's dtype - a torch tensor when q was one. scale 0: 1/sqrt(d).
         """
+        if self.data_address:
+            items = list(items)
+            return self._data_plane_call(lambda dp: dp.attend(
+                layer, items, scale, return_kernel_micros=return_kernel_micros))
         req, torch_out = _attend_request(layer, items, scale)
         r = self._call("Attend", self._kv.Attend, req)
         return _attend_outputs(r, torch_out, return_kernel_micros)
