@@ -43,18 +43,25 @@ def test_data_plane_unreachable_is_unavailable():
         tqkv.DataPlane("127.0.0.1:1", timeout=5).get_blocks((1, "0" * 32), [b"h"])
 
 
-def test_data_plane_attend_matches_grpc_attend(client, server, rng):
-    hq = 4
-    m = client.register_model(unique(), num_layers=2, num_kv_heads=H, num_q_heads=hq, head_dim=D,
+HQ = 4
+
+
+def stored_model(client, rng, n):
+    """A 2-layer GQA model with n stored blocks, their hashes and a decode query."""
+    m = client.register_model(unique(), num_layers=2, num_kv_heads=H, num_q_heads=HQ, head_dim=D,
                               block_size=BS, cache_dtype="k4v4")
-    hs = hashes(unique("dpa"), 3)
+    hs = hashes(unique("dp"), n)
     client.put_blocks(m, [tqkv.Block(h, *kv(rng, 2, BS, H, D)) for h in hs])
-    q = rng.standard_normal((1, hq, D)).astype(np.float16)
+    return m, hs, rng.standard_normal((1, HQ, D)).astype(np.float16)
+
+
+def test_data_plane_attend_matches_grpc_attend(client, server, rng):
+    m, hs, q = stored_model(client, rng, 3)
     with client.create_sequence(m, hs) as seq, tqkv.DataPlane(server.data_address) as dp:
         for layer in range(2):
             want = client.attend(layer, [(seq, q)])[0]
             got, micros = dp.attend(layer, [(seq, q)], return_kernel_micros=True)
-            assert got[0].dtype == np.float16 and got[0].shape == (1, hq, D)
+            assert got[0].dtype == np.float16 and got[0].shape == (1, HQ, D)
             assert np.array_equal(got[0], want) and np.abs(want).max() > 0
         with pytest.raises(tqkv.NotFound):
             dp.attend(0, [("no-such-sequence", q)])
@@ -62,12 +69,7 @@ def test_data_plane_attend_matches_grpc_attend(client, server, rng):
 
 
 def test_client_routes_packed_reads_and_attend_over_the_data_plane(client, server, rng):
-    hq = 4
-    m = client.register_model(unique(), num_layers=2, num_kv_heads=H, num_q_heads=hq, head_dim=D,
-                              block_size=BS, cache_dtype="k4v4")
-    hs = hashes(unique("dpc"), 4)
-    client.put_blocks(m, [tqkv.Block(h, *kv(rng, 2, BS, H, D)) for h in hs])
-    q = rng.standard_normal((1, hq, D)).astype(np.float16)
+    m, hs, q = stored_model(client, rng, 4)
     with tqkv.Client(server.address, timeout=60, data_address=server.data_address) as fast:
         got = fast.get_blocks(m, hs)
         want = client.get_blocks(m, hs)
