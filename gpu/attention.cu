@@ -57,8 +57,8 @@ bool MmaPageEligible(const AttentionLaunch& a) {
 }
 
 // Per-head tensor-core kernel configuration by variant: dequantisation
-// mode flags (kMmaKReg, kMmaLut256) and the blocks/SM its registers are
-// budgeted for. Entry 0 is unused: variant 0 (served) is chosen per bit
+// mode flags (kMmaKReg, kMmaLut256, kMmaOneBuf) and the blocks/SM its
+// registers are budgeted for. Entry 0 is unused: variant 0 (served) is chosen per bit
 // pair from the H200 measurements (bench/RESULTS.md): k4v4 takes 256-byte
 // table rows (2-4% faster), k2v2 K centroids in registers at 4 blocks/SM
 // (3-13% faster), k4v2 and the unmeasured k2v4 keep 128-byte rows (K4/V2 was
@@ -66,8 +66,9 @@ bool MmaPageEligible(const AttentionLaunch& a) {
 struct MmaCfg {
   int km, mb;
 };
-constexpr MmaCfg kMmaCfgs[] = {{0, 3}, {0, 3}, {0, 3}, {kMmaKReg, 3}, {kMmaKReg, 4}, {kMmaLut256, 3},
-                               {kMmaKReg | kMmaLut256, 3}};
+constexpr MmaCfg kMmaCfgs[] = {{0, 3},        {0, 3},         {0, 3},
+                               {kMmaKReg, 3}, {kMmaKReg, 4},  {kMmaLut256, 3},
+                               {kMmaKReg | kMmaLut256, 3},    {kMmaKReg | kMmaOneBuf, 4}};
 constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 
 // The configuration this launch runs: register dequantisation of 4-bit
@@ -97,6 +98,8 @@ auto ByMmaCfg(const MmaCfg& c, F&& f) {
     case kMmaKReg * 10 + 4: return f.template operator()<kMmaKReg, 4>();
     case kMmaLut256 * 10 + 3: return f.template operator()<kMmaLut256, 3>();
     case (kMmaKReg | kMmaLut256) * 10 + 3: return f.template operator()<kMmaKReg | kMmaLut256, 3>();
+    case (kMmaKReg | kMmaOneBuf) * 10 + 4: return f.template operator()<kMmaKReg | kMmaOneBuf, 4>();
+    case kMmaOneBuf * 10 + 4: return f.template operator()<kMmaOneBuf, 4>();
     default: return f.template operator()<0, 3>();
   }
 }

@@ -185,19 +185,27 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   EXPECT_EQ(AttentionUsesFastPath(a), c.expect_fast);
   // The tensor-core kernel's variants (one kv head per block with shared-
   // memory tables, page-streaming shapes, K centroids from registers at 3
-  // and 4 blocks/SM, 256-byte table rows) on the shapes that reach it; 0
-  // (the default) for the others. The register variants run once more with
-  // symmetric_codebooks off (4-bit keys then fall back to the table).
+  // and 4 blocks/SM, 256-byte table rows, registers with one tile buffer)
+  // on the shapes that reach it; 0 (the default) for the others. The
+  // register variants run once more with symmetric_codebooks off (4-bit
+  // keys then fall back to the table).
   const bool mma_shape = c.expect_fast && H % 4 == 0;
   const bool k4 = c.format.rfind("k4", 0) == 0;
-  for (int run = 0; run < (mma_shape ? 10 : 1); ++run) {
-    const int variant = run < 7 ? run : run - 4;  // 7, 8, 9: variants 3, 4, 6 without symmetry
-    a.symmetric_codebooks = run < 7;
-    SCOPED_TRACE("mma_variant " + std::to_string(variant) + (run < 7 ? "" : " (asymmetric fallback)"));
+  struct Run {
+    int variant;
+    bool symmetric;
+  };
+  const std::vector<Run> runs = {{0, true},  {1, true},  {2, true},  {3, true},  {4, true},  {5, true},
+                                 {6, true},  {7, true},  {3, false}, {4, false}, {6, false}, {7, false}};
+  for (size_t run = 0; run < (mma_shape ? runs.size() : 1); ++run) {
+    const int variant = runs[run].variant;
+    a.symmetric_codebooks = runs[run].symmetric;
+    SCOPED_TRACE("mma_variant " + std::to_string(variant) + (a.symmetric_codebooks ? "" : " (asymmetric fallback)"));
     a.mma_variant = variant;
     if (mma_shape) {
-      const bool kreg = variant == 3 || variant == 4 || variant == 6 || (variant == 0 && c.format == "k2v2");
-      EXPECT_EQ(AttentionUsesRegisterDequant(a), kreg && (!k4 || run < 7));
+      const bool kreg = variant == 3 || variant == 4 || variant == 6 || variant == 7 ||
+                        (variant == 0 && c.format == "k2v2");
+      EXPECT_EQ(AttentionUsesRegisterDequant(a), kreg && (!k4 || a.symmetric_codebooks));
     }
     DeviceBuffer ws = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(a));
     a.workspace = ws.get();

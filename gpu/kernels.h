@@ -161,7 +161,9 @@ struct AttentionLaunch {
   // default), 2 =
   // page-streaming blocks of 4 kv heads, 3 = K centroids from registers,
   // 4 = variant 3 budgeted for 4 blocks/SM, 5 = tables with 256-byte rows
-  // (one prmt per lookup address), 6 = variant 3 with 256-byte V rows.
+  // (one prmt per lookup address), 6 = variant 3 with 256-byte V rows,
+  // 7 = K centroids from registers with one raw tile buffer (no prefetch)
+  // and one score chain per n-tile, budgeted for 4 blocks/SM.
   int32_t mma_variant = 0;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

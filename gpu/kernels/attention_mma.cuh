@@ -69,8 +69,12 @@ struct MmaBits {
 //     of lane l at byte 256e + 4l, V at +128), so one prmt of the index word
 //     with the lane's offset is the lookup address (128-byte rows need a
 //     shift and a lop3).
+//   kMmaOneBuf: one raw tile buffer per warp (load a step's rows, then
+//     compute them; no prefetch of the next step), for register budgets of
+//     4+ blocks/SM where more resident warps hide the load latency instead.
 inline constexpr int kMmaKReg = 1;
 inline constexpr int kMmaLut256 = 2;
+inline constexpr int kMmaOneBuf = 4;
 
 __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                        uint32_t b0, uint32_t b1) {
@@ -243,6 +247,9 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   using VU = MmaBits<VB>;
   using Raw = MmaTileRaw<KB, VB>;
   constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
+  // Score chains per n-tile: two (k-tile parity) hide mma latency; one
+  // saves 8 registers where more resident warps hide it (kMmaOneBuf).
+  constexpr int kPar = (KM & kMmaOneBuf) != 0 ? 0 : 1;
   constexpr int PK = 4 * KB;  // K piece bytes per thread
   constexpr int PV = 2 * VB;  // V piece bytes per thread
   constexpr int KW = Raw::kKW, VW = Raw::kVW;
@@ -367,7 +374,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
           uint32_t b[4];
           ktab.Dequant4(kw[q], b);
           MmaF16(sc[nt][0], qa[2 * q][0], 0u, qa[2 * q][1], 0u, b[0], b[1]);
-          MmaF16(sc[nt][1], qa[2 * q + 1][0], 0u, qa[2 * q + 1][1], 0u, b[2], b[3]);
+          MmaF16(sc[nt][kPar], qa[2 * q + 1][0], 0u, qa[2 * q + 1][1], 0u, b[2], b[3]);
         }
       } else if constexpr (kKReg) {
 #pragma unroll
@@ -376,7 +383,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
           ktab.Dequant2(kw[q], b);
 #pragma unroll
           for (int k = 0; k < 4; ++k)
-            MmaF16(sc[nt][k & 1], qa[4 * q + k][0], 0u, qa[4 * q + k][1], 0u, b[2 * k], b[2 * k + 1]);
+            MmaF16(sc[nt][k & kPar], qa[4 * q + k][0], 0u, qa[4 * q + k][1], 0u, b[2 * k], b[2 * k + 1]);
         }
       } else {
 #pragma unroll
@@ -386,7 +393,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
           const int s0 = u0 % KU::kUnitsPerWord;
           const uint32_t b0 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w, s0, lane4));
           const uint32_t b1 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w, s0 + 1, lane4));
-          MmaF16(sc[nt][kk & 1], qa[kk][0], 0u, qa[kk][1], 0u, b0, b1);
+          MmaF16(sc[nt][kk & kPar], qa[kk][0], 0u, qa[kk][1], 0u, b0, b1);
         }
       }
     }
@@ -397,7 +404,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       for (int e = 0; e < 2; ++e) {
         const float nk = __shfl_sync(kFullMask, hold, 4 * (2 * i + e) + ikn);
         const bool valid = tt + 8 * nt + 2 * i + e < t1;
-        s[2 * nt + e] = valid ? (sc[nt][0][e] + sc[nt][1][e]) * nk : -CUDART_INF_F;
+        const float x = kPar ? sc[nt][0][e] + sc[nt][kPar][e] : sc[nt][0][e];
+        s[2 * nt + e] = valid ? x * nk : -CUDART_INF_F;
       }
     }
   };
@@ -467,7 +475,16 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     for (int k = 0; k < TPS; ++k) values(tl0 + k, r[k], s[k]);
   };
 
-  {
+  if constexpr ((KM & kMmaOneBuf) != 0) {
+    // Steps st = warp, warp + 4, ...: load the step's rows, then compute.
+    const int64_t nsteps = (ntiles + TPS - 1) / TPS;
+    for (int64_t st = warp; st < nsteps; st += kMmaWarps) {
+      Raw r[TPS];
+#pragma unroll
+      for (int k = 0; k < TPS; ++k) load(st * TPS + k, r[k]);
+      compute(st * TPS, r);
+    }
+  } else {
     // Steps st = warp, warp + 4, ...; step st covers tiles TPS·st .. TPS·st + TPS − 1.
     // Double-buffered: the next step's rows load while this one computes.
     const int64_t nsteps = (ntiles + TPS - 1) / TPS;
