@@ -249,7 +249,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
   // Score chains per n-tile: two (k-tile parity) hide mma latency; one
   // saves 8 registers where more resident warps hide it (kMmaOneBuf).
-  constexpr int kPar = (KM & kMmaOneBuf) != 0 ? 0 : 1;
+  constexpr bool kOneBuf = (KM & kMmaOneBuf) != 0;
+  constexpr int kPar = kOneBuf ? 0 : 1;
   constexpr int PK = 4 * KB;  // K piece bytes per thread
   constexpr int PV = 2 * VB;  // V piece bytes per thread
   constexpr int KW = Raw::kKW, VW = Raw::kVW;
@@ -361,11 +362,23 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   auto scores = [&](int64_t tl, const Raw& r, float (&s)[4]) {
     const int64_t tt = t0 + tl * 16;
     float sc[2][2][4];  // [n-tile][k-tile parity]: four chains of four mmas
+    uint32_t kws[2][KW];
+    float hold[2];
+    auto kmerge = [&](int nt) {
+#pragma unroll
+      for (int w = 0; w < KW; ++w) kws[nt][w] = PK * i + 4 * w < mis ? r.kt[nt][w] : r.k[nt][w];
+    };
+    if constexpr (kOneBuf) {  // tail pieces die before the mmas (fewer live registers)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        kmerge(nt);
+        hold[nt] = __uint_as_float(PickWord<KW>(r.kt[nt], kwn));
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      uint32_t kw[KW];
-#pragma unroll
-      for (int w = 0; w < KW; ++w) kw[w] = PK * i + 4 * w < mis ? r.kt[nt][w] : r.k[nt][w];
+      if constexpr (!kOneBuf) kmerge(nt);
+      const uint32_t(&kw)[KW] = kws[nt];
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[nt][0][e] = sc[nt][1][e] = 0.0f;
       if constexpr (kKReg && KB == 4) {
@@ -399,10 +412,10 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const float hold = __uint_as_float(PickWord<KW>(r.kt[nt], kwn));
+      if constexpr (!kOneBuf) hold[nt] = __uint_as_float(PickWord<KW>(r.kt[nt], kwn));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float nk = __shfl_sync(kFullMask, hold, 4 * (2 * i + e) + ikn);
+        const float nk = __shfl_sync(kFullMask, hold[nt], 4 * (2 * i + e) + ikn);
         const bool valid = tt + 8 * nt + 2 * i + e < t1;
         const float x = kPar ? sc[nt][0][e] + sc[nt][kPar][e] : sc[nt][0][e];
         s[2 * nt + e] = valid ? x * nk : -CUDART_INF_F;
