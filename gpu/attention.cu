@@ -7,6 +7,7 @@
 #include "gpu/kernels/attention.cuh"
 #include "gpu/kernels/attention_fast.cuh"
 #include "gpu/kernels/attention_mma.cuh"
+#include "gpu/kernels/attention_mma_page.cuh"
 
 namespace tqkv::gpu {
 namespace {
