@@ -29,10 +29,12 @@ GOALS = {"k4v4": 0.35, "k4v2": 0.28, "k2v2": None}  # k2v2: no goal (2-bit keys 
 # stages, 3 = K centroids from registers (prmt), 4 = variant 3 budgeted for
 # 4 blocks/SM, 5 = tables with 256-byte rows (prmt lookup addresses), 6 =
 # variant 3 with 256-byte V rows, 7 = K centroids from registers, one raw
-# tile buffer (no prefetch), one score chain per n-tile, 4 blocks/SM.
-VARIANTS = [1, 2, 3, 4, 5, 6, 7]
+# tile buffer (no prefetch), one score chain per n-tile, 4 blocks/SM, 8 =
+# the served configuration with tokens-on-M scores (K tile as A, queries as
+# B: 8 score mmas per tile instead of 16).
+VARIANTS = [1, 2, 3, 4, 5, 6, 7, 8]
 VARIANT_NAMES = {1: "lut", 2: "page-tt2s4", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256",
-                 7: "kreg-1buf-4cta"}
+                 7: "kreg-1buf-4cta", 8: "tokm"}
 
 
 def timed(fn, iters):

@@ -64,6 +64,7 @@ bool MmaPageEligible(const AttentionLaunch& a) {
 // table rows (2-4% faster), k2v2 K centroids in registers at 4 blocks/SM
 // (3-13% faster), k4v2 and the unmeasured k2v4 keep 128-byte rows (K4/V2 was
 // up to 6% slower with 256-byte rows or 4-bit keys in registers).
+// Variant 8 adds kMmaTokM to the served configuration.
 struct MmaCfg {
   int km, mb;
 };
@@ -71,6 +72,18 @@ constexpr MmaCfg kMmaCfgs[] = {{0, 3},        {0, 3},         {0, 3},
                                {kMmaKReg, 3}, {kMmaKReg, 4},  {kMmaLut256, 3},
                                {kMmaKReg | kMmaLut256, 3},    {kMmaKReg | kMmaOneBuf, 4}};
 constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
+// Variant 8 ("tokm"): the served configuration of the bit pair with
+// tokens-on-M scores (kMmaTokM).
+constexpr int kMmaTokMVariant = 8;
+
+// The served configuration of a bit pair.
+constexpr MmaCfg MmaServedCfg(int kb, int vb) {
+  switch (kb * 10 + vb) {
+    case 44: return {kMmaLut256, 3};
+    case 22: return {kMmaKReg, 4};
+    default: return {0, 3};
+  }
+}
 
 // The configuration this launch runs: register dequantisation of 4-bit
 // keys only with symmetric codebooks; 256-byte rows only where a table of
@@ -78,13 +91,8 @@ constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
   MmaCfg c = kMmaCfgs[a.mma_variant > 0 && a.mma_variant < kNumMmaCfgs ? a.mma_variant : 0];
-  if (a.mma_variant <= 0 || a.mma_variant >= kNumMmaCfgs) {
-    switch (kb * 10 + vb) {
-      case 44: c = {kMmaLut256, 3}; break;
-      case 22: c = {kMmaKReg, 4}; break;
-      default: c = {0, 3}; break;
-    }
-  }
+  if (a.mma_variant <= 0 || a.mma_variant >= kNumMmaCfgs) c = MmaServedCfg(kb, vb);
+  if (a.mma_variant == kMmaTokMVariant) c.km |= kMmaTokM;
   if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
   const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);
   if ((c.km & kMmaLut256) && !k_bytes && vb != 4) c.km &= ~kMmaLut256;
@@ -101,6 +109,9 @@ auto ByMmaCfg(const MmaCfg& c, F&& f) {
     case (kMmaKReg | kMmaLut256) * 10 + 3: return f.template operator()<kMmaKReg | kMmaLut256, 3>();
     case (kMmaKReg | kMmaOneBuf) * 10 + 4: return f.template operator()<kMmaKReg | kMmaOneBuf, 4>();
     case kMmaOneBuf * 10 + 4: return f.template operator()<kMmaOneBuf, 4>();
+    case kMmaTokM * 10 + 3: return f.template operator()<kMmaTokM, 3>();
+    case (kMmaTokM | kMmaLut256) * 10 + 3: return f.template operator()<kMmaTokM | kMmaLut256, 3>();
+    case (kMmaTokM | kMmaKReg) * 10 + 4: return f.template operator()<kMmaTokM | kMmaKReg, 4>();
     default: return f.template operator()<0, 3>();
   }
 }
@@ -251,15 +262,20 @@ cudaError_t FastG(const AttentionLaunch& a, const AttnDims& d, const float* s, f
 template <int KB, int VB, int G, int TPS, int KM, int MB>
 cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                        cudaStream_t stream) {
-  constexpr size_t smem = MmaSmemBytes<KB, VB, G, KM>();
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(MmaDecodeKernel<KB, VB, G, TPS, KM, MB>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
+  constexpr MmaCfg served = MmaServedCfg(KB, VB);
+  if constexpr ((KM & kMmaTokM) != 0 && (KM != (served.km | kMmaTokM) || MB != served.mb)) {
+    return cudaErrorNotSupported;  // tokens-on-M scores: only on the bit pair's served configuration
+  } else {
+    constexpr size_t smem = MmaSmemBytes<KB, VB, G, KM>();
+    if (smem > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(MmaDecodeKernel<KB, VB, G, TPS, KM, MB>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+    }
+    const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
+    MmaDecodeKernel<KB, VB, G, TPS, KM, MB><<<grid, 32 * kMmaWarps, smem, stream>>>(a, d, states, recs);
+    return cudaGetLastError();
   }
-  const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
-  MmaDecodeKernel<KB, VB, G, TPS, KM, MB><<<grid, 32 * kMmaWarps, smem, stream>>>(a, d, states, recs);
-  return cudaGetLastError();
 }
 
 template <int KB, int VB, int G, int TT, int S>

@@ -72,9 +72,18 @@ struct MmaBits {
 //   kMmaOneBuf: one raw tile buffer per warp (load a step's rows, then
 //     compute them; no prefetch of the next step), for register budgets of
 //     4+ blocks/SM where more resident warps hide the load latency instead.
+//   kMmaTokM: "tokens on M" scores Sᵀ[t, h] = K̂[t, :] · q[h, :]: the
+//     dequantised K tile (16 tokens × 16 channels) is A, the query fragment
+//     is B (n = heads), one mma per k-tile (8 per tile instead of 16 with
+//     half-zero A operands). Lane (g, i) then holds tokens g, g + 8 of heads
+//     2i, 2i + 1: two softmax states per lane (reduced over the 8 lanes of
+//     one i, 4 shuffles for both maxima), which are also the value
+//     accumulator's columns (no shuffled rescale); the probabilities are
+//     transposed to P's B fragment with 4 shuffles and 2 prmts per tile.
 inline constexpr int kMmaKReg = 1;
 inline constexpr int kMmaLut256 = 2;
 inline constexpr int kMmaOneBuf = 4;
+inline constexpr int kMmaTokM = 8;
 
 __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                        uint32_t b0, uint32_t b1) {
@@ -247,6 +256,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   using VU = MmaBits<VB>;
   using Raw = MmaTileRaw<KB, VB>;
   constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
+  constexpr bool kTokM = (KM & kMmaTokM) != 0;
   // Score chains per n-tile: two (k-tile parity) hide mma latency; one
   // saves 8 registers where more resident warps hide it (kMmaOneBuf).
   constexpr bool kOneBuf = (KM & kMmaOneBuf) != 0;
@@ -352,6 +362,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   };
 
   float m = -CUDART_INF_F, l = 0.0f;
+  float mh[2] = {-CUDART_INF_F, -CUDART_INF_F}, lh[2] = {0.0f, 0.0f};  // kTokM: heads 2i, 2i + 1
   float acc[8][4];
 #pragma unroll
   for (int u = 0; u < 8; ++u)
@@ -422,18 +433,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       }
     }
   };
-  // Values of one tile with probabilities p (same token order as s).
-  auto values = [&](int64_t tl, const Raw& r, const float (&p)[4]) {
-    const int64_t tt = t0 + tl * 16;
-    float pn[4];
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const float hold = __uint_as_float(PickWord<VW>(r.vt[v], vwn));
-      const float nv = __shfl_sync(kFullMask, hold, 4 * gvn + i);
-      const bool valid = tt + 2 * i + (v & 1) + 8 * (v >> 1) < t1;
-      pn[v] = valid ? p[v] * nv : 0.0f;
-    }
-    const uint32_t pb0 = PackHalf2(pn[0], pn[1]), pb1 = PackHalf2(pn[2], pn[3]);
+  // The value mmas of one tile with P's B fragment pb0, pb1.
+  auto value_mmas = [&](const Raw& r, uint32_t pb0, uint32_t pb1) {
     uint32_t vw[4][VW];
 #pragma unroll
     for (int v = 0; v < 4; ++v)
@@ -449,6 +450,153 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       MmaF16(acc[u], Prmt(x[0], x[1], 0x5410), Prmt(x[0], x[1], 0x7632), Prmt(x[2], x[3], 0x5410),
              Prmt(x[2], x[3], 0x7632), pb0, pb1);
     }
+  };
+  // Values of one tile with probabilities p (same token order as s).
+  auto values = [&](int64_t tl, const Raw& r, const float (&p)[4]) {
+    const int64_t tt = t0 + tl * 16;
+    float pn[4];
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float hold = __uint_as_float(PickWord<VW>(r.vt[v], vwn));
+      const float nv = __shfl_sync(kFullMask, hold, 4 * gvn + i);
+      const bool valid = tt + 2 * i + (v & 1) + 8 * (v >> 1) < t1;
+      pn[v] = valid ? p[v] * nv : 0.0f;
+    }
+    const uint32_t pb0 = PackHalf2(pn[0], pn[1]), pb1 = PackHalf2(pn[2], pn[3]);
+    value_mmas(r, pb0, pb1);
+  };
+  // kTokM scores of one tile: s[2·nt + e] for token g + 8·nt, head 2i + e.
+  // A = K̂ (rows = tokens g, g + 8: the lookups of both tokens of a k-tile),
+  // B = the query fragment (the same registers as qa).
+  auto scores_tokm = [&](int64_t tl, const Raw& r, float (&s)[4]) {
+    const int64_t tt = t0 + tl * 16;
+    float sc[2][4];  // [k-tile parity]
+    uint32_t kw[2][KW];
+    float hold[2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int w = 0; w < KW; ++w) kw[nt][w] = PK * i + 4 * w < mis ? r.kt[nt][w] : r.k[nt][w];
+      hold[nt] = __uint_as_float(PickWord<KW>(r.kt[nt], kwn));
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[0][e] = sc[1][e] = 0.0f;
+    if constexpr (kKReg && KB == 4) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // word q: k-tiles 2q, 2q + 1
+        uint32_t b0[4], b1[4];
+        ktab.Dequant4(kw[0][q], b0);
+        ktab.Dequant4(kw[1][q], b1);
+        MmaF16(sc[0], b0[0], b1[0], b0[1], b1[1], qa[2 * q][0], qa[2 * q][1]);
+        MmaF16(sc[kPar], b0[2], b1[2], b0[3], b1[3], qa[2 * q + 1][0], qa[2 * q + 1][1]);
+      }
+    } else if constexpr (kKReg) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {  // word q: k-tiles 4q .. 4q + 3
+        uint32_t b0[8], b1[8];
+        ktab.Dequant2(kw[0][q], b0);
+        ktab.Dequant2(kw[1][q], b1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          MmaF16(sc[k & kPar], b0[2 * k], b1[2 * k], b0[2 * k + 1], b1[2 * k + 1], qa[4 * q + k][0],
+                 qa[4 * q + k][1]);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const int u0 = 2 * kk, s0 = u0 % KU::kUnitsPerWord;
+        const uint32_t w0 = kw[0][u0 / KU::kUnitsPerWord], w1 = kw[1][u0 / KU::kUnitsPerWord];
+        const uint32_t a0 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w0, s0, lane4));
+        const uint32_t a1 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w1, s0, lane4));
+        const uint32_t a2 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w0, s0 + 1, lane4));
+        const uint32_t a3 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w1, s0 + 1, lane4));
+        MmaF16(sc[kk & kPar], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float nk = __shfl_sync(kFullMask, hold[nt], 4 * g + ikn);
+      const bool valid = tt + g + 8 * nt < t1;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float x = kPar ? sc[0][2 * nt + e] + sc[kPar][2 * nt + e] : sc[0][2 * nt + e];
+        s[2 * nt + e] = valid ? x * nk : -CUDART_INF_F;
+      }
+    }
+  };
+  // kTokM values of one tile with probabilities p (the layout of s): p·n_v
+  // packed per token over the lane's two heads, then transposed to P's B
+  // fragment (head g; tokens 2i, 2i+1 and 2i+8, 2i+9): 4 shuffles, 2 prmts.
+  auto values_tokm = [&](int64_t tl, const Raw& r, const float (&p)[4]) {
+    const int64_t tt = t0 + tl * 16;
+    // V norm of token τ: lane 4·gvn + (τ mod 8) / 2, word vwn of vt[τ mod 2 + 2·(τ / 8)].
+    const int nsrc = 4 * gvn + (g >> 1);
+    uint32_t x[2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float n0 = __shfl_sync(kFullMask, __uint_as_float(PickWord<VW>(r.vt[2 * nt], vwn)), nsrc);
+      const float n1 = __shfl_sync(kFullMask, __uint_as_float(PickWord<VW>(r.vt[2 * nt + 1], vwn)), nsrc);
+      const float nv = (g & 1) ? n1 : n0;
+      const bool valid = tt + g + 8 * nt < t1;
+      x[nt] = PackHalf2(valid ? p[2 * nt] * nv : 0.0f, valid ? p[2 * nt + 1] * nv : 0.0f);
+    }
+    // Tokens 2i, 2i + 1 (+ 8) of head g: lanes 8i + g/2 and 8i + 4 + g/2, half g mod 2.
+    const int sa = 8 * i + (g >> 1);
+    const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
+    const uint32_t pb0 = Prmt(__shfl_sync(kFullMask, x[0], sa), __shfl_sync(kFullMask, x[0], sa + 4), sel);
+    const uint32_t pb1 = Prmt(__shfl_sync(kFullMask, x[1], sa), __shfl_sync(kFullMask, x[1], sa + 4), sel);
+    value_mmas(r, pb0, pb1);
+  };
+  // kTokM step: per-head softmax over the 8 lanes of one i; the accumulator
+  // columns are this lane's heads.
+  auto compute_tokm = [&](int64_t tl0, const Raw (&r)[TPS]) {
+    float s[TPS][4];
+#pragma unroll
+    for (int k = 0; k < TPS; ++k) scores_tokm(tl0 + k, r[k], s[k]);
+    float tmax[2], corr[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      tmax[e] = s[0][e];
+#pragma unroll
+      for (int k = 0; k < TPS; ++k) tmax[e] = fmaxf(tmax[e], fmaxf(s[k][e], s[k][2 + e]));
+    }
+    {  // Both heads' maxima over the 8 lanes of one i in 4 shuffles: lanes
+       // with g odd reduce head 2i + 1, lanes with g even head 2i, then swap.
+      const bool odd = (g & 1) != 0;
+      float own = odd ? tmax[1] : tmax[0];
+      own = fmaxf(own, __shfl_xor_sync(kFullMask, odd ? tmax[0] : tmax[1], 4));
+      own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 8));
+      own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 16));
+      const float other = __shfl_xor_sync(kFullMask, own, 4);
+      tmax[0] = odd ? other : own;
+      tmax[1] = odd ? own : other;
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float mnew = fmaxf(mh[e], tmax[e]);  // finite: the step's first token is valid
+      corr[e] = exp2f(mh[e] - mnew);
+      mh[e] = mnew;
+      float psum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < TPS; ++k)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          s[k][2 * nt + e] = exp2f(s[k][2 * nt + e] - mnew);
+          psum += s[k][2 * nt + e];
+        }
+      lh[e] = fmaf(lh[e], corr[e], psum);
+    }
+    if (__any_sync(kFullMask, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        acc[u][0] *= corr[0];
+        acc[u][1] *= corr[1];
+        acc[u][2] *= corr[0];
+        acc[u][3] *= corr[1];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < TPS; ++k) values_tokm(tl0 + k, r[k], s[k]);
   };
   // One step: TPS consecutive tiles (first tile tl0) with one softmax update.
   auto compute = [&](int64_t tl0, const Raw (&r)[TPS]) {
@@ -487,6 +635,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 #pragma unroll
     for (int k = 0; k < TPS; ++k) values(tl0 + k, r[k], s[k]);
   };
+  auto step = [&](int64_t tl0, const Raw (&r)[TPS]) {
+    if constexpr (kTokM) {
+      compute_tokm(tl0, r);
+    } else {
+      compute(tl0, r);
+    }
+  };
 
   if constexpr ((KM & kMmaOneBuf) != 0) {
     // Steps st = warp, warp + 4, ...: load the step's rows, then compute.
@@ -495,7 +650,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       Raw r[TPS];
 #pragma unroll
       for (int k = 0; k < TPS; ++k) load(st * TPS + k, r[k]);
-      compute(st * TPS, r);
+      step(st * TPS, r);
     }
   } else {
     // Steps st = warp, warp + 4, ...; step st covers tiles TPS·st .. TPS·st + TPS − 1.
@@ -510,16 +665,25 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     if (st < nsteps) load_step(st, ra);
     while (st < nsteps) {
       if (st + kMmaWarps < nsteps) load_step(st + kMmaWarps, rb);
-      compute(st * TPS, ra);
+      step(st * TPS, ra);
       st += kMmaWarps;
       if (st >= nsteps) break;
       if (st + kMmaWarps < nsteps) load_step(st + kMmaWarps, ra);
-      compute(st * TPS, rb);
+      step(st * TPS, rb);
       st += kMmaWarps;
     }
   }
-  l += __shfl_xor_sync(kFullMask, l, 1);
-  l += __shfl_xor_sync(kFullMask, l, 2);
+  if constexpr (kTokM) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      lh[e] += __shfl_xor_sync(kFullMask, lh[e], 4);
+      lh[e] += __shfl_xor_sync(kFullMask, lh[e], 8);
+      lh[e] += __shfl_xor_sync(kFullMask, lh[e], 16);
+    }
+  } else {
+    l += __shfl_xor_sync(kFullMask, l, 1);
+    l += __shfl_xor_sync(kFullMask, l, 2);
+  }
 
   // Block merge of the warps into one split record.
   __syncthreads();  // tables no longer read
@@ -538,7 +702,15 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       macc[(warp * G + h1) * 128 + 2 * pu + 1] = acc[u][3];
     }
   }
-  if (i == 0 && g < G) {
+  if constexpr (kTokM) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (g == 0 && 2 * i + e < G) {
+        mml[(warp * G + 2 * i + e) * 2] = mh[e];
+        mml[(warp * G + 2 * i + e) * 2 + 1] = lh[e];
+      }
+    }
+  } else if (i == 0 && g < G) {
     mml[(warp * G + g) * 2] = m;
     mml[(warp * G + g) * 2 + 1] = l;
   }
