@@ -63,8 +63,9 @@ bool MmaPageEligible(const AttentionLaunch& a) {
 // pair from the H200 measurements (bench/RESULTS.md): k4v4 takes 256-byte
 // table rows (2-4% faster), k2v2 K centroids in registers at 4 blocks/SM
 // (3-13% faster), k4v2 and the unmeasured k2v4 keep 128-byte rows (K4/V2 was
-// up to 6% slower with 256-byte rows or 4-bit keys in registers).
-// Variant 8 adds kMmaTokM to the served configuration.
+// up to 6% slower with 256-byte rows or 4-bit keys in registers); k4v4 and
+// k4v2 also take tokens-on-M scores (kMmaTokM: 1-3% faster at every shape).
+// Variant 8 adds kMmaTokM to the served configuration of any bit pair.
 struct MmaCfg {
   int km, mb;
 };
@@ -79,7 +80,8 @@ constexpr int kMmaTokMVariant = 8;
 // The served configuration of a bit pair.
 constexpr MmaCfg MmaServedCfg(int kb, int vb) {
   switch (kb * 10 + vb) {
-    case 44: return {kMmaLut256, 3};
+    case 44: return {kMmaLut256 | kMmaTokM, 3};
+    case 42: return {kMmaTokM, 3};
     case 22: return {kMmaKReg, 4};
     default: return {0, 3};
   }
