@@ -6,6 +6,7 @@
 #include "gpu/kernels.h"
 #include "gpu/kernels/attention.cuh"
 #include "gpu/kernels/attention_fast.cuh"
+#include "gpu/kernels/attention_merge.cuh"
 #include "gpu/kernels/attention_mma.cuh"
 #include "gpu/kernels/attention_mma_page.cuh"
 
