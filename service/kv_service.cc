@@ -258,6 +258,7 @@ absl::StatusOr<v1::StatsResponse> KvService::Stats(const Identity& id,
   v1::StatsResponse resp;
   resp.set_tenant(id.tenant);
   resp.set_backend(backend_->name());
+  resp.set_data_plane_address(data_plane_address_);
   for (const auto& m : models) {
     v1::ModelStats* ms = resp.add_models();
     ms->set_model_id(m->model_id);

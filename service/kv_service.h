@@ -94,6 +94,9 @@ class KvService {
   absl::StatusOr<v1::DropSequenceResponse> DropSequence(const Identity& id,
                                                         const v1::DropSequenceRequest& req);
   absl::StatusOr<v1::StatsResponse> Stats(const Identity& id, const v1::StatsRequest& req);
+  // The data-plane address Stats reports. REQUIRES: called before the
+  // service takes requests (not synchronised).
+  void SetDataPlaneAddress(std::string address) { data_plane_address_ = std::move(address); }
   // Admin. PERMISSION_DENIED unless id.admin. model_id 0: every model of
   // the caller's tenant (max_bytes is shared across them).
   absl::StatusOr<v1::EvictResponse> Evict(const Identity& id, const v1::EvictRequest& req);
@@ -106,6 +109,7 @@ class KvService {
   ComputeBackend& backend() { return *backend_; }
 
  private:
+  std::string data_plane_address_;
   absl::StatusOr<std::vector<storage::BlockData>> FetchAll(
       const std::string& tenant, const RegisteredModel& model,
       const google::protobuf::RepeatedPtrField<std::string>& hashes);

@@ -81,6 +81,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->kv_handler_ = std::make_unique<KvStoreHandler>(s->service_.get(), &s->env_);
   s->admin_handler_ = std::make_unique<AdminHandler>(s->service_.get(), &s->env_);
 
+  // The data plane first: Stats reports its address from the first call on.
+  if (!options.data_listen.empty() && options.data_listen != "off") {
+    DataPlaneOptions dp;
+    dp.listen = options.data_listen == "auto"
+                    ? absl::StrCat(listen.first, ":", listen.second == 0 ? 0 : listen.second + 1)
+                    : options.data_listen;
+    dp.threads = options.data_threads;
+    dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
+    TQ_ASSIGN_OR_RETURN(s->data_plane_, DataPlaneServer::Start(dp, s->service_.get(), &s->env_));
+    s->data_address_ = s->data_plane_->address();
+    s->service_->SetDataPlaneAddress(s->data_address_);
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -98,16 +110,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (s->grpc_server_ == nullptr || bound_port == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   s->address_ = absl::StrCat(listen.first, ":", bound_port);
-  if (!options.data_listen.empty() && options.data_listen != "off") {
-    DataPlaneOptions dp;
-    dp.listen = options.data_listen == "auto"
-                    ? absl::StrCat(listen.first, ":", listen.second == 0 ? 0 : listen.second + 1)
-                    : options.data_listen;
-    dp.threads = options.data_threads;
-    dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
-    TQ_ASSIGN_OR_RETURN(s->data_plane_, DataPlaneServer::Start(dp, s->service_.get(), &s->env_));
-    s->data_address_ = s->data_plane_->address();
-  }
   s->maintenance_ = std::thread([p = s.get()] { p->MaintenanceLoop(); });
   return s;
 }

@@ -26,7 +26,7 @@ DATA=$(sed -n 's/^tqkv-server data plane listening on //p' "$TMP/out")
 S=(--server "$ADDR")
 
 out=$("$TQKV" status "${S[@]}")
-echo "$out" | grep -q 'SERVING, backend cpu, tenant default' || fail "status: $out"
+echo "$out" | grep -q "SERVING, backend cpu, tenant default, data plane $DATA" || fail "status: $out"
 
 out=$("$TQKV" put "${S[@]}" --blocks 40 --seed 3)
 echo "$out" | grep -q '^committed 40 already_present 0 ' || fail "put: $out"

@@ -115,6 +115,10 @@ class DataPlaneTest : public ServerTest {
 
 TEST_F(DataPlaneTest, ServesTheStoredBytesLikeGrpcGetBlocks) {
   ASSERT_FALSE(server_->data_address().empty());
+  // Stats advertises it, so clients can find it from the gRPC address.
+  auto stats = client_->Stats(v1::StatsRequest());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->data_plane_address(), server_->data_address());
   const v1::ModelRef model = RegisterSmall();
   const std::vector<std::string> chain = client::HashChain(3, 40);
   std::vector<v1::PutBlock> sent = PutDense(model, chain, 500);

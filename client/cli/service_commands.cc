@@ -140,7 +140,10 @@ int Status(const Args& a, Ctx& c) {
   if (!h.ok()) return Fail(c.err, h.status());
   auto s = c.client->Stats(v1::StatsRequest());
   c.out << "server " << c.client->options().target << ": " << (*h ? "SERVING" : "NOT_SERVING");
-  if (s.ok()) c.out << ", backend " << s->backend() << ", tenant " << s->tenant();
+  if (s.ok()) {
+    c.out << ", backend " << s->backend() << ", tenant " << s->tenant() << ", data plane "
+          << (s->data_plane_address().empty() ? "off" : s->data_plane_address());
+  }
   c.out << "\n";
   return *h ? 0 : 1;
 }

@@ -81,3 +81,12 @@ def test_client_routes_packed_reads_and_attend_over_the_data_plane(client, serve
             fast.get_blocks(m, [b"missing"])
         with client.create_sequence(m, hs) as seq:
             assert np.array_equal(fast.attend(0, [(seq, q)])[0], client.attend(0, [(seq, q)])[0])
+
+
+def test_client_finds_the_data_plane_through_stats(client, server, rng):
+    m, hs, _ = stored_model(client, rng, 2)
+    assert client.stats().data_plane_address == server.data_address
+    with tqkv.Client(server.address, timeout=60, data_address="auto") as auto:
+        got = auto.get_blocks(m, hs)
+        assert auto.data_address == server.data_address
+        assert [b.payload for b in got] == [b.payload for b in client.get_blocks(m, hs)]

@@ -48,9 +48,10 @@ class Client:
     and whole streams. retries/backoff_s/max_backoff_s: UNAVAILABLE retry
     policy (attempts after the first; first delay; cap). credentials: a
     grpc.ChannelCredentials for TLS (default plaintext). data_address: the
-    server's data-plane "host:port" (tqkv-server prints it); when set,
-    packed get_blocks/iter_blocks and attend go over the data plane (one
-    connection per thread) instead of gRPC, with the same results and errors.
+    server's data-plane "host:port" (tqkv-server prints it), or "auto" to
+    ask the server (Stats) on first use; when set, packed
+    get_blocks/iter_blocks and attend go over the data plane (one connection
+    per thread) instead of gRPC, with the same results and errors.
     """
 
     def __init__(self, address, token=None, timeout=30.0, *, retries=5, backoff_s=0.05,
@@ -108,6 +109,8 @@ class Client:
         while True:
             dp = getattr(self._dp, "conn", None)
             if dp is None:
+                if self.data_address == "auto":
+                    self.data_address = self._discover_data_plane()
                 dp = self._dp.conn = DataPlane(self.data_address, token=self._token,
                                                timeout=self.timeout)
             try:
@@ -117,6 +120,18 @@ class Client:
                     raise
                 self._sleep(attempt)
                 attempt += 1
+
+    def _discover_data_plane(self):
+        """The data-plane address the server reports, its wildcard host replaced
+        by the host this client reaches the server on."""
+        addr = self._call("Stats", self._kv.Stats, pb.StatsRequest()).data_plane_address
+        if not addr:
+            raise errors.FailedPrecondition("the server's data plane is off (--data_listen=off)",
+                                            method="Stats")
+        host, _, port = addr.rpartition(":")
+        if host in ("0.0.0.0", "[::]", "::", ""):
+            host = self.address.rpartition(":")[0]
+        return f"{host}:{port}"
 
     def _call(self, method, fn, request, *, retry=True):
         attempt = 0

@@ -148,6 +148,7 @@ class Stats:
     tenant: str
     backend: str
     models: List[ModelStats]
+    data_plane_address: str = ""  # as bound; "" when the data plane is off
 
     def model(self, model_id):
         for m in self.models:
@@ -163,7 +164,7 @@ class Stats:
                 t.blocks, t.bytes, t.dense_equivalent_bytes, t.packed_k_bytes,
                 t.packed_v_bytes, t.norms_metadata_bytes, t.dense_window_bytes) for t in m.tiers}
             models.append(ModelStats(m.model_id, m.model_name, m.compression_ratio, tiers))
-        return cls(r.tenant, r.backend, models)
+        return cls(r.tenant, r.backend, models, r.data_plane_address)
 
 
 @dataclass(frozen=True)
