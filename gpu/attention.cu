@@ -128,23 +128,31 @@ constexpr int MmaResidentWith() {
   return by_smem < MB ? by_smem : MB;
 }
 
-int MmaResident(const AttentionLaunch& a) {
+// f.template operator()<KB, VB, G>() for the launch's bit pair and GQA
+// group, for occupancy planning (a pair or group the kernels do not serve
+// takes the last case; the launchers reject it).
+template <typename F>
+int ByBitsAndGroup(const AttentionLaunch& a, F&& f) {
   const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits, g = a.q_heads / a.kv_heads;
-  return ByMmaCfg(MmaCfgOf(a), [&]<int KM, int MB>() -> int {
-    auto by_g = [&]<int KB, int VB>() -> int {
-      switch (g) {
-        case 1: return MmaResidentWith<KB, VB, 1, KM, MB>();
-        case 2: return MmaResidentWith<KB, VB, 2, KM, MB>();
-        case 4: return MmaResidentWith<KB, VB, 4, KM, MB>();
-        default: return MmaResidentWith<KB, VB, 8, KM, MB>();
-      }
-    };
-    switch (kb * 10 + vb) {
-      case 44: return by_g.template operator()<4, 4>();
-      case 42: return by_g.template operator()<4, 2>();
-      case 24: return by_g.template operator()<2, 4>();
-      default: return by_g.template operator()<2, 2>();
+  auto by_g = [&]<int KB, int VB>() -> int {
+    switch (g) {
+      case 1: return f.template operator()<KB, VB, 1>();
+      case 2: return f.template operator()<KB, VB, 2>();
+      case 4: return f.template operator()<KB, VB, 4>();
+      default: return f.template operator()<KB, VB, 8>();
     }
+  };
+  switch (kb * 10 + vb) {
+    case 44: return by_g.template operator()<4, 4>();
+    case 42: return by_g.template operator()<4, 2>();
+    case 24: return by_g.template operator()<2, 4>();
+    default: return by_g.template operator()<2, 2>();
+  }
+}
+
+int MmaResident(const AttentionLaunch& a) {
+  return ByMmaCfg(MmaCfgOf(a), [&]<int KM, int MB>() -> int {
+    return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return MmaResidentWith<KB, VB, G, KM, MB>(); });
   });
 }
 
@@ -194,27 +202,12 @@ int PageResidentWith(bool shared) {
 
 // Resident page-kernel blocks per SM for this launch (split planning).
 int PageResident(const AttentionLaunch& a) {
-  const PageShape p = PageShapeOf(a);
   const bool sh = SharedLut(a);
-  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits, g = a.q_heads / a.kv_heads;
-  return ByPageShape(p, [&]<int TT, int S>() -> int {
+  return ByPageShape(PageShapeOf(a), [&]<int TT, int S>() -> int {
     if constexpr (TT == 0) {
       return 1;
     } else {
-      auto by_g = [&]<int KB, int VB>() -> int {
-        switch (g) {
-          case 1: return PageResidentWith<KB, VB, 1, TT, S>(sh);
-          case 2: return PageResidentWith<KB, VB, 2, TT, S>(sh);
-          case 4: return PageResidentWith<KB, VB, 4, TT, S>(sh);
-          default: return PageResidentWith<KB, VB, 8, TT, S>(sh);
-        }
-      };
-      switch (kb * 10 + vb) {
-        case 44: return by_g.template operator()<4, 4>();
-        case 42: return by_g.template operator()<4, 2>();
-        case 24: return by_g.template operator()<2, 4>();
-        default: return by_g.template operator()<2, 2>();
-      }
+      return ByBitsAndGroup(a, [&]<int KB, int VB, int G>() { return PageResidentWith<KB, VB, G, TT, S>(sh); });
     }
   });
 }

@@ -57,6 +57,18 @@ tqkv::gpu::AttentionLaunch MakeLaunch(const Handle* h) {
   return a;
 }
 
+// The launch of a decode/prefill call as far as sizing and split planning
+// need it (no data pointers; bases only aligned).
+tqkv::gpu::AttentionLaunch PlanningLaunch(void* hp, int64_t num_queries, int64_t max_context,
+                                          int64_t block_stride) {
+  tqkv::gpu::AttentionLaunch a = MakeLaunch(static_cast<Handle*>(hp));
+  a.num_queries = num_queries;
+  a.max_context = max_context;
+  a.block_stride = block_stride;
+  a.k_base = a.v_base = reinterpret_cast<const uint8_t*>(256);  // alignment only
+  return a;
+}
+
 }  // namespace
 
 extern "C" {
@@ -117,30 +129,20 @@ int tqkv_gpu_encode(void* hp, const void* k, const void* v, int dtype, int64_t t
 // Workspace bytes of a decode/prefill call (see tqkv_gpu_attention).
 uint64_t tqkv_gpu_attention_workspace(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride,
                                       int splits) {
-  auto* h = static_cast<Handle*>(hp);
-  tqkv::gpu::AttentionLaunch a = MakeLaunch(h);
-  a.num_queries = num_queries;
-  a.max_context = max_context;
-  a.block_stride = block_stride;
+  tqkv::gpu::AttentionLaunch a = PlanningLaunch(hp, num_queries, max_context, block_stride);
   a.splits = splits;
   if (splits < 0) {  // −v: planned splits of tensor-core variant v (benchmarks)
     a.splits = 0;
     a.mma_variant = -splits;
   }
-  a.k_base = a.v_base = reinterpret_cast<const uint8_t*>(256);  // alignment only
   return tqkv::gpu::AttentionWorkspaceBytes(a);
 }
 
 // Planned split count of a decode/prefill call with tensor-core variant v.
 int tqkv_gpu_attention_splits(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride,
                               int variant) {
-  auto* h = static_cast<Handle*>(hp);
-  tqkv::gpu::AttentionLaunch a = MakeLaunch(h);
-  a.num_queries = num_queries;
-  a.max_context = max_context;
-  a.block_stride = block_stride;
+  tqkv::gpu::AttentionLaunch a = PlanningLaunch(hp, num_queries, max_context, block_stride);
   a.mma_variant = variant;
-  a.k_base = a.v_base = reinterpret_cast<const uint8_t*>(256);
   return tqkv::gpu::PlanAttentionSplits(a);
 }
 
