@@ -25,16 +25,19 @@ SHAPES = [(64, 4096), (16, 16384), (32, 32768), (4, 65536), (1, 131072)]
 GOALS = {"k4v4": 0.35, "k4v2": 0.28, "k2v2": None}  # k2v2: no goal (2-bit keys in registers, variants 3/4/6)
 # Tensor-core kernel variants (AttentionLaunch::mma_variant; gpu/attention.cu):
 # 1 = one kv head per block, shared-memory tables (the previous default),
-# 2 = page-streaming blocks of 4 kv heads, 2 tiles per stage, 4 cp.async
-# stages, 3 = K centroids from registers (prmt), 4 = variant 3 budgeted for
+# 3 = K centroids from registers (prmt), 4 = variant 3 budgeted for
 # 4 blocks/SM, 5 = tables with 256-byte rows (prmt lookup addresses), 6 =
 # variant 3 with 256-byte V rows, 7 = K centroids from registers, one raw
 # tile buffer (no prefetch), one score chain per n-tile, 4 blocks/SM, 8 =
 # the served configuration with tokens-on-M scores (K tile as A, queries as
 # B: 8 score mmas per tile instead of 16).
-VARIANTS = [1, 2, 3, 4, 5, 6, 7, 8]
-VARIANT_NAMES = {1: "lut", 2: "page-tt2s4", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256",
-                 7: "kreg-1buf-4cta", 8: "tokm"}
+# 9 = tokens-on-M, K and V sharing one 128-byte-row table (same bits and
+# codebook), one raw tile buffer, 4 blocks/SM; 10 = the same double-buffered
+# at 3 blocks/SM; 11 = 9 at 5 blocks/SM (4-bit keys only; others run served).
+VARIANTS = [1, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+VARIANT_NAMES = {1: "lut", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256",
+                 7: "kreg-1buf-4cta", 8: "tokm", 9: "tokm-kv1-1buf-4cta", 10: "tokm-kv1",
+                 11: "tokm-kv1-1buf-5cta"}
 
 
 def timed(fn, iters):
@@ -80,7 +83,10 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="served kernel vs SDPA only (no variants, split sweep or CUDA-core kernel); "
                          "for profiling")
+    ap.add_argument("--variants", default="",
+                    help="tensor-core variants to time (default: all; with --quick: none), e.g. 8,9,10")
     args = ap.parse_args()
+    variants = [int(x) for x in args.variants.split(",") if x] or ([] if args.quick else VARIANTS)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
     formats = [f for f in args.formats.split(",") if f] or list(GOALS)
     lib = load(args.lib)
@@ -160,9 +166,21 @@ def main():
             t_tq = timed(call, args.iters)
             floor = batch * ctx * KVH * (kr + vr)
             bw = floor / (t_tq * 1e-3)
+            # Tensor-core kernel variants (10 + v), each with its own planned splits.
+            var = []
+            for vi in variants:
+                if call(10 + vi):
+                    sys.exit(f"attention variant {vi}: {lib.tqkv_gpu_last_error().decode()}")
+                torch.cuda.synchronize()
+                err_v = ((out - ref).norm() / ref.norm()).item()
+                var.append((vi, timed(lambda: call(10 + vi), args.iters),
+                            lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, vi), err_v))
+            var_line = ("\n        variants (v: ms @splits, TB/s, err): "
+                        + "  ".join(f"{VARIANT_NAMES[vi]}: {t:.3f}@{sp} {floor / (t * 1e-3) / 1e12:.2f} {e:.3f}"
+                                    for vi, t, sp, e in var)) if var else ""
             if args.quick:
                 line += (f"\n    {f}: {t_tq:.3f} ms  ratio {t_tq / t_sdpa:.3f}x SDPA  "
-                         f"{bw / 1e12:.2f} TB/s of packed bytes  rel.err vs fp16 SDPA {err:.3f}")
+                         f"{bw / 1e12:.2f} TB/s of packed bytes  rel.err vs fp16 SDPA {err:.3f}" + var_line)
                 del kp, vp, ws, out
                 continue
             fast = lib.tqkv_gpu_attention_uses_fast_path(h, stride)
@@ -172,15 +190,6 @@ def main():
             torch.cuda.synchronize()
             err_old = ((out - ref).norm() / ref.norm()).item()
             t_old = timed(lambda: call(2, old_splits), args.iters)
-            # Tensor-core kernel variants (10 + v), each with its own planned splits.
-            var = []
-            for vi in VARIANTS:
-                if call(10 + vi):
-                    sys.exit(f"attention variant {vi}: {lib.tqkv_gpu_last_error().decode()}")
-                torch.cuda.synchronize()
-                err_v = ((out - ref).norm() / ref.norm()).item()
-                var.append((vi, timed(lambda: call(10 + vi), args.iters),
-                            lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, vi), err_v))
             sw = []
             for s in sweep:
                 if call(1, s):
@@ -193,10 +202,7 @@ def main():
                      f"fast_path={fast} generic={t_gen:.3f} ms  rel.err vs fp16 SDPA {err:.3f}"
                      f"\n        CUDA-core fast kernel (splits {old_splits}): {t_old:.3f} ms (rel.err {err_old:.3f});"
                      f" split sweep best {best_t:.3f} ms at {best_s} splits ("
-                     + " ".join(f"{s}:{t:.3f}" for t, s in sorted(sw, key=lambda x: x[1])) + ")"
-                     + "\n        variants (v: ms @splits, TB/s, err): "
-                     + "  ".join(f"{VARIANT_NAMES[vi]}: {t:.3f}@{sp} {floor / (t * 1e-3) / 1e12:.2f} {e:.3f}"
-                                 for vi, t, sp, e in var))
+                     + " ".join(f"{s}:{t:.3f}" for t, s in sorted(sw, key=lambda x: x[1])) + ")" + var_line)
             rows.append((batch, ctx, f, t_sdpa, t_tq, ratio, bw / 1e12, t_old, best_t, best_s))
             del kp, vp, ws, out
         print(line, flush=True)

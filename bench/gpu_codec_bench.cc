@@ -224,9 +224,9 @@ int Run(int iters) {
       at.workspace_bytes = ws.bytes();
       const float pf_ms = MedianMs([&] { LaunchAttention(at, nullptr); }, std::max(5, iters / 5));
       const double pairs = static_cast<double>(nq) * (ctx - nq / 2.0) * 4 * H;
-      // Tensor-core variants (AttentionLaunch::mma_variant): 1 = one kv head
-      // per block (served), 2 = page-streaming blocks of 4 kv heads.
-      for (int variant : {1, 2}) {
+      // Tensor-core variants (AttentionLaunch::mma_variant): 1 = 128-byte-row
+      // tables, 8 = the served configuration with tokens-on-M scores.
+      for (int variant : {1, 8}) {
         AttentionLaunch av = at;
         av.mma_variant = variant;
         DeviceBuffer wsv = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(av));

@@ -8,7 +8,6 @@
 #include "gpu/kernels/attention_fast.cuh"
 #include "gpu/kernels/attention_merge.cuh"
 #include "gpu/kernels/attention_mma.cuh"
-#include "gpu/kernels/attention_mma_page.cuh"
 
 namespace tqkv::gpu {
 namespace {
@@ -32,10 +31,34 @@ bool FastEligible(const AttentionLaunch& a) {
          v.row_bytes % 4 == 0;
 }
 
+// Where a kernel without static shared memory finds its dynamic shared
+// memory in the shared window (the tensor-core kernel's table lookups take
+// it as an immediate, kMmaSmemWindowBase).
+__global__ void SmemWindowProbeKernel(uint32_t* out) {
+  extern __shared__ uint32_t probe_smem[];
+  *out = static_cast<uint32_t>(__cvta_generic_to_shared(probe_smem));
+}
+
+// Measured once per process; 0 if the probe could not run.
+uint32_t MmaSmemWindowBase() {
+  static const uint32_t base = [] {
+    uint32_t* d = nullptr;
+    uint32_t h = 0;
+    if (cudaMalloc(&d, sizeof(uint32_t)) != cudaSuccess) return (cudaGetLastError(), 0u);
+    SmemWindowProbeKernel<<<1, 1, 16>>>(d);
+    if (cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost) != cudaSuccess) h = 0;
+    cudaFree(d);
+    cudaGetLastError();
+    return h;
+  }();
+  return base;
+}
+
 // The tensor-core kernel (attention_mma.cuh): the fast path's formats with
 // fp32 norms right after the indices, rows at 4 mod 16 bytes with
-// kv_heads % 4 == 0 (one misalignment per kv head), 16-byte aligned pages
-// and pages of whole 16-token tiles.
+// kv_heads % 4 == 0 (one misalignment per kv head), 16-byte aligned pages,
+// pages of a power-of-two number of whole 16-token tiles, and dynamic
+// shared memory where the kernel expects it.
 bool MmaEligible(const AttentionLaunch& a) {
   if (!FastEligible(a) || !a.allow_mma_path) return false;
   for (const GpuComponent* c : {&a.host_k, &a.host_v}) {
@@ -46,16 +69,9 @@ bool MmaEligible(const AttentionLaunch& a) {
       return false;
   }
   auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  return a.kv_heads % 4 == 0 && a.block_size % 16 == 0 && a.block_stride % 16 == 0 && aligned16(a.k_base) &&
-         aligned16(a.v_base);
-}
-
-// The page-streaming tensor-core kernel (MmaPageKernel): 4 kv heads per
-// block with one table each for K and V, so every kv head must share them.
-// Measured slower than the one-kv-head kernel at every decode and prefill
-// shape (bench/RESULTS.md), so only mma_variant 2 (benchmarks) selects it.
-bool MmaPageEligible(const AttentionLaunch& a) {
-  return MmaEligible(a) && a.uniform_codebooks && a.mma_variant == 2;
+  const bool pow2 = (a.block_size & (a.block_size - 1)) == 0;
+  return a.kv_heads % 4 == 0 && a.block_size % 16 == 0 && pow2 && a.block_stride % 16 == 0 && aligned16(a.k_base) &&
+         aligned16(a.v_base) && MmaSmemWindowBase() == kMmaSmemWindowBase;
 }
 
 // Per-head tensor-core kernel configuration by variant: dequantisation
@@ -67,12 +83,25 @@ bool MmaPageEligible(const AttentionLaunch& a) {
 // up to 6% slower with 256-byte rows or 4-bit keys in registers); k4v4 and
 // k4v2 also take tokens-on-M scores (kMmaTokM: 1-3% faster at every shape).
 // Variant 8 adds kMmaTokM to the served configuration of any bit pair.
+// Variant 2 (the deleted page-streaming kernel) runs as 1.
 struct MmaCfg {
   int km, mb;
 };
-constexpr MmaCfg kMmaCfgs[] = {{0, 3},        {0, 3},         {0, 3},
-                               {kMmaKReg, 3}, {kMmaKReg, 4},  {kMmaLut256, 3},
-                               {kMmaKReg | kMmaLut256, 3},    {kMmaKReg | kMmaOneBuf, 4}};
+// Variants 9-11 (tokens-on-M scores, K/V sharing one 128-byte-row table
+// where bits and codebook agree): 9 one raw tile buffer at 4 blocks/SM, 10
+// double-buffered at 3, 11 one buffer at 5.
+constexpr MmaCfg kMmaCfgs[] = {{0, 3},
+                               {0, 3},
+                               {0, 3},
+                               {kMmaKReg, 3},
+                               {kMmaKReg, 4},
+                               {kMmaLut256, 3},
+                               {kMmaKReg | kMmaLut256, 3},
+                               {kMmaKReg | kMmaOneBuf, 4},
+                               {0, 3},  // 8: kMmaTokMVariant
+                               {kMmaTokM | kMmaOneBuf | kMmaSharedKV, 4},
+                               {kMmaTokM | kMmaSharedKV, 3},
+                               {kMmaTokM | kMmaOneBuf | kMmaSharedKV, 5}};
 constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 // Variant 8 ("tokm"): the served configuration of the bit pair with
 // tokens-on-M scores (kMmaTokM).
@@ -93,12 +122,16 @@ constexpr MmaCfg MmaServedCfg(int kb, int vb) {
 // byte units is left.
 MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
-  MmaCfg c = kMmaCfgs[a.mma_variant > 0 && a.mma_variant < kNumMmaCfgs ? a.mma_variant : 0];
-  if (a.mma_variant <= 0 || a.mma_variant >= kNumMmaCfgs) c = MmaServedCfg(kb, vb);
-  if (a.mma_variant == kMmaTokMVariant) c.km |= kMmaTokM;
+  const int v = a.mma_variant;
+  MmaCfg c = v > 0 && v < kNumMmaCfgs && v != kMmaTokMVariant ? kMmaCfgs[v] : MmaServedCfg(kb, vb);
+  if (v == kMmaTokMVariant) c.km |= kMmaTokM;
+  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 9-11: 4-bit keys
   if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
   const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);
   if ((c.km & kMmaLut256) && !k_bytes && vb != 4) c.km &= ~kMmaLut256;
+  const bool one_codebook = kb == vb && a.uniform_codebooks &&
+                            a.host_k.groups[0].centroids == a.host_v.groups[0].centroids;
+  if ((c.km & kMmaSharedKV) && !one_codebook) c.km &= ~kMmaSharedKV;
   return c;
 }
 
@@ -115,6 +148,13 @@ auto ByMmaCfg(const MmaCfg& c, F&& f) {
     case kMmaTokM * 10 + 3: return f.template operator()<kMmaTokM, 3>();
     case (kMmaTokM | kMmaLut256) * 10 + 3: return f.template operator()<kMmaTokM | kMmaLut256, 3>();
     case (kMmaTokM | kMmaKReg) * 10 + 4: return f.template operator()<kMmaTokM | kMmaKReg, 4>();
+    case (kMmaTokM | kMmaOneBuf | kMmaSharedKV) * 10 + 4:
+      return f.template operator()<kMmaTokM | kMmaOneBuf | kMmaSharedKV, 4>();
+    case (kMmaTokM | kMmaOneBuf) * 10 + 4: return f.template operator()<kMmaTokM | kMmaOneBuf, 4>();
+    case (kMmaTokM | kMmaSharedKV) * 10 + 3: return f.template operator()<kMmaTokM | kMmaSharedKV, 3>();
+    case (kMmaTokM | kMmaOneBuf | kMmaSharedKV) * 10 + 5:
+      return f.template operator()<kMmaTokM | kMmaOneBuf | kMmaSharedKV, 5>();
+    case (kMmaTokM | kMmaOneBuf) * 10 + 5: return f.template operator()<kMmaTokM | kMmaOneBuf, 5>();
     default: return f.template operator()<0, 3>();
   }
 }
@@ -123,7 +163,7 @@ auto ByMmaCfg(const MmaCfg& c, F&& f) {
 // shared memory (228 KiB per SM, 1 KiB reserved per block).
 template <int KB, int VB, int G, int KM, int MB>
 constexpr int MmaResidentWith() {
-  const size_t per_block = MmaSmemBytes<KB, VB, G, KM>() + 128 + 1024;
+  const size_t per_block = MmaSmemBytes<KB, VB, G, KM>() + 1024;
   const int by_smem = static_cast<int>((228u * 1024u) / per_block);
   return by_smem < MB ? by_smem : MB;
 }
@@ -153,62 +193,6 @@ int ByBitsAndGroup(const AttentionLaunch& a, F&& f) {
 int MmaResident(const AttentionLaunch& a) {
   return ByMmaCfg(MmaCfgOf(a), [&]<int KM, int MB>() -> int {
     return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return MmaResidentWith<KB, VB, G, KM, MB>(); });
-  });
-}
-
-bool SharedLut(const AttentionLaunch& a) {
-  return a.host_k.groups[0].mse_bits == a.host_v.groups[0].mse_bits &&
-         a.host_k.groups[0].centroids == a.host_v.groups[0].centroids;
-}
-
-// Page kernel shape (tiles per stage TT, stages S) by variant: of TT 1/2/4
-// and S 2-6, TT 2 / S 4 measured fastest (bench/RESULTS.md).
-struct PageShape {
-  int tt, s;
-};
-constexpr PageShape kPageShapes[] = {{0, 0}, {0, 0}, {2, 4}};
-constexpr int kNumMmaVariants = sizeof(kPageShapes) / sizeof(kPageShapes[0]);
-PageShape PageShapeOf(const AttentionLaunch& a) {
-  const int v = a.mma_variant >= 0 && a.mma_variant < kNumMmaVariants ? a.mma_variant : 0;
-  return kPageShapes[v];
-}
-
-// Binds the page shape; F::template Run<TT, S>() is called with it.
-template <typename F>
-auto ByPageShape(const PageShape& p, F&& f) {
-  switch (p.tt * 10 + p.s) {
-    case 24: return f.template operator()<2, 4>();
-    default: return f.template operator()<0, 0>();
-  }
-}
-
-template <int KB, int VB, int G, int TT, int S>
-int PageResidentWith(bool shared) {
-  static int cached[2] = {0, 0};  // benign race: every writer stores the same value
-  int& r = cached[shared ? 1 : 0];
-  if (r == 0) {
-    using C = PageCfg<KB, VB, TT, S>;
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MmaPageKernel<KB, VB, G, TT, S>, 32 * C::kWarps,
-                                                      C::SmemBytes(shared, G)) != cudaSuccess ||
-        n <= 0) {
-      cudaGetLastError();
-      n = C::Resident(shared, G);
-    }
-    r = n;
-  }
-  return r;
-}
-
-// Resident page-kernel blocks per SM for this launch (split planning).
-int PageResident(const AttentionLaunch& a) {
-  const bool sh = SharedLut(a);
-  return ByPageShape(PageShapeOf(a), [&]<int TT, int S>() -> int {
-    if constexpr (TT == 0) {
-      return 1;
-    } else {
-      return ByBitsAndGroup(a, [&]<int KB, int VB, int G>() { return PageResidentWith<KB, VB, G, TT, S>(sh); });
-    }
   });
 }
 
@@ -259,8 +243,14 @@ template <int KB, int VB, int G, int TPS, int KM, int MB>
 cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                        cudaStream_t stream) {
   constexpr MmaCfg served = MmaServedCfg(KB, VB);
-  if constexpr ((KM & kMmaTokM) != 0 && (KM != (served.km | kMmaTokM) || MB != served.mb)) {
-    return cudaErrorNotSupported;  // tokens-on-M scores: only on the bit pair's served configuration
+  constexpr bool tokm_served = KM == (served.km | kMmaTokM) && MB == served.mb;
+  // Tokens-on-M scores: the bit pair's served configuration, and variants
+  // 9-11 for 4-bit keys.
+  constexpr int base = KM & ~kMmaSharedKV;
+  constexpr bool tokm_variant = KB == 4 && ((base == (kMmaTokM | kMmaOneBuf) && (MB == 4 || MB == 5)) ||
+                                            (base == kMmaTokM && MB == 3));
+  if constexpr ((KM & kMmaTokM) != 0 && !tokm_served && !tokm_variant) {
+    return cudaErrorNotSupported;
   } else {
     constexpr size_t smem = MmaSmemBytes<KB, VB, G, KM>();
     if (smem > 48 * 1024) {
@@ -274,36 +264,11 @@ cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float*
   }
 }
 
-template <int KB, int VB, int G, int TT, int S>
-cudaError_t MmaPageWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
-                        cudaStream_t stream) {
-  using C = PageCfg<KB, VB, TT, S>;
-  const bool shared = SharedLut(a);
-  const size_t smem = C::SmemBytes(shared, G);
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(MmaPageKernel<KB, VB, G, TT, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(C::SmemBytes(false, G)));
-    if (e != cudaSuccess) return e;
-  }
-  const dim3 grid(static_cast<unsigned>(a.num_queries * (a.kv_heads / 4)), d.splits);
-  MmaPageKernel<KB, VB, G, TT, S><<<grid, 32 * C::kWarps, smem, stream>>>(a, d, states, recs, shared);
-  return cudaGetLastError();
-}
-
 template <int KB, int VB, int G>
 cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                     cudaStream_t stream) {
-  if (!MmaPageEligible(a)) {
-    return ByMmaCfg(MmaCfgOf(a), [&]<int KM, int MB>() -> cudaError_t {
-      return MmaWithTps<KB, VB, G, kMmaTilesPerStep, KM, MB>(a, d, states, recs, stream);
-    });
-  }
-  return ByPageShape(PageShapeOf(a), [&]<int TT, int S>() -> cudaError_t {
-    if constexpr (TT == 0) {
-      return cudaErrorNotSupported;
-    } else {
-      return MmaPageWith<KB, VB, G, TT, S>(a, d, states, recs, stream);
-    }
+  return ByMmaCfg(MmaCfgOf(a), [&]<int KM, int MB>() -> cudaError_t {
+    return MmaWithTps<KB, VB, G, kMmaTilesPerStep, KM, MB>(a, d, states, recs, stream);
   });
 }
 
@@ -395,31 +360,6 @@ struct MergeF {
 
 int PlanAttentionSplits(const AttentionLaunch& a) {
   if (a.splits > 0) return a.splits;
-  if (MmaPageEligible(a)) {
-    // Fewest waves of resident blocks × stages per block, plus a per-block
-    // overhead (pipeline fill, tables, merge) of kPageOverheadStages stages.
-    constexpr int64_t kPageOverheadStages = 4;
-    const int tt = PageShapeOf(a).tt;
-    const int64_t blocks = std::max<int64_t>(1, a.num_queries * (a.kv_heads / 4));
-    const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * PageResident(a);
-    const int64_t ctx = std::max<int64_t>(a.max_context, 1);
-    const int64_t max_splits = std::clamp<int64_t>((ctx + 127) / 128, 1, 1024);
-    int64_t best = 1;
-    double best_cost = 0;
-    for (int64_t s = 1; s <= max_splits; ++s) {
-      const int64_t chunk = ((ctx + s - 1) / s + 127) / 128 * 128;
-      const int64_t used = (ctx + chunk - 1) / chunk;
-      if (used < s) continue;
-      const int64_t waves = (blocks * s + resident - 1) / resident;
-      const int64_t stages = (chunk + 16 * tt - 1) / (16 * tt);
-      const double cost = static_cast<double>(waves) * static_cast<double>(stages + kPageOverheadStages);
-      if (s == 1 || cost < best_cost) {
-        best = s;
-        best_cost = cost;
-      }
-    }
-    return static_cast<int>(best);
-  }
   if (MmaEligible(a)) {
     // Fewest waves of resident blocks × tokens per block, plus a per-block
     // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.
@@ -456,7 +396,7 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
 bool AttentionUsesFastPath(const AttentionLaunch& a) { return FastEligible(a); }
 
 bool AttentionUsesRegisterDequant(const AttentionLaunch& a) {
-  return MmaEligible(a) && !MmaPageEligible(a) && (MmaCfgOf(a).km & kMmaKReg) != 0;
+  return MmaEligible(a) && (MmaCfgOf(a).km & kMmaKReg) != 0;
 }
 
 bool SymmetricF16Codebook(const float* c, int n) {

@@ -184,20 +184,21 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.block_stride = static_cast<int64_t>(stride);
   EXPECT_EQ(AttentionUsesFastPath(a), c.expect_fast);
   // The tensor-core kernel's variants (one kv head per block with shared-
-  // memory tables, page-streaming shapes, K centroids from registers at 3
+  // memory tables, K centroids from registers at 3
   // and 4 blocks/SM, 256-byte table rows, registers with one tile buffer)
   // on the shapes that reach it; 0 (the default) for the others. The
   // register variants run once more with symmetric_codebooks off (4-bit
   // keys then fall back to the table); 8: tokens-on-M scores on the served
-  // configuration.
+  // configuration; 9-11: tokens-on-M with one K/V table, one or two tile
+  // buffers, 3-5 blocks/SM (4-bit keys; the served kernel otherwise).
   const bool mma_shape = c.expect_fast && H % 4 == 0;
   const bool k4 = c.format.rfind("k4", 0) == 0;
   struct Run {
     int variant;
     bool symmetric;
   };
-  const std::vector<Run> runs = {{0, true},  {1, true},  {2, true},  {3, true},  {4, true},  {5, true},
-                                 {6, true},  {7, true},  {8, true},  {3, false}, {4, false}, {6, false},
+  const std::vector<Run> runs = {{0, true}, {1, true}, {3, true},  {4, true},  {5, true},  {6, true},  {7, true},
+                                 {8, true}, {9, true}, {10, true}, {11, true}, {3, false}, {4, false}, {6, false},
                                  {7, false}};
   for (size_t run = 0; run < (mma_shape ? runs.size() : 1); ++run) {
     const int variant = runs[run].variant;
@@ -206,7 +207,7 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
     a.mma_variant = variant;
     if (mma_shape) {
       const bool kreg = variant == 3 || variant == 4 || variant == 6 || variant == 7 ||
-                        ((variant == 0 || variant == 8) && c.format == "k2v2");
+                        ((variant == 0 || variant >= 8) && c.format == "k2v2");
       EXPECT_EQ(AttentionUsesRegisterDequant(a), kreg && (!k4 || a.symmetric_codebooks));
     }
     DeviceBuffer ws = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(a));
@@ -254,7 +255,7 @@ std::vector<Case> Cases() {
   // G = 1 with 4-bit keys (variant 8: 7 of the 8 query columns are padding),
   // partial last blocks, forced splits.
   c.push_back({"k4v4", 128, 4, 4, {37, 1000, 16}, {}, 1, 3, true});
-  // Page-streaming blocks over 3 quads of kv heads, odd lengths, G = 8 2-bit.
+  // 3 quads of kv heads, odd lengths, G = 8 2-bit.
   c.push_back({"k4v2", 128, 24, 12, {200, 31, 1}, {}, 1, 0, true});
   c.push_back({"k2v2", 128, 64, 8, {5000, 47}, {}, 1, 0, true});
   c.push_back({"k4v4", 128, 16, 4, {16, 4111}, {}, 1, 9, true});

@@ -156,10 +156,10 @@ struct AttentionLaunch {
   // variants fall back to the shared-memory table for 4-bit keys.
   bool symmetric_codebooks = false;
   // Tensor-core kernel variant (benchmarks): 0 = default (served: one kv
-  // head per block; k4v4 as 5, k2v2 as 4, k4v2 and k2v4 as 1),
-  // 1 = one kv head per block with 128-byte-row tables (the previous
-  // default), 2 =
-  // page-streaming blocks of 4 kv heads, 3 = K centroids from registers,
+  // head per block; k4v4 as 5 + 8, k4v2 as 1 + 8, k2v2 as 4, k2v4 as 1),
+  // 1 = one kv head per block with 128-byte-row tables, 2 = as 1 (was the
+  // page-streaming kernel, deleted: slower at every shape), 3 = K
+  // centroids from registers,
   // 4 = variant 3 budgeted for 4 blocks/SM, 5 = tables with 256-byte rows
   // (one prmt per lookup address), 6 = variant 3 with 256-byte V rows,
   // 7 = K centroids from registers with one raw tile buffer (no prefetch)

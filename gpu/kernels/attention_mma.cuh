@@ -43,7 +43,6 @@ inline constexpr int kMmaWarps = 4;
 // 255 registers at 2 blocks/SM, measured 1.0-1.15x slower on H200).
 constexpr int MmaCtasPerSm(int tps) { return tps == 1 ? 3 : 2; }
 inline constexpr int kMmaTilesPerStep = 1;
-
 template <int B>
 struct MmaBits {
   static constexpr int kUnitBits = B == 4 ? 8 : 4;        // one 2-channel unit
@@ -84,6 +83,11 @@ inline constexpr int kMmaKReg = 1;
 inline constexpr int kMmaLut256 = 2;
 inline constexpr int kMmaOneBuf = 4;
 inline constexpr int kMmaTokM = 8;
+//   kMmaSharedKV: K and V have the same bits and codebook
+//     (AttentionLaunch::uniform_codebooks and one host codebook for both),
+//     so the V lookups read the K table: one table, half the shared
+//     memory (32 KiB for 4-bit with 128-byte rows), for more blocks per SM.
+inline constexpr int kMmaSharedKV = 16;
 
 __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                        uint32_t b0, uint32_t b1) {
@@ -91,6 +95,14 @@ __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, 
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 2^x in one MUFU.EX2 (flush-to-zero approximation, max rel. error ~2^-22;
+// exp2f adds range scaling for denormal results: 4 instructions). 2^-inf = 0.
+__device__ __forceinline__ float FastExp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
 }
 
 __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
@@ -202,8 +214,21 @@ __host__ __device__ constexpr int KPos(int kk, int h, int second) {
   }
 }
 
-__device__ __forceinline__ uint32_t LdsU32(const uint32_t* base, uint32_t byte_off) {
-  return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(base) + byte_off);
+// Offset of the kernel's dynamic shared memory in the shared window: the
+// 1 KiB the hardware reserves per block comes first and the kernel has no
+// static shared memory. The launcher checks it once per process
+// (MmaSmemWindowBase in gpu/attention.cu) and falls back to the CUDA-core
+// kernels where it differs.
+inline constexpr uint32_t kMmaSmemWindowBase = 1024;
+
+// Lookup at byte `off` of the table that starts `kTable` bytes into the
+// dynamic shared memory: the table's window address is an immediate of the
+// LDS, so a lookup is the one instruction that computes `off` plus the load.
+template <uint32_t kTable>
+__device__ __forceinline__ uint32_t LdsTable(uint32_t off) {
+  uint32_t r;
+  asm("ld.shared.b32 %0, [%1+%2];\n" : "=r"(r) : "r"(off), "n"(kMmaSmemWindowBase + kTable));
+  return r;
 }
 
 template <int N>
@@ -236,16 +261,21 @@ struct MmaTileRaw {
   uint32_t v[4][kVW], vt[4][kVW];     // tokens 2i, 2i+1, 2i+8, 2i+9
 };
 
-// Dynamic shared memory of the kernel (the tables, then reused for the
-// block merge).
+// Dynamic shared memory of the kernel: the tables at offset 0 (reused for
+// the block merge), then the 32 fp32 centroids (K at 0, V at 16).
 // (KM: dequantisation mode flags, see kMmaKReg / kMmaLut256.)
 template <int KB, int VB, int G, int KM = 0>
-constexpr size_t MmaSmemBytes() {
+constexpr size_t MmaCentOffset() {
   constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
-  const size_t ke = kKReg ? 0 : MmaBits<KB>::kLutEntries, ve = MmaBits<VB>::kLutEntries;
+  constexpr bool kShared = (KM & kMmaSharedKV) != 0 && !kKReg && KB == VB;
+  const size_t ke = kKReg ? 0 : MmaBits<KB>::kLutEntries, ve = kShared ? 0 : MmaBits<VB>::kLutEntries;
   const size_t lut = kRow256 ? (ke > ve ? ke : ve) * 256 : (ke + ve) * 32 * 4;
   const size_t merge = (kMmaWarps * G * 128 + kMmaWarps * G * 2) * 4;
   return lut > merge ? lut : merge;
+}
+template <int KB, int VB, int G, int KM = 0>
+constexpr size_t MmaSmemBytes() {
+  return MmaCentOffset<KB, VB, G, KM>() + 32 * sizeof(float);
 }
 
 // MB: resident blocks per SM the registers are budgeted for.
@@ -257,6 +287,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   using Raw = MmaTileRaw<KB, VB>;
   constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
   constexpr bool kTokM = (KM & kMmaTokM) != 0;
+  constexpr bool kShared = (KM & kMmaSharedKV) != 0 && !kKReg && KB == VB;
   // Score chains per n-tile: two (k-tile parity) hide mma latency; one
   // saves 8 registers where more resident warps hide it (kMmaOneBuf).
   constexpr bool kOneBuf = (KM & kMmaOneBuf) != 0;
@@ -264,12 +295,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   constexpr int PK = 4 * KB;  // K piece bytes per thread
   constexpr int PV = 2 * VB;  // V piece bytes per thread
   constexpr int KW = Raw::kKW, VW = Raw::kVW;
-  extern __shared__ __align__(16) uint32_t mma_smem[];
-  __shared__ float cent[32];
+  extern __shared__ __align__(16) uint32_t mma_smem[];  // no static shared memory: kMmaSmemWindowBase
+  float* cent = reinterpret_cast<float*>(mma_smem) + MmaCentOffset<KB, VB, G, KM>() / 4;
   // Tables: 128-byte rows (K entries, then V entries) or 256-byte rows (K at
-  // +0, V at +128 of each row).
+  // +0, V at +128 of each row). kVTable: byte offset of the V table.
+  constexpr uint32_t kVTable = kRow256 || kShared ? 0u : (kKReg ? 0u : KU::kLutEntries * 32u * 4u);
   uint32_t* lut_k = mma_smem;
-  uint32_t* lut_v = kRow256 ? mma_smem : mma_smem + (kKReg ? 0 : KU::kLutEntries * 32);
+  uint32_t* lut_v = mma_smem + kVTable / 4;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
   const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
@@ -288,12 +320,12 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       lut_k[ent * kRowWords + (e & 31)] = PackHalf2(cent[ent & ((1 << KB) - 1)], cent[ent >> KB]);
     }
   }
-  for (int e = tid; e < VU::kLutEntries * 32; e += blockDim.x) {
+  for (int e = tid; e < (kShared ? 0 : VU::kLutEntries * 32); e += blockDim.x) {
     const int ent = e >> 5;
     lut_v[ent * kRowWords + (kRow256 ? 32 : 0) + (e & 31)] =
         PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
   }
-  const uint32_t vbase = kRow256 ? (lane4 | 128u) : lane4;
+  const uint32_t vbase = kRow256 && !kShared ? (lane4 | 128u) : lane4;
   KRegTable<KB> ktab;
   if constexpr (kKReg) ktab.Build(cent);
 
@@ -321,17 +353,27 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   }
   __syncthreads();
 
+  // Token positions and in-page offsets are 32-bit (contexts < 2^31 tokens,
+  // pages < 2 GiB); only the page base is 64-bit.
   const int seq = a.query_seq[qi];
-  const int64_t limit = min(a.positions[qi] + 1, a.packed_tokens[seq]);
-  const int64_t t0 = split * d.chunk;
-  const int64_t t1 = min(limit, t0 + d.chunk);
-  const int64_t ntiles = t1 > t0 ? (t1 - t0 + 15) / 16 : 0;
+  const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
+  const int t0 = split * static_cast<int>(d.chunk);
+  const int t1 = min(limit, t0 + static_cast<int>(d.chunk));
+  const int ntiles = t1 > t0 ? (t1 - t0 + 15) / 16 : 0;
   const int krb = kc.row_bytes, vrb = vc.row_bytes;
-  const int64_t kstep = static_cast<int64_t>(a.kv_heads) * krb;  // token rows within a page
-  const int64_t vstep = static_cast<int64_t>(a.kv_heads) * vrb;
+  const int kstep = a.kv_heads * krb;  // token rows within a page
+  const int vstep = a.kv_heads * vrb;
   const int32_t* btab = a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
-  const int64_t kthr = static_cast<int64_t>(kvh) * krb - mis + PK * i;
-  const int64_t vthr = static_cast<int64_t>(kvh) * vrb - mis + PV * g;
+  const int bs_shift = __ffs(a.block_size) - 1;  // block_size: a power of two (MmaEligible)
+  const uint32_t bs_mask = static_cast<uint32_t>(a.block_size) - 1u;
+  const uint64_t stride = static_cast<uint64_t>(a.block_stride);
+  // In-page byte offsets of the thread's pieces: K rows g, g + 8; V rows 2i,
+  // 2i + 1, 2i + 8, 2i + 9 (tails at + index bytes, immediates).
+  uint32_t koff[2], voff[4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) koff[nt] = (g + 8 * nt) * kstep + kvh * krb - mis + PK * i;
+#pragma unroll
+  for (int v = 0; v < 4; ++v) voff[v] = (2 * i + (v & 1) + 8 * (v >> 1)) * vstep + kvh * vrb - mis + PV * g;
   const bool k_has_tail = PK * i < 16, v_has_tail = PV * g < 16;
   // Norm holders: K norm of token τ in lane 4(τ mod 8) + ikn, word kwn of
   // its tail piece; V norm of token τ in lane 4·gvn + (its i), word vwn.
@@ -340,22 +382,22 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 
   // Tile tl of this split (tiles past the split's end are not loaded; their
   // tokens are masked).
-  auto load = [&](int64_t tl, Raw& r) {
-    const int64_t tt = t0 + tl * 16;
+  auto load = [&](int tl, Raw& r) {
+    const int tt = t0 + tl * 16;
     if (tt >= t1) return;
-    const int64_t page = __ldg(btab + tt / a.block_size);
-    const int64_t off0 = tt % a.block_size;
-    const uint8_t* kp = a.k_base + page * a.block_stride + off0 * kstep + kthr;
-    const uint8_t* vp = a.v_base + page * a.block_stride + off0 * vstep + vthr;
+    const uint32_t page = static_cast<uint32_t>(__ldg(btab + (tt >> bs_shift)));
+    const uint32_t off0 = static_cast<uint32_t>(tt) & bs_mask;
+    const uint8_t* kp = a.k_base + page * stride + off0 * kstep;
+    const uint8_t* vp = a.v_base + page * stride + off0 * vstep;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const uint8_t* p = kp + (g + 8 * nt) * kstep;
+      const uint8_t* p = kp + koff[nt];
       LoadWords<KW>(p, r.k[nt]);
       if (k_has_tail) LoadWords<KW>(p + KU::kIndexBytes, r.kt[nt]);
     }
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      const uint8_t* p = vp + (2 * i + (v & 1) + 8 * (v >> 1)) * vstep;
+      const uint8_t* p = vp + voff[v];
       LoadWords<VW>(p, r.v[v]);
       if (v_has_tail) LoadWords<VW>(p + VU::kIndexBytes, r.vt[v]);
     }
@@ -370,8 +412,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
 
   // Scores of one tile: s[v] for tokens 2i + (v & 1) + 8 (v >> 1) of head g.
-  auto scores = [&](int64_t tl, const Raw& r, float (&s)[4]) {
-    const int64_t tt = t0 + tl * 16;
+  auto scores = [&](int tl, const Raw& r, float (&s)[4]) {
+    const int tt = t0 + tl * 16;
     float sc[2][2][4];  // [n-tile][k-tile parity]: four chains of four mmas
     uint32_t kws[2][KW];
     float hold[2];
@@ -415,8 +457,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
           const int u0 = 2 * kk;
           const uint32_t w = kw[u0 / KU::kUnitsPerWord];
           const int s0 = u0 % KU::kUnitsPerWord;
-          const uint32_t b0 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w, s0, lane4));
-          const uint32_t b1 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w, s0 + 1, lane4));
+          const uint32_t b0 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w, s0, lane4));
+          const uint32_t b1 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w, s0 + 1, lane4));
           MmaF16(sc[nt][kk & kPar], qa[kk][0], 0u, qa[kk][1], 0u, b0, b1);
         }
       }
@@ -440,20 +482,46 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     for (int v = 0; v < 4; ++v)
 #pragma unroll
       for (int w = 0; w < VW; ++w) vw[v][w] = PV * g + 4 * w < mis ? r.vt[v][w] : r.v[v][w];
+    if constexpr (VB == 4) {
+      // Token pairs: byte k of tp[j][w][0] = (low nibble of byte k of token
+      // 2i + 8j's word w, same of token 2i + 8j + 1), tp[..][1] the high
+      // nibbles; one lookup is then the A register (channel, 2 tokens)
+      // itself: no interleave.
+      uint32_t tp[2][VW][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int w = 0; w < VW; ++w) {
+          const uint32_t x0 = vw[2 * j][w], x1 = vw[2 * j + 1][w];
+          tp[j][w][0] = (x0 & 0x0F0F0F0Fu) | ((x1 << 4) & 0xF0F0F0F0u);
+          tp[j][w][1] = ((x0 >> 4) & 0x0F0F0F0Fu) | (x1 & 0xF0F0F0F0u);
+        }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        uint32_t x[4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            x[2 * h + j] = LdsTable<kVTable>(LutOff<8, kRow256>(tp[j][u / 4][h], u % 4, vbase));
+        MmaF16(acc[u], x[0], x[2], x[1], x[3], pb0, pb1);
+      }
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       uint32_t x[4];
 #pragma unroll
       for (int v = 0; v < 4; ++v)
-        x[v] = LdsU32(lut_v,
+        x[v] = LdsTable<kVTable>(
                       LutOff<VU::kUnitBits, kRow256>(vw[v][u / VU::kUnitsPerWord], u % VU::kUnitsPerWord, vbase));
       MmaF16(acc[u], Prmt(x[0], x[1], 0x5410), Prmt(x[0], x[1], 0x7632), Prmt(x[2], x[3], 0x5410),
              Prmt(x[2], x[3], 0x7632), pb0, pb1);
     }
   };
   // Values of one tile with probabilities p (same token order as s).
-  auto values = [&](int64_t tl, const Raw& r, const float (&p)[4]) {
-    const int64_t tt = t0 + tl * 16;
+  auto values = [&](int tl, const Raw& r, const float (&p)[4]) {
+    const int tt = t0 + tl * 16;
     float pn[4];
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
@@ -468,8 +536,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   // kTokM scores of one tile: s[2·nt + e] for token g + 8·nt, head 2i + e.
   // A = K̂ (rows = tokens g, g + 8: the lookups of both tokens of a k-tile),
   // B = the query fragment (the same registers as qa).
-  auto scores_tokm = [&](int64_t tl, const Raw& r, float (&s)[4]) {
-    const int64_t tt = t0 + tl * 16;
+  auto scores_tokm = [&](int tl, const Raw& r, float (&s)[4]) {
+    const int tt = t0 + tl * 16;
     float sc[2][4];  // [k-tile parity]
     uint32_t kw[2][KW];
     float hold[2];
@@ -506,10 +574,10 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       for (int kk = 0; kk < 8; ++kk) {
         const int u0 = 2 * kk, s0 = u0 % KU::kUnitsPerWord;
         const uint32_t w0 = kw[0][u0 / KU::kUnitsPerWord], w1 = kw[1][u0 / KU::kUnitsPerWord];
-        const uint32_t a0 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w0, s0, lane4));
-        const uint32_t a1 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w1, s0, lane4));
-        const uint32_t a2 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w0, s0 + 1, lane4));
-        const uint32_t a3 = LdsU32(lut_k, LutOff<KU::kUnitBits, kRow256>(w1, s0 + 1, lane4));
+        const uint32_t a0 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w0, s0, lane4));
+        const uint32_t a1 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w1, s0, lane4));
+        const uint32_t a2 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w0, s0 + 1, lane4));
+        const uint32_t a3 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w1, s0 + 1, lane4));
         MmaF16(sc[kk & kPar], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
       }
     }
@@ -527,8 +595,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   // kTokM values of one tile with probabilities p (the layout of s): p·n_v
   // packed per token over the lane's two heads, then transposed to P's B
   // fragment (head g; tokens 2i, 2i+1 and 2i+8, 2i+9): 4 shuffles, 2 prmts.
-  auto values_tokm = [&](int64_t tl, const Raw& r, const float (&p)[4]) {
-    const int64_t tt = t0 + tl * 16;
+  auto values_tokm = [&](int tl, const Raw& r, const float (&p)[4]) {
+    const int tt = t0 + tl * 16;
     // V norm of token τ: lane 4·gvn + (τ mod 8) / 2, word vwn of vt[τ mod 2 + 2·(τ / 8)].
     const int nsrc = 4 * gvn + (g >> 1);
     uint32_t x[2];
@@ -549,7 +617,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   };
   // kTokM step: per-head softmax over the 8 lanes of one i; the accumulator
   // columns are this lane's heads.
-  auto compute_tokm = [&](int64_t tl0, const Raw (&r)[TPS]) {
+  auto compute_tokm = [&](int tl0, const Raw (&r)[TPS]) {
     float s[TPS][4];
 #pragma unroll
     for (int k = 0; k < TPS; ++k) scores_tokm(tl0 + k, r[k], s[k]);
@@ -574,14 +642,14 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const float mnew = fmaxf(mh[e], tmax[e]);  // finite: the step's first token is valid
-      corr[e] = exp2f(mh[e] - mnew);
+      corr[e] = FastExp2(mh[e] - mnew);
       mh[e] = mnew;
       float psum = 0.0f;
 #pragma unroll
       for (int k = 0; k < TPS; ++k)
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          s[k][2 * nt + e] = exp2f(s[k][2 * nt + e] - mnew);
+          s[k][2 * nt + e] = FastExp2(s[k][2 * nt + e] - mnew);
           psum += s[k][2 * nt + e];
         }
       lh[e] = fmaf(lh[e], corr[e], psum);
@@ -599,7 +667,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     for (int k = 0; k < TPS; ++k) values_tokm(tl0 + k, r[k], s[k]);
   };
   // One step: TPS consecutive tiles (first tile tl0) with one softmax update.
-  auto compute = [&](int64_t tl0, const Raw (&r)[TPS]) {
+  auto compute = [&](int tl0, const Raw (&r)[TPS]) {
     float s[TPS][4];
 #pragma unroll
     for (int k = 0; k < TPS; ++k) scores(tl0 + k, r[k], s[k]);
@@ -611,14 +679,14 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 1));
     tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 2));
     const float mnew = fmaxf(m, tmax);  // finite: the step's first token is valid
-    const float corr = exp2f(m - mnew);
+    const float corr = FastExp2(m - mnew);
     m = mnew;
     float psum = 0.0f;
 #pragma unroll
     for (int k = 0; k < TPS; ++k)
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
-        s[k][v] = exp2f(s[k][v] - mnew);
+        s[k][v] = FastExp2(s[k][v] - mnew);
         psum += s[k][v];
       }
     l = fmaf(l, corr, psum);
@@ -635,7 +703,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 #pragma unroll
     for (int k = 0; k < TPS; ++k) values(tl0 + k, r[k], s[k]);
   };
-  auto step = [&](int64_t tl0, const Raw (&r)[TPS]) {
+  auto step = [&](int tl0, const Raw (&r)[TPS]) {
     if constexpr (kTokM) {
       compute_tokm(tl0, r);
     } else {
@@ -645,8 +713,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 
   if constexpr ((KM & kMmaOneBuf) != 0) {
     // Steps st = warp, warp + 4, ...: load the step's rows, then compute.
-    const int64_t nsteps = (ntiles + TPS - 1) / TPS;
-    for (int64_t st = warp; st < nsteps; st += kMmaWarps) {
+    const int nsteps = (ntiles + TPS - 1) / TPS;
+    for (int st = warp; st < nsteps; st += kMmaWarps) {
       Raw r[TPS];
 #pragma unroll
       for (int k = 0; k < TPS; ++k) load(st * TPS + k, r[k]);
@@ -655,13 +723,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   } else {
     // Steps st = warp, warp + 4, ...; step st covers tiles TPS·st .. TPS·st + TPS − 1.
     // Double-buffered: the next step's rows load while this one computes.
-    const int64_t nsteps = (ntiles + TPS - 1) / TPS;
+    const int nsteps = (ntiles + TPS - 1) / TPS;
     Raw ra[TPS], rb[TPS];
-    auto load_step = [&](int64_t st, Raw (&r)[TPS]) {
+    auto load_step = [&](int st, Raw (&r)[TPS]) {
 #pragma unroll
       for (int k = 0; k < TPS; ++k) load(st * TPS + k, r[k]);
     };
-    int64_t st = warp;
+    int st = warp;
     if (st < nsteps) load_step(st, ra);
     while (st < nsteps) {
       if (st + kMmaWarps < nsteps) load_step(st + kMmaWarps, rb);
@@ -725,7 +793,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 #pragma unroll
     for (int w = 0; w < kMmaWarps; ++w) {
       const float mw = mml[(w * G + h) * 2];
-      const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
+      const float f = mw == -CUDART_INF_F ? 0.0f : FastExp2(mw - mx);
       v = fmaf(f, macc[(w * G + h) * 128 + j], v);
       lsum = fmaf(f, mml[(w * G + h) * 2 + 1], lsum);
     }
