@@ -77,8 +77,9 @@ bool MmaEligible(const AttentionLaunch& a) {
 // Per-head tensor-core kernel configuration by variant: dequantisation
 // mode flags (kMmaKReg, kMmaLut256, kMmaOneBuf) and the blocks/SM its
 // registers are budgeted for. Entry 0 is unused: variant 0 (served) is chosen per bit
-// pair from the H200 measurements (bench/RESULTS.md): k4v4 takes 256-byte
-// table rows (2-4% faster), k2v2 K centroids in registers at 4 blocks/SM
+// pair from the H200 measurements (bench/RESULTS.md): k4v4 takes one K/V
+// table of 128-byte rows when K and V share the codebook (variant 10), else
+// 256-byte table rows (2-4% faster), k2v2 K centroids in registers at 4 blocks/SM
 // (3-13% faster), k4v2 and the unmeasured k2v4 keep 128-byte rows (K4/V2 was
 // up to 6% slower with 256-byte rows or 4-bit keys in registers); k4v4 and
 // k4v2 also take tokens-on-M scores (kMmaTokM: 1-3% faster at every shape).
@@ -123,14 +124,17 @@ constexpr MmaCfg MmaServedCfg(int kb, int vb) {
 MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
   const int v = a.mma_variant;
+  const bool one_codebook = kb == vb && a.uniform_codebooks &&
+                            a.host_k.groups[0].centroids == a.host_v.groups[0].centroids;
   MmaCfg c = v > 0 && v < kNumMmaCfgs && v != kMmaTokMVariant ? kMmaCfgs[v] : MmaServedCfg(kb, vb);
+  // Served k4v4 with one codebook: the K/V table of 128-byte rows (half the
+  // shared memory of two 256-byte-row tables, so more L1: 3-4% faster).
+  if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[10];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
   if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 9-11: 4-bit keys
   if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
   const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);
   if ((c.km & kMmaLut256) && !k_bytes && vb != 4) c.km &= ~kMmaLut256;
-  const bool one_codebook = kb == vb && a.uniform_codebooks &&
-                            a.host_k.groups[0].centroids == a.host_v.groups[0].centroids;
   if ((c.km & kMmaSharedKV) && !one_codebook) c.km &= ~kMmaSharedKV;
   return c;
 }

@@ -382,10 +382,25 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 
   // Tile tl of this split (tiles past the split's end are not loaded; their
   // tokens are masked).
+  // Page stream: the warp loads its tiles in order (call n: tile TileOf(n)),
+  // and lane j holds the page of its tile 32b + j of batch b, loaded a batch
+  // ahead, so no tile's row addresses wait on a block-table load.
+  auto tile_of = [&](int n) { return (warp + kMmaWarps * (n / TPS)) * TPS + n % TPS; };
+  auto page_of = [&](int n) -> int32_t {
+    const int tt = t0 + tile_of(n) * 16;
+    return tt < t1 ? __ldg(btab + (tt >> bs_shift)) : 0;
+  };
+  int32_t pg_cur = page_of(lane), pg_nxt = page_of(32 + lane);
+  int ncall = 0;
   auto load = [&](int tl, Raw& r) {
+    const int n = ncall++;
+    const uint32_t page = static_cast<uint32_t>(__shfl_sync(kFullMask, pg_cur, n & 31));
+    if ((n & 31) == 31) {
+      pg_cur = pg_nxt;
+      pg_nxt = page_of(n + 33 + lane);
+    }
     const int tt = t0 + tl * 16;
     if (tt >= t1) return;
-    const uint32_t page = static_cast<uint32_t>(__ldg(btab + (tt >> bs_shift)));
     const uint32_t off0 = static_cast<uint32_t>(tt) & bs_mask;
     const uint8_t* kp = a.k_base + page * stride + off0 * kstep;
     const uint8_t* vp = a.v_base + page * stride + off0 * vstep;
