@@ -1,0 +1,426 @@
+// Staged tensor-core decode attention for 4-bit keys at d = 128 (TQ4 with
+// one K/V codebook, K4/V2): the rows of a warp's 16-token tiles stream into
+// a per-warp ring of S shared-memory stages with cp.async, S − 1 tiles
+// ahead of the one it computes, so each warp keeps several tiles of HBM
+// reads in flight without holding them in registers (the register double
+// buffer of MmaDecodeKernel holds one, ~12 warps × 2.2 KiB per SM, too few
+// bytes to cover HBM latency).
+//
+// Block = (query, kv head) × split, 4 warps taking tiles warp, warp + 4, ...
+// Scores and values as MmaDecodeKernel with kMmaTokM: Sᵀ = K̂ · q as
+// m16n8k16 with the dequantised K tile as A (16 tokens × 16 channels) and
+// the scaled rotated queries as B (n = heads), O[c, h] += V̂ᵀ · (p·n_v)
+// with V̂ᵀ as A; V dequantised in token pairs (one lookup = one A register).
+//
+// Stage layout: the K row of token t as the 16-byte-aligned span [row − mis,
+// row − mis + 80) at 80·t, then the V rows the same way (80 or 48 bytes
+// each). A lane copies chunks l + 16j of the K (lanes 0-15) or V (16-31)
+// spans: one cp.async each, destinations at immediates.
+// Reads: lane (g, i) takes row words i, i + 4, i + 8, i + 12 of K tokens g
+// and g + 8, and row words g (and g + 8 for 4-bit V) of V tokens 2i, 2i + 1,
+// 2i + 8, 2i + 9: bank-conflict free with 80- and 48-byte spans, one LDS
+// per word at a per-lane base plus immediates (no alignment selects).
+// Tables: 128-byte rows, entry e of lane l at 128·e + 4·l (K; V after it
+// unless V shares it), LDS immediates (kMmaSmemWindowBase).
+#ifndef TQKV_GPU_KERNELS_ATTENTION_STAGED_CUH_
+#define TQKV_GPU_KERNELS_ATTENTION_STAGED_CUH_
+
+#include "gpu/kernels/attention_mma.cuh"
+
+namespace tqkv::gpu {
+
+// kHoles (one K/V codebook, 4-bit V, S = 2): the table takes 256-byte rows
+// (a lookup address is one prmt) and the stages live in the free upper
+// halves: span r of the warp's stage s (r < 16: K token r, else V token
+// r − 16) in the half-row of table row 32(warp·S + s) + r, at 16·(token
+// mod 4) into it (80 of 128 bytes; the offset spreads the tokens over the
+// banks: 2-way conflicts on the row reads instead of 8-way).
+template <int VB, bool kSharedKV, bool kHoles = false>
+struct StagedLayout {
+  static_assert(VB == 4 || VB == 2, "staged decode: 4- or 2-bit values");
+  static_assert(!kSharedKV || VB == 4, "one K/V table needs equal bits");
+  static_assert(!kHoles || kSharedKV, "stages in the table's holes: one K/V table");
+  static constexpr uint32_t kRowBytes = kHoles ? 256u : 128u;
+  static constexpr uint32_t kKTable = 0;
+  static constexpr uint32_t kVTable = kSharedKV ? 0u : 256u * 128u;
+  static constexpr uint32_t kTables = 256u * kRowBytes + (kSharedKV ? 0u : (1u << (2 * VB)) * 128u);
+  static constexpr int kKSpan = 80;                // K span bytes per token
+  static constexpr int kVSpan = 16 * VB + 16;      // 80 or 48
+  static constexpr int kVChunks = kVSpan / 16;     // chunks per V span
+  static constexpr int kStageBytes = kHoles ? 32 * 256 : 16 * (kKSpan + kVSpan);  // stage stride
+  static constexpr uint32_t StagesOffset() { return kHoles ? 128u : (kTables + 127u) / 128u * 128u; }
+  static constexpr uint32_t StagesEnd(int stages) {
+    return kHoles ? kTables : StagesOffset() + static_cast<uint32_t>(kMmaWarps * stages * kStageBytes);
+  }
+  // Stage offset of K span t / V span t (piece 0).
+  static constexpr uint32_t KSpan(int t) { return kHoles ? 256u * t + 16u * (t & 3) : 80u * t; }
+  static constexpr uint32_t VSpan(int t) {
+    return kHoles ? 256u * (16 + t) + 16u * (t & 3) : 16u * kKSpan + static_cast<uint32_t>(kVSpan) * t;
+  }
+};
+
+template <int VB, bool kSharedKV, int S, int G, bool kHoles = false>
+constexpr size_t StagedSmemBytes() {
+  using L = StagedLayout<VB, kSharedKV, kHoles>;
+  static_assert(!kHoles || kMmaWarps * S * 32 <= 256, "stages in the holes: 256 half-rows");
+  const size_t merge = (kMmaWarps * G * 128 + kMmaWarps * G * 2) * 4;
+  const size_t body = L::StagesEnd(S);
+  return (body > merge ? body : merge) + 32 * sizeof(float);
+}
+
+// Channel of the score mma's B fragment (k-tile kk, half h, element e) held
+// by lanes i: K word k of lane i is row word 4k + i (8 channels), and k-tile
+// kk takes bytes 2(kk mod 2), 2(kk mod 2) + 1 of word kk / 2.
+__host__ __device__ constexpr int StagedKChannel(int kk, int h, int e, int i) {
+  return 32 * (kk / 2) + 8 * i + 4 * (kk % 2) + 2 * h + e;
+}
+
+__device__ __forceinline__ uint32_t LdsWord(uint32_t addr) {
+  uint32_t r;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r) : "r"(addr) : "memory");
+  return r;
+}
+
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int VB, int G, int S, int MB, bool kSharedKV, bool kHoles = false>
+__global__ void __launch_bounds__(32 * kMmaWarps, MB)
+    StagedDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records) {
+  using L = StagedLayout<VB, kSharedKV, kHoles>;
+  static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two >= 2");
+  constexpr int KB = 4;
+  extern __shared__ __align__(16) uint32_t st_smem[];  // no static shared memory: kMmaSmemWindowBase
+  float* cent = reinterpret_cast<float*>(st_smem) + (StagedSmemBytes<VB, kSharedKV, S, G, kHoles>() / 4 - 32);
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(st_smem));
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
+  const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+  const int64_t qi = blockIdx.x / a.kv_heads;
+  const int kvh = static_cast<int>(blockIdx.x % a.kv_heads);
+  const int split = blockIdx.y;
+  const GpuComponent& kc = a.k_comp[kvh];
+  const GpuComponent& vc = a.v_comp[kvh];
+  if (tid < (1 << KB)) cent[tid] = __ldg(kc.groups[0].centroids + tid);
+  if (tid < (1 << VB)) cent[16 + tid] = __ldg(vc.groups[0].centroids + tid);
+  __syncthreads();
+  for (int e = tid; e < 256 * 32; e += blockDim.x) {
+    const int ent = e >> 5;
+    st_smem[(L::kKTable + ent * L::kRowBytes) / 4 + (e & 31)] = PackHalf2(cent[ent & 15], cent[ent >> 4]);
+  }
+  if constexpr (!kSharedKV) {
+    for (int e = tid; e < (1 << (2 * VB)) * 32; e += blockDim.x) {
+      const int ent = e >> 5;
+      st_smem[L::kVTable / 4 + e] = PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
+    }
+  }
+
+  const int mis = 4 * (kvh & 3);
+  // Query fragments (B of the score mma): lane (g, i), k-tile kk, half h:
+  // head g at channels StagedKChannel(kk, h, 0/1, i).
+  uint32_t qa[8][2];
+  {
+    const float sl = a.scale * kLog2e;
+    const float* qrow = states + (qi * a.q_heads + kvh * G + (g < G ? g : 0)) * d.sk;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float x0 = g < G ? qrow[StagedKChannel(kk, h, 0, i)] * sl : 0.0f;
+        const float x1 = g < G ? qrow[StagedKChannel(kk, h, 1, i)] * sl : 0.0f;
+        qa[kk][h] = PackHalf2(x0, x1);
+      }
+  }
+  __syncthreads();
+
+  const int seq = a.query_seq[qi];
+  const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
+  const int t0 = split * static_cast<int>(d.chunk);
+  const int t1 = min(limit, t0 + static_cast<int>(d.chunk));
+  const int ntiles = t1 > t0 ? (t1 - t0 + 15) / 16 : 0;
+  const int nmine = ntiles > warp ? (ntiles - warp + kMmaWarps - 1) / kMmaWarps : 0;  // this warp's tiles
+  const int kstep = a.kv_heads * kc.row_bytes, vstep = a.kv_heads * vc.row_bytes;
+  const int32_t* btab = a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
+  const int bs_shift = __ffs(a.block_size) - 1;  // a power of two (eligibility)
+  const uint32_t bs_mask = static_cast<uint32_t>(a.block_size) - 1u;
+  const uint64_t stride = static_cast<uint64_t>(a.block_stride);
+
+  // Copies: lane l < 16 takes K chunks l + 16j (j < 5), lane 16 + l V chunks
+  // l + 16j (j < kVChunks); chunk c of a span set is token c / chunks-per-
+  // span, piece c mod chunks-per-span, at 16·c in the stage.
+  const bool kside = lane < 16;
+  const int l16 = lane & 15;
+  const int cps = kside ? 5 : L::kVChunks;
+  const uint8_t* cbase = kside ? a.k_base : a.v_base;
+  const int cstep = kside ? kstep : vstep;
+  const int chead = kvh * (kside ? kc.row_bytes : vc.row_bytes) - mis;
+  uint32_t csrc[5];
+#pragma unroll
+  for (int j = 0; j < 5; ++j) {
+    const int c = l16 + 16 * j;
+    csrc[j] = static_cast<uint32_t>((c / cps) * cstep + (c % cps) * 16 + chead);
+  }
+  const int cjobs = kside ? 5 : L::kVChunks;
+  const uint32_t stages = smem_base + L::StagesOffset() + static_cast<uint32_t>(warp * S * L::kStageBytes);
+  uint32_t cdst[5];  // stage offsets of the lane's chunks
+#pragma unroll
+  for (int j = 0; j < 5; ++j) {
+    const int c = l16 + 16 * j;
+    cdst[j] = kHoles ? (kside ? L::KSpan(c / cps) : L::VSpan(c / cps)) + 16u * (c % cps)
+                     : (kside ? 0u : 16u * L::kKSpan) + 16u * c;
+  }
+
+  // Page stream: lane j holds the page of this warp's tile 32b + j of batch
+  // b, loaded a batch ahead.
+  auto page_of = [&](int n) -> int32_t {
+    const int tt = t0 + (warp + kMmaWarps * n) * 16;
+    return tt < t1 ? __ldg(btab + (tt >> bs_shift)) : 0;
+  };
+  int32_t pg_cur = page_of(lane), pg_nxt = page_of(32 + lane);
+  // Issue the copies of this warp's tile n into stage n mod S (always one
+  // commit group, empty past the end, so wait counts stay exact).
+  auto issue = [&](int n) {
+    const uint32_t page = static_cast<uint32_t>(__shfl_sync(kFullMask, pg_cur, n & 31));
+    if ((n & 31) == 31) {
+      pg_cur = pg_nxt;
+      pg_nxt = page_of(n + 33 + lane);
+    }
+    if (n < nmine) {
+      const int tt = t0 + (warp + kMmaWarps * n) * 16;
+      const uint8_t* src = cbase + page * stride + (static_cast<uint32_t>(tt) & bs_mask) * cstep;
+      const uint32_t dst = stages + static_cast<uint32_t>((n & (S - 1)) * L::kStageBytes);
+#pragma unroll
+      for (int j = 0; j < 5; ++j)
+        if (j < cjobs) CpAsync16(dst + cdst[j], src + csrc[j]);
+    }
+    CpAsyncCommit();
+  };
+
+  // Per-lane read bases within a stage (see the header comment).
+  // Tokens t and t + 8 share t mod 4, so K / V token + 8 and the V token
+  // pair's second token are immediates (kK8, kV8, kV1).
+  const uint32_t k_rd = L::KSpan(g) + static_cast<uint32_t>(mis + 4 * i);
+  const uint32_t kn_rd = L::KSpan(g) + static_cast<uint32_t>(mis + 64);
+  const uint32_t v_rd = L::VSpan(2 * i) + static_cast<uint32_t>(mis + 4 * g);
+  const uint32_t vn_rd = L::VSpan(g) + static_cast<uint32_t>(mis + 16 * VB);
+  constexpr uint32_t kK8 = L::KSpan(8) - L::KSpan(0), kV8 = L::VSpan(8) - L::VSpan(0);
+  constexpr uint32_t kV1 = L::VSpan(1) - L::VSpan(0);  // also VSpan(2k + 1) − VSpan(2k)
+
+  float mh[2] = {-CUDART_INF_F, -CUDART_INF_F}, lh[2] = {0.0f, 0.0f};  // heads 2i, 2i + 1
+  float acc[8][4];
+#pragma unroll
+  for (int u = 0; u < 8; ++u)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
+
+  // One tile (this warp's n-th) from stage base sb.
+  auto compute = [&](int n, uint32_t sb) {
+    const int tt = t0 + (warp + kMmaWarps * n) * 16;
+    const bool partial = tt + 16 > t1;
+    // Scores: s[2·nt + e] for token g + 8·nt, head 2i + e.
+    float s[4];
+    {
+      uint32_t kw[2][4];
+      float nk[2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(sb + k_rd + kK8 * nt + 16u * k);
+        nk[nt] = __uint_as_float(LdsWord(sb + kn_rd + kK8 * nt));
+      }
+      float sc[2][4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[0][e] = sc[1][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const int s0 = 2 * (kk % 2);
+        const uint32_t w0 = kw[0][kk / 2], w1 = kw[1][kk / 2];
+        const uint32_t a0 = LdsTable<L::kKTable>(LutOff<8, kHoles>(w0, s0, lane4));
+        const uint32_t a1 = LdsTable<L::kKTable>(LutOff<8, kHoles>(w1, s0, lane4));
+        const uint32_t a2 = LdsTable<L::kKTable>(LutOff<8, kHoles>(w0, s0 + 1, lane4));
+        const uint32_t a3 = LdsTable<L::kKTable>(LutOff<8, kHoles>(w1, s0 + 1, lane4));
+        MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) s[2 * nt + e] = (sc[0][2 * nt + e] + sc[1][2 * nt + e]) * nk[nt];
+      if (partial) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (tt + g + 8 * nt >= t1) s[2 * nt + e] = -CUDART_INF_F;
+      }
+    }
+    // Softmax of the lane's heads 2i, 2i + 1 over the 8 lanes of one i.
+    float tmax[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) tmax[e] = fmaxf(s[e], s[2 + e]);
+    {
+      const bool odd = (g & 1) != 0;
+      float own = odd ? tmax[1] : tmax[0];
+      own = fmaxf(own, __shfl_xor_sync(kFullMask, odd ? tmax[0] : tmax[1], 4));
+      own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 8));
+      own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 16));
+      const float other = __shfl_xor_sync(kFullMask, own, 4);
+      tmax[0] = odd ? other : own;
+      tmax[1] = odd ? own : other;
+    }
+    float corr[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float mnew = fmaxf(mh[e], tmax[e]);  // finite: the tile's first token is valid
+      corr[e] = FastExp2(mh[e] - mnew);
+      mh[e] = mnew;
+      s[e] = FastExp2(s[e] - mnew);
+      s[2 + e] = FastExp2(s[2 + e] - mnew);
+      lh[e] = fmaf(lh[e], corr[e], s[e] + s[2 + e]);
+    }
+    if (__any_sync(kFullMask, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        acc[u][0] *= corr[0];
+        acc[u][1] *= corr[1];
+        acc[u][2] *= corr[0];
+        acc[u][3] *= corr[1];
+      }
+    }
+    // P·n_v packed per token over the lane's two heads, transposed to P's B
+    // fragment (head g; tokens 2i, 2i + 1 and 2i + 8, 2i + 9).
+    uint32_t pb0, pb1;
+    {
+      uint32_t x[2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        float nv = __uint_as_float(LdsWord(sb + vn_rd + kV8 * nt));
+        if (partial && tt + g + 8 * nt >= t1) nv = 0.0f;  // rows past the end: NaN norms possible
+        x[nt] = PackHalf2(s[2 * nt] * nv, s[2 * nt + 1] * nv);
+      }
+      const int sa = 8 * i + (g >> 1);
+      const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
+      pb0 = Prmt(__shfl_sync(kFullMask, x[0], sa), __shfl_sync(kFullMask, x[0], sa + 4), sel);
+      pb1 = Prmt(__shfl_sync(kFullMask, x[1], sa), __shfl_sync(kFullMask, x[1], sa + 4), sel);
+    }
+    // Values: token pairs (2i + 8j, 2i + 8j + 1), j = 0, 1.
+    if constexpr (VB == 4) {
+      // Lane words w = 0, 1: row words g + 8w; tp[j][w][0/1]: byte k = the
+      // pair's low / high nibbles of byte k (channels 8(g + 8w) + 2k, + 1).
+      uint32_t tp[2][2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          const uint32_t base = sb + v_rd + kV8 * j + 32u * w;
+          const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
+          tp[j][w][0] = (x0 & 0x0F0F0F0Fu) | ((x1 << 4) & 0xF0F0F0F0u);
+          tp[j][w][1] = ((x0 >> 4) & 0x0F0F0F0Fu) | (x1 & 0xF0F0F0F0u);
+        }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        uint32_t x[4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) x[2 * h + j] = LdsTable<L::kVTable>(LutOff<8, kHoles>(tp[j][u / 4][h], u % 4, lane4));
+        MmaF16(acc[u], x[0], x[2], x[1], x[3], pb0, pb1);
+      }
+    } else {
+      // Lane word: row word g (channels 16g .. 16g + 15, 2 bits each);
+      // tp[j][0/1]: nibble u = the pair's fields 2u / 2u + 1.
+      uint32_t tp[2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t base = sb + v_rd + kV8 * j;
+        const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
+        tp[j][0] = (x0 & 0x33333333u) | ((x1 << 2) & 0xCCCCCCCCu);
+        tp[j][1] = ((x0 >> 2) & 0x33333333u) | (x1 & 0xCCCCCCCCu);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        uint32_t x[4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) x[2 * h + j] = LdsTable<L::kVTable>(LutOffset<4>(tp[j][h], u, lane4));
+        MmaF16(acc[u], x[0], x[2], x[1], x[3], pb0, pb1);
+      }
+    }
+  };
+
+  // The ring: tiles n + 1 .. n + S − 1 in flight while tile n computes.
+#pragma unroll
+  for (int q = 0; q < S - 1; ++q) issue(q);
+  for (int n = 0; n < nmine; ++n) {
+    CpAsyncWait<S - 2>();
+    __syncwarp();
+    issue(n + S - 1);  // into the stage tile n − 1 used (read before the last __syncwarp)
+    compute(n, stages + static_cast<uint32_t>((n & (S - 1)) * L::kStageBytes));
+    __syncwarp();
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    lh[e] += __shfl_xor_sync(kFullMask, lh[e], 4);
+    lh[e] += __shfl_xor_sync(kFullMask, lh[e], 8);
+    lh[e] += __shfl_xor_sync(kFullMask, lh[e], 16);
+  }
+
+  // Block merge of the warps into one split record.
+  __syncthreads();  // tables and stages no longer read
+  float* macc = reinterpret_cast<float*>(st_smem);  // [warps][G][128]
+  float* mml = macc + kMmaWarps * G * 128;           // [warps][G][2]
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    // Channel pair of unit u (rows g / g + 8 of acc[u]).
+    const int pu = VB == 4 ? 4 * (g + 8 * (u / 4)) + u % 4 : 8 * g + u;
+    const int h0 = 2 * i, h1 = 2 * i + 1;
+    if (h0 < G) {
+      macc[(warp * G + h0) * 128 + 2 * pu] = acc[u][0];
+      macc[(warp * G + h0) * 128 + 2 * pu + 1] = acc[u][2];
+    }
+    if (h1 < G) {
+      macc[(warp * G + h1) * 128 + 2 * pu] = acc[u][1];
+      macc[(warp * G + h1) * 128 + 2 * pu + 1] = acc[u][3];
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (g == 0 && 2 * i + e < G) {
+      mml[(warp * G + 2 * i + e) * 2] = mh[e];
+      mml[(warp * G + 2 * i + e) * 2 + 1] = lh[e];
+    }
+  }
+  __syncthreads();
+  const int j = tid;  // one channel per thread (128 threads)
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) mx = fmaxf(mx, mml[(w * G + h) * 2]);
+    float v = 0.0f, lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) {
+      const float mw = mml[(w * G + h) * 2];
+      const float f = mw == -CUDART_INF_F ? 0.0f : FastExp2(mw - mx);
+      v = fmaf(f, macc[(w * G + h) * 128 + j], v);
+      lsum = fmaf(f, mml[(w * G + h) * 2 + 1], lsum);
+    }
+    float* rec = records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record;
+    rec[2 + j] = v;
+    if (j == 0) {
+      rec[0] = mx;
+      rec[1] = lsum;
+    }
+  }
+}
+
+}  // namespace tqkv::gpu
+
+#endif  // TQKV_GPU_KERNELS_ATTENTION_STAGED_CUH_
