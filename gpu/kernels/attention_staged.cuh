@@ -42,8 +42,10 @@ struct StagedLayout {
   static_assert(!kHoles || kSharedKV, "stages in the table's holes: one K/V table");
   static constexpr uint32_t kRowBytes = kHoles ? 256u : 128u;
   static constexpr uint32_t kKTable = 0;
-  static constexpr uint32_t kVTable = kSharedKV ? 0u : 256u * 128u;
-  static constexpr uint32_t kTables = 256u * kRowBytes + (kSharedKV ? 0u : (1u << (2 * VB)) * 128u);
+  // A separate V table (2-bit V: 16 entries) takes 256-byte rows: a lookup
+  // address is one prmt of a byte-spread index word.
+  static constexpr uint32_t kVTable = kSharedKV ? 0u : 256u * kRowBytes;
+  static constexpr uint32_t kTables = 256u * kRowBytes + (kSharedKV ? 0u : (1u << (2 * VB)) * 256u);
   static constexpr int kKSpan = 80;                // K span bytes per token
   static constexpr int kVSpan = 16 * VB + 16;      // 80 or 48
   static constexpr int kVChunks = kVSpan / 16;     // chunks per V span
@@ -117,7 +119,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   if constexpr (!kSharedKV) {
     for (int e = tid; e < (1 << (2 * VB)) * 32; e += blockDim.x) {
       const int ent = e >> 5;
-      st_smem[L::kVTable / 4 + e] = PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
+      st_smem[(L::kVTable + 256u * ent) / 4 + (e & 31)] =
+          PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
     }
   }
 
@@ -334,13 +337,19 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     } else {
       // Lane word: row word g (channels 16g .. 16g + 15, 2 bits each);
       // tp[j][0/1]: nibble u = the pair's fields 2u / 2u + 1.
-      uint32_t tp[2][2];
+      // Nibbles spread to bytes: sp[j][h][0] byte k = nibble 2k, sp[..][1]
+      // byte k = nibble 2k + 1; a lookup address is then one prmt.
+      uint32_t sp[2][2][2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint32_t base = sb + v_rd + kV8 * j;
         const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
-        tp[j][0] = (x0 & 0x33333333u) | ((x1 << 2) & 0xCCCCCCCCu);
-        tp[j][1] = ((x0 >> 2) & 0x33333333u) | (x1 & 0xCCCCCCCCu);
+        const uint32_t tp0 = (x0 & 0x33333333u) | ((x1 << 2) & 0xCCCCCCCCu);
+        const uint32_t tp1 = ((x0 >> 2) & 0x33333333u) | (x1 & 0xCCCCCCCCu);
+        sp[j][0][0] = tp0 & 0x0F0F0F0Fu;
+        sp[j][0][1] = (tp0 >> 4) & 0x0F0F0F0Fu;
+        sp[j][1][0] = tp1 & 0x0F0F0F0Fu;
+        sp[j][1][1] = (tp1 >> 4) & 0x0F0F0F0Fu;
       }
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
@@ -348,7 +357,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 #pragma unroll
         for (int j = 0; j < 2; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) x[2 * h + j] = LdsTable<L::kVTable>(LutOffset<4>(tp[j][h], u, lane4));
+          for (int h = 0; h < 2; ++h)
+            x[2 * h + j] = LdsTable<L::kVTable>(LutOffset256<8>(sp[j][h][u & 1], u >> 1, lane4));
         MmaF16(acc[u], x[0], x[2], x[1], x[3], pb0, pb1);
       }
     }
