@@ -423,7 +423,7 @@ struct MergeF {
 }  // namespace
 
 int PlanAttentionSplits(const AttentionLaunch& a) {
-  if (a.splits > 0) return a.splits;
+  if (a.splits > 0) return std::min(a.splits, 1024);  // the merge kernels take <= 1024 splits
   if (MmaEligible(a)) {
     // Fewest waves of resident blocks × tokens per block, plus a per-block
     // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.
