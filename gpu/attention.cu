@@ -88,8 +88,9 @@ bool MmaEligible(const AttentionLaunch& a) {
 // Variant 2 (the deleted page-streaming kernel) runs as 1.
 struct MmaCfg {
   int km, mb;
-  int stages = 0;      // > 0: StagedDecodeKernel with this many stages per warp
-  bool holes = false;  // its stages in the 256-byte-row table's upper halves
+  int stages = 0;  // > 0: StagedDecodeKernel with this many stages per warp,
+  int mode = kStagesDense;  // where they live (StagedLayout),
+  int warps = kMmaWarps;    // and warps per block
 };
 // Variants 9-11 (tokens-on-M scores, K/V sharing one 128-byte-row table
 // where bits and codebook agree): 9 one raw tile buffer at 4 blocks/SM, 10
@@ -108,7 +109,8 @@ constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {kMmaTokM | kMmaOneBuf | kMmaSharedKV, 5},
                                {kMmaTokM, 3, 4},
                                {kMmaTokM, 4, 2},
-                               {kMmaTokM, 3, 2, true}};
+                               {kMmaTokM, 3, 2, kStagesHoles},
+                               {kMmaTokM, 2, 2, kStagesHolesK, 8}};
 constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 // Variant 8 ("tokm"): the served configuration of the bit pair with
 // tokens-on-M scores (kMmaTokM).
@@ -133,17 +135,18 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   const bool one_codebook = kb == vb && a.uniform_codebooks &&
                             a.host_k.groups[0].centroids == a.host_v.groups[0].centroids;
   MmaCfg c = v > 0 && v < kNumMmaCfgs && v != kMmaTokMVariant ? kMmaCfgs[v] : MmaServedCfg(kb, vb);
-  // Served k4v2: the staged kernel with 2 stages per warp at 4 blocks/SM
-  // (variant 13); k4v4 with one codebook: its stages in the 256-byte-row
-  // table's holes (variant 14). 3-14% faster than the register-buffered
-  // kernels at every benchmark shape (bench/RESULTS.md).
-  if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[13];
+  // Served k4v2: the staged kernel with 8 warps per block and the K stages
+  // in the 256-byte-row K table's holes (variant 15, 8-10% faster than 4
+  // warps with 128-byte rows); k4v4 with one codebook: 4 warps with all
+  // stages in the table's holes (variant 14). 3-14% faster than the
+  // register-buffered kernels at every benchmark shape (bench/RESULTS.md).
+  if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
   if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[14];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
   if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 9-13: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
   // stages in the table's holes only with one codebook.
-  if (c.holes && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
+  if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
   if (c.stages > 0 && !(kb == 4 && (vb == 2 || one_codebook))) c = MmaServedCfg(kb, vb);
   if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
   const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);
@@ -209,25 +212,28 @@ int ByBitsAndGroup(const AttentionLaunch& a, F&& f) {
 
 // Resident staged-kernel blocks per SM: its register budget, capped by
 // shared memory.
-template <int VB, int G, int S, int MB, bool H>
+template <int VB, int G, int S, int MB, int M, int NW>
 constexpr int StagedResidentWith() {
-  const size_t per_block = StagedSmemBytes<VB, VB == 4, S, G, H && VB == 4>() + 1024;
+  constexpr int mode = M == kStagesHoles && VB != 4 ? kStagesDense : M;
+  const size_t per_block = StagedSmemBytes<VB, VB == 4, mode, NW, S, G>() + 1024;
   const int by_smem = static_cast<int>((228u * 1024u) / per_block);
   return by_smem < MB ? by_smem : MB;
 }
 
-// f.template operator()<S, MB, H>() for a staged configuration.
+// f.template operator()<S, MB, M, NW>() for a staged configuration.
 template <typename F>
 auto ByStagedCfg(const MmaCfg& c, F&& f) {
-  if (c.holes) return f.template operator()<2, 3, true>();
-  return c.stages == 4 ? f.template operator()<4, 3, false>() : f.template operator()<2, 4, false>();
+  if (c.mode == kStagesHoles) return f.template operator()<2, 3, kStagesHoles, 4>();
+  if (c.mode == kStagesHolesK) return f.template operator()<2, 2, kStagesHolesK, 8>();
+  return c.stages == 4 ? f.template operator()<4, 3, kStagesDense, 4>()
+                       : f.template operator()<2, 4, kStagesDense, 4>();
 }
 
 int MmaResident(const AttentionLaunch& a) {
   const MmaCfg cfg = MmaCfgOf(a);
   if (cfg.stages > 0) {
-    return ByStagedCfg(cfg, [&]<int S, int MB, bool H>() -> int {
-      return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return StagedResidentWith<VB, G, S, MB, H>(); });
+    return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW>() -> int {
+      return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return StagedResidentWith<VB, G, S, MB, M, NW>(); });
     });
   }
   return ByMmaCfg(cfg, [&]<int KM, int MB>() -> int {
@@ -303,19 +309,19 @@ cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float*
   }
 }
 
-template <int VB, int G, int S, int MB, bool H>
+template <int VB, int G, int S, int MB, int M, int NW>
 cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                        cudaStream_t stream) {
   constexpr bool kShared = VB == 4;  // 4-bit V only with K's codebook (MmaCfgOf)
-  if constexpr (H && !kShared) {
-    return cudaErrorNotSupported;  // MmaCfgOf gives holes only to one K/V codebook
+  if constexpr (M == kStagesHoles && !kShared) {
+    return cudaErrorNotSupported;  // MmaCfgOf gives all-holes stages only to one K/V codebook
   } else {
-    constexpr size_t smem = StagedSmemBytes<VB, kShared, S, G, H>();
-    cudaError_t e = cudaFuncSetAttribute(StagedDecodeKernel<VB, G, S, MB, kShared, H>,
+    constexpr size_t smem = StagedSmemBytes<VB, kShared, M, NW, S, G>();
+    cudaError_t e = cudaFuncSetAttribute(StagedDecodeKernel<VB, G, S, MB, kShared, M, NW>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
     const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
-    StagedDecodeKernel<VB, G, S, MB, kShared, H><<<grid, 32 * kMmaWarps, smem, stream>>>(a, d, states, recs);
+    StagedDecodeKernel<VB, G, S, MB, kShared, M, NW><<<grid, 32 * NW, smem, stream>>>(a, d, states, recs);
     return cudaGetLastError();
   }
 }
@@ -326,8 +332,8 @@ cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* st
   const MmaCfg cfg = MmaCfgOf(a);
   if constexpr (KB == 4) {
     if (cfg.stages > 0) {
-      return ByStagedCfg(cfg, [&]<int S, int MB, bool H>() -> cudaError_t {
-        return StagedWith<VB, G, S, MB, H>(a, d, states, recs, stream);
+      return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW>() -> cudaError_t {
+        return StagedWith<VB, G, S, MB, M, NW>(a, d, states, recs, stream);
       });
     }
   }
@@ -427,7 +433,8 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
   if (MmaEligible(a)) {
     // Fewest waves of resident blocks × tokens per block, plus a per-block
     // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.
-    constexpr int64_t kMmaBlockOverheadTokens = 192;
+    constexpr int64_t kMmaBlockOverheadTokens = 192;  // at 4 warps per block
+    const int64_t warps = MmaCfgOf(a).stages > 0 ? MmaCfgOf(a).warps : kMmaWarps;
     const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads);
     const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * MmaResident(a);
     const int64_t ctx = std::max<int64_t>(a.max_context, 1);
@@ -439,7 +446,9 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
       const int64_t used = (ctx + chunk - 1) / chunk;
       if (used < s) continue;  // same chunk as a smaller split count
       const int64_t waves = (blocks * s + resident - 1) / resident;
-      const double cost = static_cast<double>(waves) * static_cast<double>(chunk + kMmaBlockOverheadTokens);
+      // A block's time: its chunk over its warps, plus the overhead.
+      const double cost = static_cast<double>(waves) *
+                          (static_cast<double>(chunk) / warps + kMmaBlockOverheadTokens / kMmaWarps);
       if (s == 1 || cost < best_cost) {
         best = s;
         best_cost = cost;

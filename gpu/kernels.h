@@ -156,7 +156,7 @@ struct AttentionLaunch {
   // variants fall back to the shared-memory table for 4-bit keys.
   bool symmetric_codebooks = false;
   // Tensor-core kernel variant (benchmarks): 0 = default (served: k4v2 as
-  // 13, k4v4 with one K/V codebook as 14, other k4v4 as 5 + 8, k2v2 as 4 + 8,
+  // 15, k4v4 with one K/V codebook as 14, other k4v4 as 5 + 8, k2v2 as 4 + 8,
   // k2v4 as 1), 1 = one kv head per block with 128-byte-row tables, 2 = as 1
   // (was the page-streaming kernel, deleted: slower at every shape), 3 = K
   // centroids from registers, 4 = variant 3 budgeted for 4 blocks/SM, 5 =
@@ -168,8 +168,9 @@ struct AttentionLaunch {
   // 4 and 5 blocks/SM, two at 3), 12-13 = the staged kernel
   // (attention_staged.cuh) with 4 / 2 cp.async stages per warp at 3 / 4
   // blocks/SM, 14 = staged with the stages in the holes of a 256-byte-row
-  // K/V table (one codebook; else 13) (9-14: 4-bit keys; others run the
-  // default).
+  // K/V table (one codebook; else 13), 15 = staged with 8 warps per block
+  // and the K stages in the holes of a 256-byte-row K table (9-15: 4-bit
+  // keys; others run the default).
   int32_t mma_variant = 0;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

@@ -1,27 +1,30 @@
 // Staged tensor-core decode attention for 4-bit keys at d = 128 (TQ4 with
 // one K/V codebook, K4/V2): the rows of a warp's 16-token tiles stream into
 // a per-warp ring of S shared-memory stages with cp.async, S − 1 tiles
-// ahead of the one it computes, so each warp keeps several tiles of HBM
-// reads in flight without holding them in registers (the register double
-// buffer of MmaDecodeKernel holds one, ~12 warps × 2.2 KiB per SM, too few
-// bytes to cover HBM latency).
+// ahead of the one it computes, so each warp keeps tiles of HBM reads in
+// flight without holding them in registers (the register double buffer of
+// MmaDecodeKernel holds one per warp at ~170 registers; this kernel needs
+// ~128, so more warps fit).
 //
-// Block = (query, kv head) × split, 4 warps taking tiles warp, warp + 4, ...
+// Block = (query, kv head) × split, NW warps taking tiles warp, warp + NW, ...
 // Scores and values as MmaDecodeKernel with kMmaTokM: Sᵀ = K̂ · q as
 // m16n8k16 with the dequantised K tile as A (16 tokens × 16 channels) and
 // the scaled rotated queries as B (n = heads), O[c, h] += V̂ᵀ · (p·n_v)
 // with V̂ᵀ as A; V dequantised in token pairs (one lookup = one A register).
 //
-// Stage layout: the K row of token t as the 16-byte-aligned span [row − mis,
-// row − mis + 80) at 80·t, then the V rows the same way (80 or 48 bytes
-// each). A lane copies chunks l + 16j of the K (lanes 0-15) or V (16-31)
-// spans: one cp.async each, destinations at immediates.
+// Spans: the K row of a token as the 16-byte-aligned span [row − mis,
+// row − mis + 80) (index bytes, norm, misalignment), the V row the same way
+// (80 or 48 bytes); where a stage's spans live: StagedLayout. A lane copies
+// chunks l + 16j of the K (lanes 0-15) or V (16-31) spans of a tile: one
+// cp.async each, destinations precomputed per lane.
 // Reads: lane (g, i) takes row words i, i + 4, i + 8, i + 12 of K tokens g
 // and g + 8, and row words g (and g + 8 for 4-bit V) of V tokens 2i, 2i + 1,
-// 2i + 8, 2i + 9: bank-conflict free with 80- and 48-byte spans, one LDS
-// per word at a per-lane base plus immediates (no alignment selects).
-// Tables: 128-byte rows, entry e of lane l at 128·e + 4·l (K; V after it
-// unless V shares it), LDS immediates (kMmaSmemWindowBase).
+// 2i + 8, 2i + 9: bank-conflict free with dense 80- and 48-byte spans (2-way
+// in the holes layouts), one LDS per word at a per-lane base plus
+// immediates (no alignment selects).
+// Tables: entry e of lane l at rows·e + 4·l, rows of 128 bytes (two-op
+// lookup address) or 256 (one prmt), read with LDS immediates
+// (kMmaSmemWindowBase).
 #ifndef TQKV_GPU_KERNELS_ATTENTION_STAGED_CUH_
 #define TQKV_GPU_KERNELS_ATTENTION_STAGED_CUH_
 
@@ -29,18 +32,31 @@
 
 namespace tqkv::gpu {
 
-// kHoles (one K/V codebook, 4-bit V, S = 2): the table takes 256-byte rows
-// (a lookup address is one prmt) and the stages live in the free upper
-// halves: span r of the warp's stage s (r < 16: K token r, else V token
-// r − 16) in the half-row of table row 32(warp·S + s) + r, at 16·(token
-// mod 4) into it (80 of 128 bytes; the offset spreads the tokens over the
-// banks: 2-way conflicts on the row reads instead of 8-way).
-template <int VB, bool kSharedKV, bool kHoles = false>
+// Where the stages live (StagedLayout::kMode):
+//  kStagesDense: tables of 128-byte rows, then the stages (K spans of a
+//    stage at 80·t, its V spans after them).
+//  kStagesHoles (one K/V codebook, 4-bit V): the table takes 256-byte rows
+//    (a lookup address is one prmt) and the stages live in the free upper
+//    halves: span r of stage q = warp·S + s (r < 16: K token r, else V token
+//    r − 16) in the half-row of table row 32q + r, at 16·(token mod 4) into
+//    it (80 of 128 bytes; the offset spreads the tokens over the banks:
+//    2-way conflicts on the row reads instead of 8-way).
+//  kStagesHolesK: 256-byte-row K table with the K spans in its holes (16
+//    half-rows per stage, room for 8 warps × 2 stages), the V table (if
+//    any) and the dense V spans after it.
+inline constexpr int kStagesDense = 0;
+inline constexpr int kStagesHoles = 1;
+inline constexpr int kStagesHolesK = 2;
+
+template <int VB, bool kSharedKV, int kMode, int NW, int S>
 struct StagedLayout {
   static_assert(VB == 4 || VB == 2, "staged decode: 4- or 2-bit values");
   static_assert(!kSharedKV || VB == 4, "one K/V table needs equal bits");
-  static_assert(!kHoles || kSharedKV, "stages in the table's holes: one K/V table");
-  static constexpr uint32_t kRowBytes = kHoles ? 256u : 128u;
+  static_assert(kMode != kStagesHoles || kSharedKV, "all stages in the table's holes: one K/V table");
+  static_assert(kMode == kStagesDense || NW * S * (kMode == kStagesHoles ? 32 : 16) <= 256,
+                "stages in the holes: 256 half-rows");
+  static constexpr bool kRow256 = kMode != kStagesDense;
+  static constexpr uint32_t kRowBytes = kRow256 ? 256u : 128u;
   static constexpr uint32_t kKTable = 0;
   // A separate V table (2-bit V: 16 entries) takes 256-byte rows: a lookup
   // address is one prmt of a byte-spread index word.
@@ -49,24 +65,31 @@ struct StagedLayout {
   static constexpr int kKSpan = 80;                // K span bytes per token
   static constexpr int kVSpan = 16 * VB + 16;      // 80 or 48
   static constexpr int kVChunks = kVSpan / 16;     // chunks per V span
-  static constexpr int kStageBytes = kHoles ? 32 * 256 : 16 * (kKSpan + kVSpan);  // stage stride
-  static constexpr uint32_t StagesOffset() { return kHoles ? 128u : (kTables + 127u) / 128u * 128u; }
-  static constexpr uint32_t StagesEnd(int stages) {
-    return kHoles ? kTables : StagesOffset() + static_cast<uint32_t>(kMmaWarps * stages * kStageBytes);
+  // Stage q = warp·S + s: K and V bases and strides (bytes from the dynamic
+  // shared memory's start), span offsets from those bases.
+  static constexpr uint32_t kDenseStages = (kTables + 127u) / 128u * 128u;
+  static constexpr uint32_t kKStride = kMode == kStagesHoles    ? 32u * 256u
+                                       : kMode == kStagesHolesK ? 16u * 256u
+                                                                : 16u * (kKSpan + kVSpan);
+  static constexpr uint32_t kVStride = kMode == kStagesHolesK ? 16u * kVSpan : kKStride;
+  static constexpr uint32_t KBase(int q) { return (kRow256 ? 128u : kDenseStages) + kKStride * q; }
+  static constexpr uint32_t VBase(int q) {
+    return kMode == kStagesHolesK ? kTables + kVStride * q : KBase(q) + (kMode == kStagesDense ? 16u * kKSpan : 0u);
   }
-  // Stage offset of K span t / V span t (piece 0).
-  static constexpr uint32_t KSpan(int t) { return kHoles ? 256u * t + 16u * (t & 3) : 80u * t; }
+  static constexpr uint32_t End() {
+    return kMode == kStagesHoles ? kTables : kMode == kStagesHolesK ? VBase(NW * S) : KBase(NW * S);
+  }
+  static constexpr uint32_t KSpan(int t) { return kRow256 ? 256u * t + 16u * (t & 3) : 80u * t; }
   static constexpr uint32_t VSpan(int t) {
-    return kHoles ? 256u * (16 + t) + 16u * (t & 3) : 16u * kKSpan + static_cast<uint32_t>(kVSpan) * t;
+    return kMode == kStagesHoles ? 256u * (16 + t) + 16u * (t & 3) : static_cast<uint32_t>(kVSpan) * t;
   }
 };
 
-template <int VB, bool kSharedKV, int S, int G, bool kHoles = false>
+template <int VB, bool kSharedKV, int kMode, int NW, int S, int G>
 constexpr size_t StagedSmemBytes() {
-  using L = StagedLayout<VB, kSharedKV, kHoles>;
-  static_assert(!kHoles || kMmaWarps * S * 32 <= 256, "stages in the holes: 256 half-rows");
-  const size_t merge = (kMmaWarps * G * 128 + kMmaWarps * G * 2) * 4;
-  const size_t body = L::StagesEnd(S);
+  using L = StagedLayout<VB, kSharedKV, kMode, NW, S>;
+  const size_t merge = (NW * G * 128 + NW * G * 2) * 4;
+  const size_t body = L::End();
   return (body > merge ? body : merge) + 32 * sizeof(float);
 }
 
@@ -92,14 +115,15 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-template <int VB, int G, int S, int MB, bool kSharedKV, bool kHoles = false>
-__global__ void __launch_bounds__(32 * kMmaWarps, MB)
+template <int VB, int G, int S, int MB, bool kSharedKV, int kMode, int NW>
+__global__ void __launch_bounds__(32 * NW, MB)
     StagedDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records) {
-  using L = StagedLayout<VB, kSharedKV, kHoles>;
+  using L = StagedLayout<VB, kSharedKV, kMode, NW, S>;
+  constexpr bool kRow256 = L::kRow256;
   static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two >= 2");
   constexpr int KB = 4;
   extern __shared__ __align__(16) uint32_t st_smem[];  // no static shared memory: kMmaSmemWindowBase
-  float* cent = reinterpret_cast<float*>(st_smem) + (StagedSmemBytes<VB, kSharedKV, S, G, kHoles>() / 4 - 32);
+  float* cent = reinterpret_cast<float*>(st_smem) + (StagedSmemBytes<VB, kSharedKV, kMode, NW, S, G>() / 4 - 32);
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(st_smem));
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
@@ -147,7 +171,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   const int t0 = split * static_cast<int>(d.chunk);
   const int t1 = min(limit, t0 + static_cast<int>(d.chunk));
   const int ntiles = t1 > t0 ? (t1 - t0 + 15) / 16 : 0;
-  const int nmine = ntiles > warp ? (ntiles - warp + kMmaWarps - 1) / kMmaWarps : 0;  // this warp's tiles
+  const int nmine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
   const int kstep = a.kv_heads * kc.row_bytes, vstep = a.kv_heads * vc.row_bytes;
   const int32_t* btab = a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
   const int bs_shift = __ffs(a.block_size) - 1;  // a power of two (eligibility)
@@ -170,19 +194,20 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     csrc[j] = static_cast<uint32_t>((c / cps) * cstep + (c % cps) * 16 + chead);
   }
   const int cjobs = kside ? 5 : L::kVChunks;
-  const uint32_t stages = smem_base + L::StagesOffset() + static_cast<uint32_t>(warp * S * L::kStageBytes);
-  uint32_t cdst[5];  // stage offsets of the lane's chunks
+  // Stage s of this warp: K spans at kst + s·kKStride, V at vst + s·kVStride.
+  const uint32_t kst = smem_base + L::KBase(warp * S), vst = smem_base + L::VBase(warp * S);
+  const uint32_t cst = kside ? kst : vst, cstride = kside ? L::kKStride : L::kVStride;
+  uint32_t cdst[5];  // offsets of the lane's chunks from their stage base
 #pragma unroll
   for (int j = 0; j < 5; ++j) {
     const int c = l16 + 16 * j;
-    cdst[j] = kHoles ? (kside ? L::KSpan(c / cps) : L::VSpan(c / cps)) + 16u * (c % cps)
-                     : (kside ? 0u : 16u * L::kKSpan) + 16u * c;
+    cdst[j] = (kside ? L::KSpan(c / cps) : L::VSpan(c / cps)) + 16u * (c % cps);
   }
 
   // Page stream: lane j holds the page of this warp's tile 32b + j of batch
   // b, loaded a batch ahead.
   auto page_of = [&](int n) -> int32_t {
-    const int tt = t0 + (warp + kMmaWarps * n) * 16;
+    const int tt = t0 + (warp + NW * n) * 16;
     return tt < t1 ? __ldg(btab + (tt >> bs_shift)) : 0;
   };
   int32_t pg_cur = page_of(lane), pg_nxt = page_of(32 + lane);
@@ -195,9 +220,9 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       pg_nxt = page_of(n + 33 + lane);
     }
     if (n < nmine) {
-      const int tt = t0 + (warp + kMmaWarps * n) * 16;
+      const int tt = t0 + (warp + NW * n) * 16;
       const uint8_t* src = cbase + page * stride + (static_cast<uint32_t>(tt) & bs_mask) * cstep;
-      const uint32_t dst = stages + static_cast<uint32_t>((n & (S - 1)) * L::kStageBytes);
+      const uint32_t dst = cst + static_cast<uint32_t>(n & (S - 1)) * cstride;
 #pragma unroll
       for (int j = 0; j < 5; ++j)
         if (j < cjobs) CpAsync16(dst + cdst[j], src + csrc[j]);
@@ -223,8 +248,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
 
   // One tile (this warp's n-th) from stage base sb.
-  auto compute = [&](int n, uint32_t sb) {
-    const int tt = t0 + (warp + kMmaWarps * n) * 16;
+  auto compute = [&](int n, uint32_t sbk, uint32_t sbv) {
+    const int tt = t0 + (warp + NW * n) * 16;
     const bool partial = tt + 16 > t1;
     // Scores: s[2·nt + e] for token g + 8·nt, head 2i + e.
     float s[4];
@@ -234,8 +259,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(sb + k_rd + kK8 * nt + 16u * k);
-        nk[nt] = __uint_as_float(LdsWord(sb + kn_rd + kK8 * nt));
+        for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(sbk + k_rd + kK8 * nt + 16u * k);
+        nk[nt] = __uint_as_float(LdsWord(sbk + kn_rd + kK8 * nt));
       }
       float sc[2][4];
 #pragma unroll
@@ -244,10 +269,10 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       for (int kk = 0; kk < 8; ++kk) {
         const int s0 = 2 * (kk % 2);
         const uint32_t w0 = kw[0][kk / 2], w1 = kw[1][kk / 2];
-        const uint32_t a0 = LdsTable<L::kKTable>(LutOff<8, kHoles>(w0, s0, lane4));
-        const uint32_t a1 = LdsTable<L::kKTable>(LutOff<8, kHoles>(w1, s0, lane4));
-        const uint32_t a2 = LdsTable<L::kKTable>(LutOff<8, kHoles>(w0, s0 + 1, lane4));
-        const uint32_t a3 = LdsTable<L::kKTable>(LutOff<8, kHoles>(w1, s0 + 1, lane4));
+        const uint32_t a0 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w0, s0, lane4));
+        const uint32_t a1 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w1, s0, lane4));
+        const uint32_t a2 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w0, s0 + 1, lane4));
+        const uint32_t a3 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w1, s0 + 1, lane4));
         MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
       }
 #pragma unroll
@@ -302,7 +327,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       uint32_t x[2];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        float nv = __uint_as_float(LdsWord(sb + vn_rd + kV8 * nt));
+        float nv = __uint_as_float(LdsWord(sbv + vn_rd + kV8 * nt));
         if (partial && tt + g + 8 * nt >= t1) nv = 0.0f;  // rows past the end: NaN norms possible
         x[nt] = PackHalf2(s[2 * nt] * nv, s[2 * nt + 1] * nv);
       }
@@ -320,7 +345,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
-          const uint32_t base = sb + v_rd + kV8 * j + 32u * w;
+          const uint32_t base = sbv + v_rd + kV8 * j + 32u * w;
           const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
           tp[j][w][0] = (x0 & 0x0F0F0F0Fu) | ((x1 << 4) & 0xF0F0F0F0u);
           tp[j][w][1] = ((x0 >> 4) & 0x0F0F0F0Fu) | (x1 & 0xF0F0F0F0u);
@@ -331,7 +356,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 #pragma unroll
         for (int j = 0; j < 2; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) x[2 * h + j] = LdsTable<L::kVTable>(LutOff<8, kHoles>(tp[j][u / 4][h], u % 4, lane4));
+          for (int h = 0; h < 2; ++h) x[2 * h + j] = LdsTable<L::kVTable>(LutOff<8, kRow256>(tp[j][u / 4][h], u % 4, lane4));
         MmaF16(acc[u], x[0], x[2], x[1], x[3], pb0, pb1);
       }
     } else {
@@ -342,7 +367,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       uint32_t sp[2][2][2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const uint32_t base = sb + v_rd + kV8 * j;
+        const uint32_t base = sbv + v_rd + kV8 * j;
         const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
         const uint32_t tp0 = (x0 & 0x33333333u) | ((x1 << 2) & 0xCCCCCCCCu);
         const uint32_t tp1 = ((x0 >> 2) & 0x33333333u) | (x1 & 0xCCCCCCCCu);
@@ -371,7 +396,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     CpAsyncWait<S - 2>();
     __syncwarp();
     issue(n + S - 1);  // into the stage tile n − 1 used (read before the last __syncwarp)
-    compute(n, stages + static_cast<uint32_t>((n & (S - 1)) * L::kStageBytes));
+    const uint32_t s = static_cast<uint32_t>(n & (S - 1));
+    compute(n, kst + s * L::kKStride, vst + s * L::kVStride);
     __syncwarp();
   }
   CpAsyncWait<0>();
@@ -385,7 +411,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   // Block merge of the warps into one split record.
   __syncthreads();  // tables and stages no longer read
   float* macc = reinterpret_cast<float*>(st_smem);  // [warps][G][128]
-  float* mml = macc + kMmaWarps * G * 128;           // [warps][G][2]
+  float* mml = macc + NW * G * 128;                  // [warps][G][2]
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
     // Channel pair of unit u (rows g / g + 8 of acc[u]).
@@ -408,15 +434,15 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     }
   }
   __syncthreads();
-  const int j = tid;  // one channel per thread (128 threads)
+  const int j = tid & 127;  // one channel per thread; NW / 4 threads per channel split the heads
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
+  for (int h = tid >> 7; h < G; h += NW / 4) {
     float mx = -CUDART_INF_F;
 #pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) mx = fmaxf(mx, mml[(w * G + h) * 2]);
+    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, mml[(w * G + h) * 2]);
     float v = 0.0f, lsum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) {
+    for (int w = 0; w < NW; ++w) {
       const float mw = mml[(w * G + h) * 2];
       const float f = mw == -CUDART_INF_F ? 0.0f : FastExp2(mw - mx);
       v = fmaf(f, macc[(w * G + h) * 128 + j], v);
