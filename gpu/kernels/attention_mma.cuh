@@ -203,6 +203,127 @@ struct KRegTable {
   }
 };
 
+// Tokens-on-M helpers shared by MmaDecodeKernel (kMmaTokM) and
+// StagedDecodeKernel. Lane (g, i) holds the scores s[k][2·nt + e] of tokens
+// g + 8·nt, heads 2i + e, of TPS tiles, the softmax state mh/lh of those two
+// heads, and the value accumulator acc[u] (rows: channels, columns: heads).
+
+// Online softmax step: s becomes the probabilities exp2(s − m); the maxima
+// reduce over the 8 lanes of one i in 4 shuffles (lanes with g odd reduce
+// head 2i + 1, even head 2i, then swap); acc rescales only when a maximum
+// moved. The step's first token must be valid (finite maxima).
+template <int TPS>
+__device__ __forceinline__ void TokMSoftmax(float (&s)[TPS][4], float (&mh)[2], float (&lh)[2], float (&acc)[8][4],
+                                            int g) {
+  float tmax[2], corr[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    tmax[e] = s[0][e];
+#pragma unroll
+    for (int k = 0; k < TPS; ++k) tmax[e] = fmaxf(tmax[e], fmaxf(s[k][e], s[k][2 + e]));
+  }
+  {
+    const bool odd = (g & 1) != 0;
+    float own = odd ? tmax[1] : tmax[0];
+    own = fmaxf(own, __shfl_xor_sync(kFullMask, odd ? tmax[0] : tmax[1], 4));
+    own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 8));
+    own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 16));
+    const float other = __shfl_xor_sync(kFullMask, own, 4);
+    tmax[0] = odd ? other : own;
+    tmax[1] = odd ? own : other;
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float mnew = fmaxf(mh[e], tmax[e]);
+    corr[e] = FastExp2(mh[e] - mnew);
+    mh[e] = mnew;
+    float psum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < TPS; ++k)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[k][2 * nt + e] = FastExp2(s[k][2 * nt + e] - mnew);
+        psum += s[k][2 * nt + e];
+      }
+    lh[e] = fmaf(lh[e], corr[e], psum);
+  }
+  if (__any_sync(kFullMask, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      acc[u][0] *= corr[0];
+      acc[u][1] *= corr[1];
+      acc[u][2] *= corr[0];
+      acc[u][3] *= corr[1];
+    }
+  }
+}
+
+// P's B fragment of the value mma (head g; tokens 2i, 2i + 1 and 2i + 8,
+// 2i + 9) from x[nt] = fp16 (p·n_v) of token g + 8·nt for heads 2i, 2i + 1:
+// lanes 8i + g/2 and 8i + 4 + g/2 hold them, half g mod 2 (4 shuffles, 2 prmts).
+__device__ __forceinline__ void TokMProbFragment(const uint32_t (&x)[2], int g, int i, uint32_t& pb0, uint32_t& pb1) {
+  const int sa = 8 * i + (g >> 1);
+  const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
+  pb0 = Prmt(__shfl_sync(kFullMask, x[0], sa), __shfl_sync(kFullMask, x[0], sa + 4), sel);
+  pb1 = Prmt(__shfl_sync(kFullMask, x[1], sa), __shfl_sync(kFullMask, x[1], sa + 4), sel);
+}
+
+// 4-bit V words of two consecutive tokens → token-pair index words: byte k
+// of lo = (low nibble of byte k of x0, same of x1), of hi the high nibbles;
+// a table entry (c[e & 15], c[e >> 4]) of such a byte is the A register
+// (channel, 2 tokens) of the value mma.
+__device__ __forceinline__ void TokenPairs4(uint32_t x0, uint32_t x1, uint32_t& lo, uint32_t& hi) {
+  lo = (x0 & 0x0F0F0F0Fu) | ((x1 << 4) & 0xF0F0F0F0u);
+  hi = ((x0 >> 4) & 0x0F0F0F0Fu) | (x1 & 0xF0F0F0F0u);
+}
+
+// Block merge, part 1: a warp's accumulator into macc [warp][G][128] (unit
+// u's channel pair 2·pu(u), 2·pu(u) + 1 = rows g, g + 8 of acc[u]).
+template <int G, typename PU>
+__device__ __forceinline__ void StoreWarpAcc(float* macc, const float (&acc)[8][4], int warp, int i, PU pu_of) {
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int pu = pu_of(u);
+    const int h0 = 2 * i, h1 = 2 * i + 1;
+    if (h0 < G) {
+      macc[(warp * G + h0) * 128 + 2 * pu] = acc[u][0];
+      macc[(warp * G + h0) * 128 + 2 * pu + 1] = acc[u][2];
+    }
+    if (h1 < G) {
+      macc[(warp * G + h1) * 128 + 2 * pu] = acc[u][1];
+      macc[(warp * G + h1) * 128 + 2 * pu + 1] = acc[u][3];
+    }
+  }
+}
+
+// Block merge, part 2 (after a barrier): the NW warps' (m, l, acc) of each
+// head into the split record rec(h) = [m, l, acc[128]]; thread tid takes
+// channel tid mod 128 of heads tid / 128, + NW / 4, ...
+template <int NW, int G, typename Rec>
+__device__ __forceinline__ void MergeWarpRecords(const float* macc, const float* mml, int tid, Rec rec_of) {
+  const int j = tid & 127;
+#pragma unroll
+  for (int h = tid >> 7; h < G; h += NW / 4) {
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, mml[(w * G + h) * 2]);
+    float v = 0.0f, lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float mw = mml[(w * G + h) * 2];
+      const float f = mw == -CUDART_INF_F ? 0.0f : FastExp2(mw - mx);
+      v = fmaf(f, macc[(w * G + h) * 128 + j], v);
+      lsum = fmaf(f, mml[(w * G + h) * 2 + 1], lsum);
+    }
+    float* rec = rec_of(h);
+    rec[2 + j] = v;
+    if (j == 0) {
+      rec[0] = mx;
+      rec[1] = lsum;
+    }
+  }
+}
+
 // Piece positions (0..31: index p of the thread's 32-channel K piece, in bit
 // order) of the two channels of B register (kk, h) of the score mma.
 template <int KB, int KM>
@@ -507,9 +628,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int w = 0; w < VW; ++w) {
-          const uint32_t x0 = vw[2 * j][w], x1 = vw[2 * j + 1][w];
-          tp[j][w][0] = (x0 & 0x0F0F0F0Fu) | ((x1 << 4) & 0xF0F0F0F0u);
-          tp[j][w][1] = ((x0 >> 4) & 0x0F0F0F0Fu) | (x1 & 0xF0F0F0F0u);
+          TokenPairs4(vw[2 * j][w], vw[2 * j + 1][w], tp[j][w][0], tp[j][w][1]);
         }
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
@@ -623,11 +742,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       const bool valid = tt + g + 8 * nt < t1;
       x[nt] = PackHalf2(valid ? p[2 * nt] * nv : 0.0f, valid ? p[2 * nt + 1] * nv : 0.0f);
     }
-    // Tokens 2i, 2i + 1 (+ 8) of head g: lanes 8i + g/2 and 8i + 4 + g/2, half g mod 2.
-    const int sa = 8 * i + (g >> 1);
-    const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
-    const uint32_t pb0 = Prmt(__shfl_sync(kFullMask, x[0], sa), __shfl_sync(kFullMask, x[0], sa + 4), sel);
-    const uint32_t pb1 = Prmt(__shfl_sync(kFullMask, x[1], sa), __shfl_sync(kFullMask, x[1], sa + 4), sel);
+    uint32_t pb0, pb1;
+    TokMProbFragment(x, g, i, pb0, pb1);
     value_mmas(r, pb0, pb1);
   };
   // kTokM step: per-head softmax over the 8 lanes of one i; the accumulator
@@ -636,48 +752,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     float s[TPS][4];
 #pragma unroll
     for (int k = 0; k < TPS; ++k) scores_tokm(tl0 + k, r[k], s[k]);
-    float tmax[2], corr[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      tmax[e] = s[0][e];
-#pragma unroll
-      for (int k = 0; k < TPS; ++k) tmax[e] = fmaxf(tmax[e], fmaxf(s[k][e], s[k][2 + e]));
-    }
-    {  // Both heads' maxima over the 8 lanes of one i in 4 shuffles: lanes
-       // with g odd reduce head 2i + 1, lanes with g even head 2i, then swap.
-      const bool odd = (g & 1) != 0;
-      float own = odd ? tmax[1] : tmax[0];
-      own = fmaxf(own, __shfl_xor_sync(kFullMask, odd ? tmax[0] : tmax[1], 4));
-      own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 8));
-      own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 16));
-      const float other = __shfl_xor_sync(kFullMask, own, 4);
-      tmax[0] = odd ? other : own;
-      tmax[1] = odd ? own : other;
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float mnew = fmaxf(mh[e], tmax[e]);  // finite: the step's first token is valid
-      corr[e] = FastExp2(mh[e] - mnew);
-      mh[e] = mnew;
-      float psum = 0.0f;
-#pragma unroll
-      for (int k = 0; k < TPS; ++k)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          s[k][2 * nt + e] = FastExp2(s[k][2 * nt + e] - mnew);
-          psum += s[k][2 * nt + e];
-        }
-      lh[e] = fmaf(lh[e], corr[e], psum);
-    }
-    if (__any_sync(kFullMask, corr[0] != 1.0f || corr[1] != 1.0f)) {
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        acc[u][0] *= corr[0];
-        acc[u][1] *= corr[1];
-        acc[u][2] *= corr[0];
-        acc[u][3] *= corr[1];
-      }
-    }
+    TokMSoftmax<TPS>(s, mh, lh, acc, g);  // finite maxima: the step's first token is valid
 #pragma unroll
     for (int k = 0; k < TPS; ++k) values_tokm(tl0 + k, r[k], s[k]);
   };
@@ -772,19 +847,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   __syncthreads();  // tables no longer read
   float* macc = reinterpret_cast<float*>(mma_smem);  // [warps][G][128]
   float* mml = macc + kMmaWarps * G * 128;            // [warps][G][2]
-#pragma unroll
-  for (int u = 0; u < 8; ++u) {
-    const int pu = (8 * g + u - muv) & 63;
-    const int h0 = 2 * i, h1 = 2 * i + 1;
-    if (h0 < G) {
-      macc[(warp * G + h0) * 128 + 2 * pu] = acc[u][0];
-      macc[(warp * G + h0) * 128 + 2 * pu + 1] = acc[u][2];
-    }
-    if (h1 < G) {
-      macc[(warp * G + h1) * 128 + 2 * pu] = acc[u][1];
-      macc[(warp * G + h1) * 128 + 2 * pu + 1] = acc[u][3];
-    }
-  }
+  StoreWarpAcc<G>(macc, acc, warp, i, [&](int u) { return (8 * g + u - muv) & 63; });
   if constexpr (kTokM) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -798,27 +861,9 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     mml[(warp * G + g) * 2 + 1] = l;
   }
   __syncthreads();
-  const int j = tid;  // one channel per thread (128 threads)
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) mx = fmaxf(mx, mml[(w * G + h) * 2]);
-    float v = 0.0f, lsum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) {
-      const float mw = mml[(w * G + h) * 2];
-      const float f = mw == -CUDART_INF_F ? 0.0f : FastExp2(mw - mx);
-      v = fmaf(f, macc[(w * G + h) * 128 + j], v);
-      lsum = fmaf(f, mml[(w * G + h) * 2 + 1], lsum);
-    }
-    float* rec = records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record;
-    rec[2 + j] = v;
-    if (j == 0) {
-      rec[0] = mx;
-      rec[1] = lsum;
-    }
-  }
+  MergeWarpRecords<kMmaWarps, G>(macc, mml, tid, [&](int h) {
+    return records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record;
+  });
 }
 
 }  // namespace tqkv::gpu

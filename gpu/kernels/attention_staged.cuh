@@ -251,8 +251,8 @@ __global__ void __launch_bounds__(32 * NW, MB)
   auto compute = [&](int n, uint32_t sbk, uint32_t sbv) {
     const int tt = t0 + (warp + NW * n) * 16;
     const bool partial = tt + 16 > t1;
-    // Scores: s[2·nt + e] for token g + 8·nt, head 2i + e.
-    float s[4];
+    // Scores: s[0][2·nt + e] for token g + 8·nt, head 2i + e.
+    float s[1][4];
     {
       uint32_t kw[2][4];
       float nk[2];
@@ -278,48 +278,17 @@ __global__ void __launch_bounds__(32 * NW, MB)
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) s[2 * nt + e] = (sc[0][2 * nt + e] + sc[1][2 * nt + e]) * nk[nt];
+        for (int e = 0; e < 2; ++e) s[0][2 * nt + e] = (sc[0][2 * nt + e] + sc[1][2 * nt + e]) * nk[nt];
       if (partial) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            if (tt + g + 8 * nt >= t1) s[2 * nt + e] = -CUDART_INF_F;
+            if (tt + g + 8 * nt >= t1) s[0][2 * nt + e] = -CUDART_INF_F;
       }
     }
-    // Softmax of the lane's heads 2i, 2i + 1 over the 8 lanes of one i.
-    float tmax[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) tmax[e] = fmaxf(s[e], s[2 + e]);
-    {
-      const bool odd = (g & 1) != 0;
-      float own = odd ? tmax[1] : tmax[0];
-      own = fmaxf(own, __shfl_xor_sync(kFullMask, odd ? tmax[0] : tmax[1], 4));
-      own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 8));
-      own = fmaxf(own, __shfl_xor_sync(kFullMask, own, 16));
-      const float other = __shfl_xor_sync(kFullMask, own, 4);
-      tmax[0] = odd ? other : own;
-      tmax[1] = odd ? own : other;
-    }
-    float corr[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float mnew = fmaxf(mh[e], tmax[e]);  // finite: the tile's first token is valid
-      corr[e] = FastExp2(mh[e] - mnew);
-      mh[e] = mnew;
-      s[e] = FastExp2(s[e] - mnew);
-      s[2 + e] = FastExp2(s[2 + e] - mnew);
-      lh[e] = fmaf(lh[e], corr[e], s[e] + s[2 + e]);
-    }
-    if (__any_sync(kFullMask, corr[0] != 1.0f || corr[1] != 1.0f)) {
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        acc[u][0] *= corr[0];
-        acc[u][1] *= corr[1];
-        acc[u][2] *= corr[0];
-        acc[u][3] *= corr[1];
-      }
-    }
+    // Softmax of the lane's heads 2i, 2i + 1 (finite maxima: the tile's first token is valid).
+    TokMSoftmax<1>(s, mh, lh, acc, g);
     // P·n_v packed per token over the lane's two heads, transposed to P's B
     // fragment (head g; tokens 2i, 2i + 1 and 2i + 8, 2i + 9).
     uint32_t pb0, pb1;
@@ -329,12 +298,9 @@ __global__ void __launch_bounds__(32 * NW, MB)
       for (int nt = 0; nt < 2; ++nt) {
         float nv = __uint_as_float(LdsWord(sbv + vn_rd + kV8 * nt));
         if (partial && tt + g + 8 * nt >= t1) nv = 0.0f;  // rows past the end: NaN norms possible
-        x[nt] = PackHalf2(s[2 * nt] * nv, s[2 * nt + 1] * nv);
+        x[nt] = PackHalf2(s[0][2 * nt] * nv, s[0][2 * nt + 1] * nv);
       }
-      const int sa = 8 * i + (g >> 1);
-      const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
-      pb0 = Prmt(__shfl_sync(kFullMask, x[0], sa), __shfl_sync(kFullMask, x[0], sa + 4), sel);
-      pb1 = Prmt(__shfl_sync(kFullMask, x[1], sa), __shfl_sync(kFullMask, x[1], sa + 4), sel);
+      TokMProbFragment(x, g, i, pb0, pb1);
     }
     // Values: token pairs (2i + 8j, 2i + 8j + 1), j = 0, 1.
     if constexpr (VB == 4) {
@@ -346,9 +312,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
           const uint32_t base = sbv + v_rd + kV8 * j + 32u * w;
-          const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
-          tp[j][w][0] = (x0 & 0x0F0F0F0Fu) | ((x1 << 4) & 0xF0F0F0F0u);
-          tp[j][w][1] = ((x0 >> 4) & 0x0F0F0F0Fu) | (x1 & 0xF0F0F0F0u);
+          TokenPairs4(LdsWord(base), LdsWord(base + kV1), tp[j][w][0], tp[j][w][1]);
         }
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
@@ -412,20 +376,8 @@ __global__ void __launch_bounds__(32 * NW, MB)
   __syncthreads();  // tables and stages no longer read
   float* macc = reinterpret_cast<float*>(st_smem);  // [warps][G][128]
   float* mml = macc + NW * G * 128;                  // [warps][G][2]
-#pragma unroll
-  for (int u = 0; u < 8; ++u) {
-    // Channel pair of unit u (rows g / g + 8 of acc[u]).
-    const int pu = VB == 4 ? 4 * (g + 8 * (u / 4)) + u % 4 : 8 * g + u;
-    const int h0 = 2 * i, h1 = 2 * i + 1;
-    if (h0 < G) {
-      macc[(warp * G + h0) * 128 + 2 * pu] = acc[u][0];
-      macc[(warp * G + h0) * 128 + 2 * pu + 1] = acc[u][2];
-    }
-    if (h1 < G) {
-      macc[(warp * G + h1) * 128 + 2 * pu] = acc[u][1];
-      macc[(warp * G + h1) * 128 + 2 * pu + 1] = acc[u][3];
-    }
-  }
+  // Channel pair of unit u (rows g / g + 8 of acc[u]).
+  StoreWarpAcc<G>(macc, acc, warp, i, [&](int u) { return VB == 4 ? 4 * (g + 8 * (u / 4)) + u % 4 : 8 * g + u; });
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     if (g == 0 && 2 * i + e < G) {
@@ -434,27 +386,9 @@ __global__ void __launch_bounds__(32 * NW, MB)
     }
   }
   __syncthreads();
-  const int j = tid & 127;  // one channel per thread; NW / 4 threads per channel split the heads
-#pragma unroll
-  for (int h = tid >> 7; h < G; h += NW / 4) {
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, mml[(w * G + h) * 2]);
-    float v = 0.0f, lsum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      const float mw = mml[(w * G + h) * 2];
-      const float f = mw == -CUDART_INF_F ? 0.0f : FastExp2(mw - mx);
-      v = fmaf(f, macc[(w * G + h) * 128 + j], v);
-      lsum = fmaf(f, mml[(w * G + h) * 2 + 1], lsum);
-    }
-    float* rec = records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record;
-    rec[2 + j] = v;
-    if (j == 0) {
-      rec[0] = mx;
-      rec[1] = lsum;
-    }
-  }
+  MergeWarpRecords<NW, G>(macc, mml, tid, [&](int h) {
+    return records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record;
+  });
 }
 
 }  // namespace tqkv::gpu
