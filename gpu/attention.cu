@@ -140,8 +140,12 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   // warps with 128-byte rows); k4v4 with one codebook: 4 warps with all
   // stages in the table's holes (variant 14). 3-14% faster than the
   // register-buffered kernels at every benchmark shape (bench/RESULTS.md).
+  // Except k4v4 with more (query, kv head) blocks than 3 per SM: variant 14
+  // would split them into several waves of 3 blocks/SM, 15 runs them with 8
+  // warps at 2 blocks/SM (64 × 4K: 0.155 vs 0.172 ms in one run).
+  const int64_t blocks = a.num_queries * a.kv_heads, sms = std::max(a.num_sms, 1);
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
-  if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[14];
+  if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[blocks > 3 * sms ? 15 : 14];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
   if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 9-13: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;

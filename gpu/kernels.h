@@ -156,7 +156,7 @@ struct AttentionLaunch {
   // variants fall back to the shared-memory table for 4-bit keys.
   bool symmetric_codebooks = false;
   // Tensor-core kernel variant (benchmarks): 0 = default (served: k4v2 as
-  // 15, k4v4 with one K/V codebook as 14, other k4v4 as 5 + 8, k2v2 as 4 + 8,
+  // 15, k4v4 with one K/V codebook as 14 (15 above 3 blocks per SM), other k4v4 as 5 + 8, k2v2 as 4 + 8,
   // k2v4 as 1), 1 = one kv head per block with 128-byte-row tables, 2 = as 1
   // (was the page-streaming kernel, deleted: slower at every shape), 3 = K
   // centroids from registers, 4 = variant 3 budgeted for 4 blocks/SM, 5 =
