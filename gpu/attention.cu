@@ -75,17 +75,18 @@ bool MmaEligible(const AttentionLaunch& a) {
          aligned16(a.v_base) && MmaSmemWindowBase() == kMmaSmemWindowBase;
 }
 
-// Per-head tensor-core kernel configuration by variant: dequantisation
-// mode flags (kMmaKReg, kMmaLut256, kMmaOneBuf) and the blocks/SM its
-// registers are budgeted for. Entry 0 is unused: variant 0 (served) is chosen per bit
-// pair from the H200 measurements (bench/RESULTS.md): k4v4 takes one K/V
-// table of 128-byte rows when K and V share the codebook (variant 10), else
-// 256-byte table rows (2-4% faster), k2v2 K centroids in registers at 4 blocks/SM
-// (3-13% faster) with tokens-on-M scores (7-13% faster since the page stream), k4v2 and the unmeasured k2v4 keep 128-byte rows (K4/V2 was
-// up to 6% slower with 256-byte rows or 4-bit keys in registers); k4v4 and
-// k4v2 also take tokens-on-M scores (kMmaTokM: 1-3% faster at every shape).
-// Variant 8 adds kMmaTokM to the served configuration of any bit pair.
-// Variant 2 (the deleted page-streaming kernel) runs as 1.
+// Tensor-core kernel configuration by variant: MmaDecodeKernel's
+// dequantisation mode flags (kMmaKReg, kMmaLut256, kMmaOneBuf, kMmaTokM,
+// kMmaSharedKV) and the blocks/SM its registers are budgeted for, or a
+// StagedDecodeKernel configuration. Entry 0 is unused: variant 0 (served)
+// is chosen per launch from the H200 measurements (bench/RESULTS.md) in
+// MmaCfgOf: k4v2, and k4v4 with one K/V codebook, take the staged kernel;
+// the register-buffered kernel (MmaServedCfg) serves the rest: k4v4 with
+// 256-byte table rows (2-4% faster), k2v2 K centroids in registers at 4
+// blocks/SM (3-13% faster), k2v4 (unmeasured) 128-byte rows, all but k2v4
+// with tokens-on-M scores (1-3% faster for 4-bit keys; 7-13% for k2v2 since
+// the page stream). Variant 8 adds kMmaTokM to MmaServedCfg of any bit
+// pair. Variant 2 (the deleted page-streaming kernel) runs as 1.
 struct MmaCfg {
   int km, mb;
   int stages = 0;  // > 0: StagedDecodeKernel with this many stages per warp,
@@ -147,7 +148,7 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
   if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[blocks > 3 * sms ? 15 : 14];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
-  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 9-13: 4-bit keys
+  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 9-15: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
   // stages in the table's holes only with one codebook.
   if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
@@ -341,7 +342,7 @@ cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* st
       });
     }
   }
-  return ByMmaCfg(MmaCfgOf(a), [&]<int KM, int MB>() -> cudaError_t {
+  return ByMmaCfg(cfg, [&]<int KM, int MB>() -> cudaError_t {
     return MmaWithTps<KB, VB, G, kMmaTilesPerStep, KM, MB>(a, d, states, recs, stream);
   });
 }
@@ -438,7 +439,8 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
     // Fewest waves of resident blocks × tokens per block, plus a per-block
     // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.
     constexpr int64_t kMmaBlockOverheadTokens = 192;  // at 4 warps per block
-    const int64_t warps = MmaCfgOf(a).stages > 0 ? MmaCfgOf(a).warps : kMmaWarps;
+    const MmaCfg cfg = MmaCfgOf(a);
+    const int64_t warps = cfg.stages > 0 ? cfg.warps : kMmaWarps;
     const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads);
     const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * MmaResident(a);
     const int64_t ctx = std::max<int64_t>(a.max_context, 1);
