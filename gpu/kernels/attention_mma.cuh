@@ -277,6 +277,42 @@ __device__ __forceinline__ void TokenPairs4(uint32_t x0, uint32_t x1, uint32_t& 
   hi = ((x0 >> 4) & 0x0F0F0F0Fu) | (x1 & 0xF0F0F0F0u);
 }
 
+// The value mmas of one tile from token-pair lookups: x_of(j, h, u) is the
+// A register of unit u (channel pair), its low (h = 0) or high (h = 1)
+// channel, tokens 2i + 8j, 2i + 8j + 1.
+template <typename XOf>
+__device__ __forceinline__ void TokenPairValueMmas(float (&acc)[8][4], XOf x_of, uint32_t pb0, uint32_t pb1) {
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    uint32_t x[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) x[2 * h + j] = x_of(j, h, u);
+    MmaF16(acc[u], x[0], x[2], x[1], x[3], pb0, pb1);
+  }
+}
+
+// Page stream: a warp takes its tiles in order (n = 0, 1, ...), and lane j
+// holds the page of its tile 32b + j of batch b, loaded a batch ahead, so no
+// tile's row addresses wait on a block-table load. page_of(n): the page of
+// the warp's n-th tile (any value past its end).
+template <typename PageOf>
+struct PageStream {
+  PageOf page_of;
+  int32_t cur, nxt;
+  __device__ __forceinline__ PageStream(PageOf f, int lane) : page_of(f), cur(f(lane)), nxt(f(32 + lane)) {}
+  // The page of tile n; every lane calls it, for n = 0, 1, ... in order.
+  __device__ __forceinline__ uint32_t Next(int n, int lane) {
+    const uint32_t page = static_cast<uint32_t>(__shfl_sync(kFullMask, cur, n & 31));
+    if ((n & 31) == 31) {
+      cur = nxt;
+      nxt = page_of(n + 33 + lane);
+    }
+    return page;
+  }
+};
+
 // Block merge, part 1: a warp's accumulator into macc [warp][G][128] (unit
 // u's channel pair 2·pu(u), 2·pu(u) + 1 = rows g, g + 8 of acc[u]).
 template <int G, typename PU>
@@ -503,23 +539,15 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 
   // Tile tl of this split (tiles past the split's end are not loaded; their
   // tokens are masked).
-  // Page stream: the warp loads its tiles in order (call n: tile TileOf(n)),
-  // and lane j holds the page of its tile 32b + j of batch b, loaded a batch
-  // ahead, so no tile's row addresses wait on a block-table load.
+  // Pages: the warp loads its tiles in order, call n tile tile_of(n).
   auto tile_of = [&](int n) { return (warp + kMmaWarps * (n / TPS)) * TPS + n % TPS; };
-  auto page_of = [&](int n) -> int32_t {
+  PageStream pages([&](int n) -> int32_t {
     const int tt = t0 + tile_of(n) * 16;
     return tt < t1 ? __ldg(btab + (tt >> bs_shift)) : 0;
-  };
-  int32_t pg_cur = page_of(lane), pg_nxt = page_of(32 + lane);
+  }, lane);
   int ncall = 0;
   auto load = [&](int tl, Raw& r) {
-    const int n = ncall++;
-    const uint32_t page = static_cast<uint32_t>(__shfl_sync(kFullMask, pg_cur, n & 31));
-    if ((n & 31) == 31) {
-      pg_cur = pg_nxt;
-      pg_nxt = page_of(n + 33 + lane);
-    }
+    const uint32_t page = pages.Next(ncall++, lane);
     const int tt = t0 + tl * 16;
     if (tt >= t1) return;
     const uint32_t off0 = static_cast<uint32_t>(tt) & bs_mask;
@@ -630,16 +658,9 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
         for (int w = 0; w < VW; ++w) {
           TokenPairs4(vw[2 * j][w], vw[2 * j + 1][w], tp[j][w][0], tp[j][w][1]);
         }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        uint32_t x[4];
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            x[2 * h + j] = LdsTable<kVTable>(LutOff<8, kRow256>(tp[j][u / 4][h], u % 4, vbase));
-        MmaF16(acc[u], x[0], x[2], x[1], x[3], pb0, pb1);
-      }
+      TokenPairValueMmas(acc, [&](int j, int h, int u) {
+        return LdsTable<kVTable>(LutOff<8, kRow256>(tp[j][u / 4][h], u % 4, vbase));
+      }, pb0, pb1);
       return;
     }
 #pragma unroll

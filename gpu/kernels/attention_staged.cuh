@@ -193,7 +193,6 @@ __global__ void __launch_bounds__(32 * NW, MB)
     const int c = l16 + 16 * j;
     csrc[j] = static_cast<uint32_t>((c / cps) * cstep + (c % cps) * 16 + chead);
   }
-  const int cjobs = kside ? 5 : L::kVChunks;
   // Stage s of this warp: K spans at kst + s·kKStride, V at vst + s·kVStride.
   const uint32_t kst = smem_base + L::KBase(warp * S), vst = smem_base + L::VBase(warp * S);
   const uint32_t cst = kside ? kst : vst, cstride = kside ? L::kKStride : L::kVStride;
@@ -204,28 +203,21 @@ __global__ void __launch_bounds__(32 * NW, MB)
     cdst[j] = (kside ? L::KSpan(c / cps) : L::VSpan(c / cps)) + 16u * (c % cps);
   }
 
-  // Page stream: lane j holds the page of this warp's tile 32b + j of batch
-  // b, loaded a batch ahead.
-  auto page_of = [&](int n) -> int32_t {
+  PageStream pages([&](int n) -> int32_t {
     const int tt = t0 + (warp + NW * n) * 16;
     return tt < t1 ? __ldg(btab + (tt >> bs_shift)) : 0;
-  };
-  int32_t pg_cur = page_of(lane), pg_nxt = page_of(32 + lane);
+  }, lane);
   // Issue the copies of this warp's tile n into stage n mod S (always one
   // commit group, empty past the end, so wait counts stay exact).
   auto issue = [&](int n) {
-    const uint32_t page = static_cast<uint32_t>(__shfl_sync(kFullMask, pg_cur, n & 31));
-    if ((n & 31) == 31) {
-      pg_cur = pg_nxt;
-      pg_nxt = page_of(n + 33 + lane);
-    }
+    const uint32_t page = pages.Next(n, lane);
     if (n < nmine) {
       const int tt = t0 + (warp + NW * n) * 16;
       const uint8_t* src = cbase + page * stride + (static_cast<uint32_t>(tt) & bs_mask) * cstep;
       const uint32_t dst = cst + static_cast<uint32_t>(n & (S - 1)) * cstride;
 #pragma unroll
       for (int j = 0; j < 5; ++j)
-        if (j < cjobs) CpAsync16(dst + cdst[j], src + csrc[j]);
+        if (j < cps) CpAsync16(dst + cdst[j], src + csrc[j]);
     }
     CpAsyncCommit();
   };
@@ -314,15 +306,9 @@ __global__ void __launch_bounds__(32 * NW, MB)
           const uint32_t base = sbv + v_rd + kV8 * j + 32u * w;
           TokenPairs4(LdsWord(base), LdsWord(base + kV1), tp[j][w][0], tp[j][w][1]);
         }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        uint32_t x[4];
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) x[2 * h + j] = LdsTable<L::kVTable>(LutOff<8, kRow256>(tp[j][u / 4][h], u % 4, lane4));
-        MmaF16(acc[u], x[0], x[2], x[1], x[3], pb0, pb1);
-      }
+      TokenPairValueMmas(acc, [&](int j, int h, int u) {
+        return LdsTable<L::kVTable>(LutOff<8, kRow256>(tp[j][u / 4][h], u % 4, lane4));
+      }, pb0, pb1);
     } else {
       // Lane word: row word g (channels 16g .. 16g + 15, 2 bits each);
       // tp[j][0/1]: nibble u = the pair's fields 2u / 2u + 1.
@@ -340,16 +326,9 @@ __global__ void __launch_bounds__(32 * NW, MB)
         sp[j][1][0] = tp1 & 0x0F0F0F0Fu;
         sp[j][1][1] = (tp1 >> 4) & 0x0F0F0F0Fu;
       }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        uint32_t x[4];
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            x[2 * h + j] = LdsTable<L::kVTable>(LutOffset256<8>(sp[j][h][u & 1], u >> 1, lane4));
-        MmaF16(acc[u], x[0], x[2], x[1], x[3], pb0, pb1);
-      }
+      TokenPairValueMmas(acc, [&](int j, int h, int u) {
+        return LdsTable<L::kVTable>(LutOffset256<8>(sp[j][h][u & 1], u >> 1, lane4));
+      }, pb0, pb1);
     }
   };
 
