@@ -2,6 +2,9 @@
 // dispatch of the fast path (switch over K bits, V bits, GQA group) and of
 // the generic kernel (switch over values per lane).
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "gpu/kernels.h"
 #include "gpu/kernels/attention.cuh"
@@ -14,6 +17,23 @@ namespace tqkv::gpu {
 namespace {
 
 constexpr int64_t kMinSplitTokens = 256;
+
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes), once per
+// kernel, device and size: a driver call per launch is host latency that
+// every Attend call pays.
+cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t>* allowed = new std::map<std::pair<const void*, int>, size_t>;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = (*allowed)[{kernel, dev}];
+  if (have >= bytes) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess) have = bytes;
+  return e;
+}
 
 int StateSize(const GpuComponent& c, int dim) { return c.kind == kGpuDense ? dim : c.state_size; }
 int Vpl(const GpuComponent& c) { return (std::max(c.max_group_channels, 1) + 31) / 32; }
@@ -246,6 +266,12 @@ int MmaResident(const AttentionLaunch& a) {
   });
 }
 
+// The staged kernel rotates its block's queries itself (states == null)
+// where the K rotation is a block Hadamard: no preparation launch.
+bool StagedFoldsQuery(const AttentionLaunch& a) {
+  return MmaEligible(a) && MmaCfgOf(a).stages > 0 && a.host_k.groups[0].rotation == kGpuHadamard;
+}
+
 // Merge kernel of the specialised paths: one group of <= 128 channels.
 bool FastMergeEligible(const AttentionLaunch& a) {
   return FastEligible(a) && a.host_v.num_groups == 1 && a.host_v.groups[0].channels <= 128 &&
@@ -304,8 +330,8 @@ cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float*
   } else {
     constexpr size_t smem = MmaSmemBytes<KB, VB, G, KM>();
     if (smem > 48 * 1024) {
-      cudaError_t e = cudaFuncSetAttribute(MmaDecodeKernel<KB, VB, G, TPS, KM, MB>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      cudaError_t e =
+          AllowDynamicSmem(reinterpret_cast<const void*>(MmaDecodeKernel<KB, VB, G, TPS, KM, MB>), smem);
       if (e != cudaSuccess) return e;
     }
     const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
@@ -322,8 +348,8 @@ cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float*
     return cudaErrorNotSupported;  // MmaCfgOf gives all-holes stages only to one K/V codebook
   } else {
     constexpr size_t smem = StagedSmemBytes<VB, kShared, M, NW, S, G>();
-    cudaError_t e = cudaFuncSetAttribute(StagedDecodeKernel<VB, G, S, MB, kShared, M, NW>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaError_t e =
+        AllowDynamicSmem(reinterpret_cast<const void*>(StagedDecodeKernel<VB, G, S, MB, kShared, M, NW>), smem);
     if (e != cudaSuccess) return e;
     const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
     StagedDecodeKernel<VB, G, S, MB, kShared, M, NW><<<grid, 32 * NW, smem, stream>>>(a, d, states, recs);
@@ -394,8 +420,7 @@ cudaError_t MergeWith(const AttentionLaunch& a, const AttnDims& d, const float* 
   const int64_t warps = a.num_queries * a.q_heads;
   const size_t smem = kAttnWarps * (d.sv + a.dim + VPL * 32) * sizeof(float);
   if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(MergeKernel<VPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+    cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(MergeKernel<VPL>), smem);
     if (e != cudaSuccess) return e;
   }
   MergeKernel<VPL><<<static_cast<unsigned>((warps + kAttnWarps - 1) / kAttnWarps), 32 * kAttnWarps, smem, st>>>(
@@ -504,10 +529,11 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
   const AttnDims d = Dims(l);
   float* states = static_cast<float*>(l.workspace);
   float* recs = reinterpret_cast<float*>(static_cast<char*>(l.workspace) + StatesBytes(l, d));
-  cudaError_t e = ByVpl<PrepareF>(Vpl(l.host_k), l, d, states, stream);
+  const bool fold = StagedFoldsQuery(l);
+  cudaError_t e = fold ? cudaSuccess : ByVpl<PrepareF>(Vpl(l.host_k), l, d, states, stream);
   if (e != cudaSuccess) return e;
   if (MmaEligible(l)) {
-    e = LaunchMma(l, d, states, recs, stream);
+    e = LaunchMma(l, d, fold ? nullptr : states, recs, stream);
   } else if (FastEligible(l)) {
     e = LaunchFast(l, d, states, recs, stream);
   } else {
@@ -515,8 +541,7 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
                          kAttnWarps * kMaxHeadsPerBlock * (d.sv + l.dim) + kAttnWarps * kMaxHeadsPerBlock * 2) *
                         sizeof(float);
     if (smem > 48 * 1024) {
-      e = cudaFuncSetAttribute(GenericAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(smem));
+      e = AllowDynamicSmem(reinterpret_cast<const void*>(GenericAttentionKernel), smem);
       if (e != cudaSuccess) return e;
     }
     const dim3 grid(static_cast<unsigned>(l.num_queries * l.kv_heads * d.head_chunks), d.splits);
@@ -525,8 +550,9 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
   }
   if (e != cudaSuccess) return e;
   if (FastMergeEligible(l)) {
-    FastMergeKernel<<<static_cast<unsigned>(l.num_queries * l.q_heads), 128, d.splits * sizeof(float), stream>>>(
-        l, d, recs);
+    const int slices = std::min(d.splits, kMergeMaxSlices);
+    FastMergeKernel<<<static_cast<unsigned>(l.num_queries * l.q_heads), 128 * slices, 2 * d.splits * sizeof(float),
+                      stream>>>(l, d, recs);
     return cudaGetLastError();
   }
   return ByVpl<MergeF>(Vpl(l.host_v), l, d, recs, stream);

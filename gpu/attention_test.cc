@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@ struct Case {
   int queries_per_seq = 1;      // > 1: causal prefill over the last positions
   int splits = 0;
   bool expect_fast = false;
+  bool qr = false;  // QR rotation (the staged kernel then reads prepared queries)
 };
 
 std::string Name(const Case& c) {
@@ -44,6 +46,7 @@ std::string Name(const Case& c) {
                   std::to_string(c.splits);
   bool tail = false;
   for (int64_t t : c.tail) tail = tail || t > 0;
+  if (c.qr) n += "_qr";
   return tail ? n + "_tail" : n;
 }
 
@@ -56,7 +59,9 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   auto fmt = *ParseFormat(c.format);
   RecipeMetadata meta;
   if (fmt.needs_metadata()) meta = ::tqkv::testing_util::MakeMetadata(c.format.substr(0, 12), dim, 1, H);
-  auto codec_or = ModelCodec::Create({1, H, QH, dim, bs}, {.format = c.format, .seed = 99},
+  auto codec_or = ModelCodec::Create({1, H, QH, dim, bs}, {.format = c.format,
+                                      .rotation = c.qr ? std::optional(RotationKind::kQr) : std::nullopt,
+                                      .seed = 99},
                                      fmt.needs_metadata() ? &meta : nullptr);
   ASSERT_TRUE(codec_or.ok()) << codec_or.status();
   const ModelCodec& codec = **codec_or;
@@ -261,6 +266,10 @@ std::vector<Case> Cases() {
   c.push_back({"k4v2", 128, 24, 12, {200, 31, 1}, {}, 1, 0, true});
   c.push_back({"k2v2", 128, 64, 8, {5000, 47}, {}, 1, 0, true});
   c.push_back({"k4v4", 128, 16, 4, {16, 4111}, {}, 1, 9, true});
+  // QR rotation: the staged kernel takes PrepareQueryKernel's queries
+  // instead of rotating its own (block Hadamard only).
+  c.push_back({"k4v4", 128, 32, 8, {700, 45}, {}, 1, 0, true, true});
+  c.push_back({"k4v2", 128, 16, 4, {333}, {}, 1, 0, true, true});
   // Generic kernel: other bits, dims, recipes, dense layers, tails, G = 3 / 12.
   c.push_back({"k4v4", 128, 32, 8, {40, 7}, {5, 0}, 1, 0, false});
   c.push_back({"k3v5", 96, 12, 4, {33, 100}, {}, 1, 0, false});

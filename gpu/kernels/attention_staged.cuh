@@ -85,12 +85,19 @@ struct StagedLayout {
   }
 };
 
+// Dynamic shared memory: the layout's body (or the block merge's buffers,
+// which reuse it), then the G rotated queries (fp32 × 128) and 32 floats of
+// centroids.
 template <int VB, bool kSharedKV, int kMode, int NW, int S, int G>
-constexpr size_t StagedSmemBytes() {
+constexpr size_t StagedQueryOffset() {
   using L = StagedLayout<VB, kSharedKV, kMode, NW, S>;
   const size_t merge = (NW * G * 128 + NW * G * 2) * 4;
   const size_t body = L::End();
-  return (body > merge ? body : merge) + 32 * sizeof(float);
+  return body > merge ? body : merge;
+}
+template <int VB, bool kSharedKV, int kMode, int NW, int S, int G>
+constexpr size_t StagedSmemBytes() {
+  return StagedQueryOffset<VB, kSharedKV, kMode, NW, S, G>() + (G * 128 + 32) * sizeof(float);
 }
 
 // Channel of the score mma's B fragment (k-tile kk, half h, element e) held
@@ -115,6 +122,9 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// states: the rotated queries of PrepareQueryKernel, or null: the block
+// rotates its G heads itself (block-Hadamard K rotation: a few shuffles per
+// head, overlapped with the table build; saves the preparation launch).
 template <int VB, int G, int S, int MB, bool kSharedKV, int kMode, int NW>
 __global__ void __launch_bounds__(32 * NW, MB)
     StagedDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records) {
@@ -123,7 +133,8 @@ __global__ void __launch_bounds__(32 * NW, MB)
   static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two >= 2");
   constexpr int KB = 4;
   extern __shared__ __align__(16) uint32_t st_smem[];  // no static shared memory: kMmaSmemWindowBase
-  float* cent = reinterpret_cast<float*>(st_smem) + (StagedSmemBytes<VB, kSharedKV, kMode, NW, S, G>() / 4 - 32);
+  float* qbuf = reinterpret_cast<float*>(st_smem) + StagedQueryOffset<VB, kSharedKV, kMode, NW, S, G>() / 4;
+  float* cent = qbuf + G * 128;
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(st_smem));
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
@@ -135,6 +146,26 @@ __global__ void __launch_bounds__(32 * NW, MB)
   const GpuComponent& vc = a.v_comp[kvh];
   if (tid < (1 << KB)) cent[tid] = __ldg(kc.groups[0].centroids + tid);
   if (tid < (1 << VB)) cent[16 + tid] = __ldg(vc.groups[0].centroids + tid);
+  // Folded query rotation: warp w takes heads w, w + NW, ...; their loads
+  // are in flight while the tables build.
+  constexpr int kHeadsPerWarp = (G + NW - 1) / NW;
+  const bool fold = states == nullptr;
+  float qy[kHeadsPerWarp][4];
+  HadamardLane<4> qrot;
+  if (fold) {
+    const GpuGroup& kg = kc.groups[0];
+    qrot.Load(kg, lane, true);
+#pragma unroll
+    for (int hw = 0; hw < kHeadsPerWarp; ++hw) {
+      const int h = warp + NW * hw;
+      const float* q = a.q + (qi * a.q_heads + kvh * G + (h < G ? h : 0)) * a.dim;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int j = lane + 32 * k;
+        qy[hw][k] = q[kg.channel_map ? kg.channel_map[j] : j];
+      }
+    }
+  }
   __syncthreads();
   for (int e = tid; e < 256 * 32; e += blockDim.x) {
     const int ent = e >> 5;
@@ -148,13 +179,27 @@ __global__ void __launch_bounds__(32 * NW, MB)
     }
   }
 
+  if (fold) {
+#pragma unroll
+    for (int hw = 0; hw < kHeadsPerWarp; ++hw) {
+      const int h = warp + NW * hw;
+      if (h < G) {
+        qrot.Apply(qy[hw], lane);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) qbuf[h * 128 + lane + 32 * k] = qy[hw][k];
+      }
+    }
+  }
+  __syncthreads();  // tables and rotated queries complete
+
   const int mis = 4 * (kvh & 3);
   // Query fragments (B of the score mma): lane (g, i), k-tile kk, half h:
   // head g at channels StagedKChannel(kk, h, 0/1, i).
   uint32_t qa[8][2];
   {
     const float sl = a.scale * kLog2e;
-    const float* qrow = states + (qi * a.q_heads + kvh * G + (g < G ? g : 0)) * d.sk;
+    const int hq = g < G ? g : 0;
+    const float* qrow = states ? states + (qi * a.q_heads + kvh * G + hq) * d.sk : qbuf + hq * 128;
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
@@ -164,7 +209,6 @@ __global__ void __launch_bounds__(32 * NW, MB)
         qa[kk][h] = PackHalf2(x0, x1);
       }
   }
-  __syncthreads();
 
   const int seq = a.query_seq[qi];
   const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
@@ -180,7 +224,9 @@ __global__ void __launch_bounds__(32 * NW, MB)
 
   // Copies: lane l < 16 takes K chunks l + 16j (j < 5), lane 16 + l V chunks
   // l + 16j (j < kVChunks); chunk c of a span set is token c / chunks-per-
-  // span, piece c mod chunks-per-span, at 16·c in the stage.
+  // span, piece c mod chunks-per-span, at 16·c in the stage. (One row per
+  // lane, its chunks at immediate offsets, issues ~30 fewer instructions
+  // per tile but is 5-40% slower: 16 rows per copy instruction.)
   const bool kside = lane < 16;
   const int l16 = lane & 15;
   const int cps = kside ? 5 : L::kVChunks;
@@ -239,108 +285,119 @@ __global__ void __launch_bounds__(32 * NW, MB)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
 
-  // One tile (this warp's n-th) from stage base sb.
-  auto compute = [&](int n, uint32_t sbk, uint32_t sbv) {
+  // A tile's scores: s[0][2·nt + e] for token g + 8·nt, head 2i + e (−inf
+  // past the end).
+  auto scores = [&](int n, uint32_t sbk, float (&s)[1][4]) {
     const int tt = t0 + (warp + NW * n) * 16;
-    const bool partial = tt + 16 > t1;
-    // Scores: s[0][2·nt + e] for token g + 8·nt, head 2i + e.
-    float s[1][4];
-    {
-      uint32_t kw[2][4];
-      float nk[2];
+    uint32_t kw[2][4];
+    float nk[2];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(sbk + k_rd + kK8 * nt + 16u * k);
-        nk[nt] = __uint_as_float(LdsWord(sbk + kn_rd + kK8 * nt));
-      }
-      float sc[2][4];
+      for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(sbk + k_rd + kK8 * nt + 16u * k);
+      nk[nt] = __uint_as_float(LdsWord(sbk + kn_rd + kK8 * nt));
+    }
+    float sc[2][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[0][e] = sc[1][e] = 0.0f;
+    for (int e = 0; e < 4; ++e) sc[0][e] = sc[1][e] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const int s0 = 2 * (kk % 2);
-        const uint32_t w0 = kw[0][kk / 2], w1 = kw[1][kk / 2];
-        const uint32_t a0 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w0, s0, lane4));
-        const uint32_t a1 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w1, s0, lane4));
-        const uint32_t a2 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w0, s0 + 1, lane4));
-        const uint32_t a3 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w1, s0 + 1, lane4));
-        MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
-      }
+    for (int kk = 0; kk < 8; ++kk) {
+      const int s0 = 2 * (kk % 2);
+      const uint32_t w0 = kw[0][kk / 2], w1 = kw[1][kk / 2];
+      const uint32_t a0 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w0, s0, lane4));
+      const uint32_t a1 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w1, s0, lane4));
+      const uint32_t a2 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w0, s0 + 1, lane4));
+      const uint32_t a3 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w1, s0 + 1, lane4));
+      MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
+    }
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < 2; ++nt) {
+      const bool past = tt + g + 8 * nt >= t1;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) s[0][2 * nt + e] = (sc[0][2 * nt + e] + sc[1][2 * nt + e]) * nk[nt];
-      if (partial) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (tt + g + 8 * nt >= t1) s[0][2 * nt + e] = -CUDART_INF_F;
+      for (int e = 0; e < 2; ++e) {
+        const float v = (sc[0][2 * nt + e] + sc[1][2 * nt + e]) * nk[nt];
+        s[0][2 * nt + e] = past ? -CUDART_INF_F : v;
       }
     }
-    // Softmax of the lane's heads 2i, 2i + 1 (finite maxima: the tile's first token is valid).
-    TokMSoftmax<1>(s, mh, lh, acc, g);
-    // P·n_v packed per token over the lane's two heads, transposed to P's B
-    // fragment (head g; tokens 2i, 2i + 1 and 2i + 8, 2i + 9).
+  };
+  // A tile's value operands: P's B fragment and the V index words.
+  struct Operands {
     uint32_t pb0, pb1;
+    uint32_t w[2][2][2];  // 4-bit V: token-pair words tp[j][w][h]; 2-bit: sp[j][h][k]
+  };
+  // Softmax (rescaling acc), then P·n_v transposed to P's B fragment (head
+  // g; tokens 2i, 2i + 1 and 2i + 8, 2i + 9), and the V words of token pairs
+  // (2i + 8j, 2i + 8j + 1), j = 0, 1.
+  auto operands = [&](int n, float (&s)[1][4], uint32_t sbv, Operands& o) {
+    const int tt = t0 + (warp + NW * n) * 16;
+    // Finite maxima: the tile's first token is valid.
+    TokMSoftmax<1>(s, mh, lh, acc, g);
     {
       uint32_t x[2];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         float nv = __uint_as_float(LdsWord(sbv + vn_rd + kV8 * nt));
-        if (partial && tt + g + 8 * nt >= t1) nv = 0.0f;  // rows past the end: NaN norms possible
+        nv = tt + g + 8 * nt >= t1 ? 0.0f : nv;  // rows past the end: NaN norms possible
         x[nt] = PackHalf2(s[0][2 * nt] * nv, s[0][2 * nt + 1] * nv);
       }
-      TokMProbFragment(x, g, i, pb0, pb1);
+      TokMProbFragment(x, g, i, o.pb0, o.pb1);
     }
-    // Values: token pairs (2i + 8j, 2i + 8j + 1), j = 0, 1.
     if constexpr (VB == 4) {
-      // Lane words w = 0, 1: row words g + 8w; tp[j][w][0/1]: byte k = the
+      // Lane words w = 0, 1: row words g + 8w; w[j][w][0/1]: byte k = the
       // pair's low / high nibbles of byte k (channels 8(g + 8w) + 2k, + 1).
-      uint32_t tp[2][2][2];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
           const uint32_t base = sbv + v_rd + kV8 * j + 32u * w;
-          TokenPairs4(LdsWord(base), LdsWord(base + kV1), tp[j][w][0], tp[j][w][1]);
+          TokenPairs4(LdsWord(base), LdsWord(base + kV1), o.w[j][w][0], o.w[j][w][1]);
         }
-      TokenPairValueMmas(acc, [&](int j, int h, int u) {
-        return LdsTable<L::kVTable>(LutOff<8, kRow256>(tp[j][u / 4][h], u % 4, lane4));
-      }, pb0, pb1);
     } else {
       // Lane word: row word g (channels 16g .. 16g + 15, 2 bits each);
-      // tp[j][0/1]: nibble u = the pair's fields 2u / 2u + 1.
-      // Nibbles spread to bytes: sp[j][h][0] byte k = nibble 2k, sp[..][1]
-      // byte k = nibble 2k + 1; a lookup address is then one prmt.
-      uint32_t sp[2][2][2];
+      // tp0/tp1: nibble u = the pair's fields 2u / 2u + 1, spread to bytes:
+      // w[j][h][0] byte k = nibble 2k, w[..][1] byte k = nibble 2k + 1; a
+      // lookup address is then one prmt.
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint32_t base = sbv + v_rd + kV8 * j;
         const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
         const uint32_t tp0 = (x0 & 0x33333333u) | ((x1 << 2) & 0xCCCCCCCCu);
         const uint32_t tp1 = ((x0 >> 2) & 0x33333333u) | (x1 & 0xCCCCCCCCu);
-        sp[j][0][0] = tp0 & 0x0F0F0F0Fu;
-        sp[j][0][1] = (tp0 >> 4) & 0x0F0F0F0Fu;
-        sp[j][1][0] = tp1 & 0x0F0F0F0Fu;
-        sp[j][1][1] = (tp1 >> 4) & 0x0F0F0F0Fu;
+        o.w[j][0][0] = tp0 & 0x0F0F0F0Fu;
+        o.w[j][0][1] = (tp0 >> 4) & 0x0F0F0F0Fu;
+        o.w[j][1][0] = tp1 & 0x0F0F0F0Fu;
+        o.w[j][1][1] = (tp1 >> 4) & 0x0F0F0F0Fu;
       }
+    }
+  };
+  auto values = [&](const Operands& o) {
+    if constexpr (VB == 4) {
       TokenPairValueMmas(acc, [&](int j, int h, int u) {
-        return LdsTable<L::kVTable>(LutOffset256<8>(sp[j][h][u & 1], u >> 1, lane4));
-      }, pb0, pb1);
+        return LdsTable<L::kVTable>(LutOff<8, kRow256>(o.w[j][u / 4][h], u % 4, lane4));
+      }, o.pb0, o.pb1);
+    } else {
+      TokenPairValueMmas(acc, [&](int j, int h, int u) {
+        return LdsTable<L::kVTable>(LutOffset256<8>(o.w[j][h][u & 1], u >> 1, lane4));
+      }, o.pb0, o.pb1);
     }
   };
 
   // The ring: tiles n + 1 .. n + S − 1 in flight while tile n computes.
+  // (Running tile n − 1's value mmas between tile n's scores and its
+  // softmax, operands held in registers, measured no faster: 136 registers,
+  // within 1-2% of this at every benchmark shape.)
 #pragma unroll
   for (int q = 0; q < S - 1; ++q) issue(q);
   for (int n = 0; n < nmine; ++n) {
     CpAsyncWait<S - 2>();
     __syncwarp();
     issue(n + S - 1);  // into the stage tile n − 1 used (read before the last __syncwarp)
-    const uint32_t s = static_cast<uint32_t>(n & (S - 1));
-    compute(n, kst + s * L::kKStride, vst + s * L::kVStride);
+    const uint32_t st = static_cast<uint32_t>(n & (S - 1));
+    float s[1][4];
+    scores(n, kst + st * L::kKStride, s);
+    Operands o;
+    operands(n, s, vst + st * L::kVStride, o);
+    values(o);
     __syncwarp();
   }
   CpAsyncWait<0>();

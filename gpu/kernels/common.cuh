@@ -174,6 +174,69 @@ __device__ __forceinline__ void FwhtStrided(float (&y)[VPL], const int (&bs)[VPL
   }
 }
 
+// A lane's factors of y = Π y (forward) or Πᵀ y for a block-Hadamard group
+// on the strided layout (channels lane + 32i): loaded once, applied to any
+// number of vectors (RotateStrided's Hadamard case).
+template <int VPL>
+struct HadamardLane {
+  float first[VPL], second[VPL], scale[VPL];
+  int bs[VPL];
+  int n = 0;
+  // Every load is independent of the others (the group's block table is
+  // read whole, then walked in registers as HadamardBlockOf/ScaleOf do), so
+  // a kernel waits one memory latency here, not one per block and channel.
+  __device__ __forceinline__ void Load(const GpuGroup& g, int lane, bool forward) {
+    n = g.channels;
+    const int nb = g.num_blocks;
+    int size[kMaxHadamardBlocks];
+    float bscale[kMaxHadamardBlocks];
+#pragma unroll
+    for (int k = 0; k < kMaxHadamardBlocks; ++k) {
+      size[k] = g.block_size[k];
+      bscale[k] = g.block_scale[k];
+    }
+    const float* f = forward ? g.s1 : g.s2;
+    const float* s = forward ? g.s2 : g.s1;
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+      const int j = lane + 32 * i;
+      first[i] = j < n ? __ldg(f + j) : 0.0f;
+      second[i] = j < n ? __ldg(s + j) : 0.0f;
+      bs[i] = 0;
+      scale[i] = 0.0f;
+      int off = 0;
+      bool found = j >= n;
+#pragma unroll
+      for (int k = 0; k < kMaxHadamardBlocks; ++k) {
+        if (!found && k < nb && j < off + size[k]) {
+          bs[i] = size[k];
+          scale[i] = bscale[k];
+          found = true;
+        }
+        off += size[k];
+      }
+    }
+  }
+  __device__ __forceinline__ void Apply(float (&y)[VPL], int lane) const {
+#pragma unroll
+    for (int i = 0; i < VPL; ++i)
+      if (lane + 32 * i < n) y[i] = __fmul_rn(y[i], first[i]);
+    FwhtStrided<VPL>(y, bs, lane);
+#pragma unroll
+    for (int i = 0; i < VPL; ++i)
+      if (lane + 32 * i < n) y[i] = __fmul_rn(__fmul_rn(y[i], scale[i]), second[i]);
+  }
+};
+
+// y = Π y (forward=true) or Πᵀ y for a block-Hadamard group (no shared
+// memory).
+template <int VPL>
+__device__ __forceinline__ void HadamardStrided(const GpuGroup& g, float (&y)[VPL], int lane, bool forward) {
+  HadamardLane<VPL> h;
+  h.Load(g, lane, forward);
+  h.Apply(y, lane);
+}
+
 // y = Π y (forward=true) or Πᵀ y on the strided layout of group g. `buf` is
 // warp-private shared memory of >= n floats (QR only).
 template <int VPL>
@@ -204,21 +267,7 @@ __device__ __forceinline__ void RotateStrided(const GpuGroup& g, float (&y)[VPL]
     __syncwarp();
     return;
   }
-  const float* first = forward ? g.s1 : g.s2;
-  const float* second = forward ? g.s2 : g.s1;
-  int bs[VPL];
-#pragma unroll
-  for (int i = 0; i < VPL; ++i) {
-    const int j = lane + 32 * i;
-    bs[i] = j < n ? HadamardBlockOf(g, j) : 0;
-    if (j < n) y[i] = __fmul_rn(y[i], __ldg(first + j));
-  }
-  FwhtStrided<VPL>(y, bs, lane);
-#pragma unroll
-  for (int i = 0; i < VPL; ++i) {
-    const int j = lane + 32 * i;
-    if (j < n) y[i] = __fmul_rn(__fmul_rn(y[i], HadamardScaleOf(g, j)), __ldg(second + j));
-  }
+  HadamardStrided<VPL>(g, y, lane, forward);
 }
 
 }  // namespace tqkv::gpu

@@ -263,7 +263,7 @@ __device__ __forceinline__ void EncodeRowsFast(const EncodeLaunch& a, bool is_k,
   const int L = lane & 7, sub = lane >> 3;
   const GpuComponent& c = (is_k ? a.k_comp : a.v_comp)[h];
   const GpuGroup& gr = c.groups[0];
-  const PageRegion& pr = is_k ? a.k_pages : a.v_pages;
+  const PageRegion pr = is_k ? a.k_pages : a.v_pages;  // by value: registers, not a param-space load per row
   const T* src = static_cast<const T*>(is_k ? a.k : a.v);
   // s1 as sign-bit masks of the raw pieces; scale·s2 = ±scale.
   Raw sgn[4];
