@@ -31,17 +31,15 @@ GOALS = {"k4v4": 0.35, "k4v2": 0.28, "k2v2": None}  # k2v2: no goal (2-bit keys 
 # tile buffer (no prefetch), one score chain per n-tile, 4 blocks/SM, 8 =
 # the served configuration with tokens-on-M scores (K tile as A, queries as
 # B: 8 score mmas per tile instead of 16).
-# 9 = tokens-on-M, K and V sharing one 128-byte-row table (same bits and
-# codebook), one raw tile buffer, 4 blocks/SM; 10 = the same double-buffered
-# at 3 blocks/SM; 11 = 9 at 5 blocks/SM (4-bit keys only; others run served).
-# 12 / 13 = the staged kernel (rows stream through 4 / 2 cp.async stages per
-# warp in shared memory; 3 / 4 blocks/SM; 4-bit keys only); 14 = staged with
-# 256-byte table rows and the stages in their free halves (one K/V codebook);
-# 15 = staged, 8 warps per block, K stages in the table's holes, V dense.
-VARIANTS = [1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+# 13 = the staged kernel (rows stream through 2 cp.async stages per warp in
+# shared memory; 4 blocks/SM; 4-bit keys only); 14 = staged with 256-byte
+# table rows and the stages in their free halves (one K/V codebook); 15 =
+# staged, 8 warps per block, K stages in the table's holes, V dense.
+# Retired (measured slower, bench/RESULTS.md; they run the served kernel):
+# 2, 9-11 (one K/V table in the register-buffered kernel), 12 (4 stages).
+VARIANTS = [1, 3, 4, 5, 6, 7, 8, 13, 14, 15]
 VARIANT_NAMES = {1: "lut", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256",
-                 7: "kreg-1buf-4cta", 8: "tokm", 9: "tokm-kv1-1buf-4cta", 10: "tokm-kv1",
-                 11: "tokm-kv1-1buf-5cta", 12: "staged-s4", 13: "staged-s2-4cta",
+                 7: "kreg-1buf-4cta", 8: "tokm", 13: "staged-s2-4cta",
                  14: "staged-holes", 15: "staged-8w-kholes"}
 
 

@@ -97,7 +97,7 @@ bool MmaEligible(const AttentionLaunch& a) {
 
 // Tensor-core kernel configuration by variant: MmaDecodeKernel's
 // dequantisation mode flags (kMmaKReg, kMmaLut256, kMmaOneBuf, kMmaTokM,
-// kMmaSharedKV) and the blocks/SM its registers are budgeted for, or a
+// and the blocks/SM its registers are budgeted for, or a
 // StagedDecodeKernel configuration. Entry 0 is unused: variant 0 (served)
 // is chosen per launch from the H200 measurements (bench/RESULTS.md) in
 // MmaCfgOf: k4v2, and k4v4 with one K/V codebook, take the staged kernel;
@@ -106,29 +106,28 @@ bool MmaEligible(const AttentionLaunch& a) {
 // blocks/SM (3-13% faster), k2v4 (unmeasured) 128-byte rows, all but k2v4
 // with tokens-on-M scores (1-3% faster for 4-bit keys; 7-13% for k2v2 since
 // the page stream). Variant 8 adds kMmaTokM to MmaServedCfg of any bit
-// pair. Variant 2 (the deleted page-streaming kernel) runs as 1.
+// pair. Retired variants (measured slower and deleted; bench/RESULTS.md)
+// run the served configuration: 2 (page streaming), 9-11 (one K/V table of
+// 128-byte rows in the register-buffered kernel), 12 (4 stages per warp).
 struct MmaCfg {
   int km, mb;
   int stages = 0;  // > 0: StagedDecodeKernel with this many stages per warp,
   int mode = kStagesDense;  // where they live (StagedLayout),
   int warps = kMmaWarps;    // and warps per block
 };
-// Variants 9-11 (tokens-on-M scores, K/V sharing one 128-byte-row table
-// where bits and codebook agree): 9 one raw tile buffer at 4 blocks/SM, 10
-// double-buffered at 3, 11 one buffer at 5.
 constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {0, 3},
-                               {0, 3},
+                               {0, 3},  // 2: retired
                                {kMmaKReg, 3},
                                {kMmaKReg, 4},
                                {kMmaLut256, 3},
                                {kMmaKReg | kMmaLut256, 3},
                                {kMmaKReg | kMmaOneBuf, 4},
                                {0, 3},  // 8: kMmaTokMVariant
-                               {kMmaTokM | kMmaOneBuf | kMmaSharedKV, 4},
-                               {kMmaTokM | kMmaSharedKV, 3},
-                               {kMmaTokM | kMmaOneBuf | kMmaSharedKV, 5},
-                               {kMmaTokM, 3, 4},
+                               {0, 3},  // 9-12: retired
+                               {0, 3},
+                               {0, 3},
+                               {0, 3},
                                {kMmaTokM, 4, 2},
                                {kMmaTokM, 3, 2, kStagesHoles},
                                {kMmaTokM, 2, 2, kStagesHolesK, 8}};
@@ -136,6 +135,7 @@ constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 // Variant 8 ("tokm"): the served configuration of the bit pair with
 // tokens-on-M scores (kMmaTokM).
 constexpr int kMmaTokMVariant = 8;
+constexpr bool MmaVariantRetired(int v) { return v == 2 || (v >= 9 && v <= 12); }
 
 // The served configuration of a bit pair.
 constexpr MmaCfg MmaServedCfg(int kb, int vb) {
@@ -152,7 +152,7 @@ constexpr MmaCfg MmaServedCfg(int kb, int vb) {
 // byte units is left.
 MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
-  const int v = a.mma_variant;
+  const int v = MmaVariantRetired(a.mma_variant) ? 0 : a.mma_variant;
   const bool one_codebook = kb == vb && a.uniform_codebooks &&
                             a.host_k.groups[0].centroids == a.host_v.groups[0].centroids;
   MmaCfg c = v > 0 && v < kNumMmaCfgs && v != kMmaTokMVariant ? kMmaCfgs[v] : MmaServedCfg(kb, vb);
@@ -168,7 +168,7 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
   if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[blocks > 3 * sms ? 15 : 14];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
-  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 9-15: 4-bit keys
+  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-15: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
   // stages in the table's holes only with one codebook.
   if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
@@ -176,7 +176,6 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
   const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);
   if ((c.km & kMmaLut256) && !k_bytes && vb != 4) c.km &= ~kMmaLut256;
-  if ((c.km & kMmaSharedKV) && !one_codebook) c.km &= ~kMmaSharedKV;
   return c;
 }
 
@@ -193,13 +192,6 @@ auto ByMmaCfg(const MmaCfg& c, F&& f) {
     case kMmaTokM * 10 + 3: return f.template operator()<kMmaTokM, 3>();
     case (kMmaTokM | kMmaLut256) * 10 + 3: return f.template operator()<kMmaTokM | kMmaLut256, 3>();
     case (kMmaTokM | kMmaKReg) * 10 + 4: return f.template operator()<kMmaTokM | kMmaKReg, 4>();
-    case (kMmaTokM | kMmaOneBuf | kMmaSharedKV) * 10 + 4:
-      return f.template operator()<kMmaTokM | kMmaOneBuf | kMmaSharedKV, 4>();
-    case (kMmaTokM | kMmaOneBuf) * 10 + 4: return f.template operator()<kMmaTokM | kMmaOneBuf, 4>();
-    case (kMmaTokM | kMmaSharedKV) * 10 + 3: return f.template operator()<kMmaTokM | kMmaSharedKV, 3>();
-    case (kMmaTokM | kMmaOneBuf | kMmaSharedKV) * 10 + 5:
-      return f.template operator()<kMmaTokM | kMmaOneBuf | kMmaSharedKV, 5>();
-    case (kMmaTokM | kMmaOneBuf) * 10 + 5: return f.template operator()<kMmaTokM | kMmaOneBuf, 5>();
     default: return f.template operator()<0, 3>();
   }
 }
@@ -250,8 +242,7 @@ template <typename F>
 auto ByStagedCfg(const MmaCfg& c, F&& f) {
   if (c.mode == kStagesHoles) return f.template operator()<2, 3, kStagesHoles, 4>();
   if (c.mode == kStagesHolesK) return f.template operator()<2, 2, kStagesHolesK, 8>();
-  return c.stages == 4 ? f.template operator()<4, 3, kStagesDense, 4>()
-                       : f.template operator()<2, 4, kStagesDense, 4>();
+  return f.template operator()<2, 4, kStagesDense, 4>();
 }
 
 int MmaResident(const AttentionLaunch& a) {
@@ -319,13 +310,9 @@ template <int KB, int VB, int G, int TPS, int KM, int MB>
 cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                        cudaStream_t stream) {
   constexpr MmaCfg served = MmaServedCfg(KB, VB);
+  // Tokens-on-M scores: only the bit pair's served configuration.
   constexpr bool tokm_served = KM == (served.km | kMmaTokM) && MB == served.mb;
-  // Tokens-on-M scores: the bit pair's served configuration, and variants
-  // 9-11 for 4-bit keys.
-  constexpr int base = KM & ~kMmaSharedKV;
-  constexpr bool tokm_variant = KB == 4 && ((base == (kMmaTokM | kMmaOneBuf) && (MB == 4 || MB == 5)) ||
-                                            (base == kMmaTokM && MB == 3));
-  if constexpr ((KM & kMmaTokM) != 0 && !tokm_served && !tokm_variant) {
+  if constexpr ((KM & kMmaTokM) != 0 && !tokm_served) {
     return cudaErrorNotSupported;
   } else {
     constexpr size_t smem = MmaSmemBytes<KB, VB, G, KM>();

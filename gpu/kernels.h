@@ -157,20 +157,20 @@ struct AttentionLaunch {
   bool symmetric_codebooks = false;
   // Tensor-core kernel variant (benchmarks): 0 = default (served: k4v2 as
   // 15, k4v4 with one K/V codebook as 14 (15 above 3 blocks per SM), other k4v4 as 5 + 8, k2v2 as 4 + 8,
-  // k2v4 as 1), 1 = one kv head per block with 128-byte-row tables, 2 = as 1
-  // (was the page-streaming kernel, deleted: slower at every shape), 3 = K
+  // k2v4 as 1), 1 = one kv head per block with 128-byte-row tables, 3 = K
   // centroids from registers, 4 = variant 3 budgeted for 4 blocks/SM, 5 =
   // tables with 256-byte rows (one prmt per lookup address), 6 = variant 3
   // with 256-byte V rows, 7 = K centroids from registers with one raw tile
   // buffer (no prefetch) and one score chain per n-tile, budgeted for 4
   // blocks/SM, 8 = the bit pair's register-buffered configuration with
-  // tokens-on-M scores, 9-11 = tokens-on-M with one K/V table (one buffer at
-  // 4 and 5 blocks/SM, two at 3), 12-13 = the staged kernel
-  // (attention_staged.cuh) with 4 / 2 cp.async stages per warp at 3 / 4
-  // blocks/SM, 14 = staged with the stages in the holes of a 256-byte-row
-  // K/V table (one codebook; else 13), 15 = staged with 8 warps per block
-  // and the K stages in the holes of a 256-byte-row K table (9-15: 4-bit
-  // keys; others run the default).
+  // tokens-on-M scores, 13 = the staged kernel (attention_staged.cuh) with
+  // 2 cp.async stages per warp at 4 blocks/SM, 14 = staged with the stages
+  // in the holes of a 256-byte-row K/V table (one codebook; else 13), 15 =
+  // staged with 8 warps per block and the K stages in the holes of a
+  // 256-byte-row K table (13-15: 4-bit keys; others run the default).
+  // Retired variants, measured slower and deleted (bench/RESULTS.md), run
+  // the default: 2 (page streaming), 9-11 (one K/V table in the register-
+  // buffered kernel), 12 (4 stages per warp).
   int32_t mma_variant = 0;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

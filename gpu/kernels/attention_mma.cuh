@@ -83,11 +83,6 @@ inline constexpr int kMmaKReg = 1;
 inline constexpr int kMmaLut256 = 2;
 inline constexpr int kMmaOneBuf = 4;
 inline constexpr int kMmaTokM = 8;
-//   kMmaSharedKV: K and V have the same bits and codebook
-//     (AttentionLaunch::uniform_codebooks and one host codebook for both),
-//     so the V lookups read the K table: one table, half the shared
-//     memory (32 KiB for 4-bit with 128-byte rows), for more blocks per SM.
-inline constexpr int kMmaSharedKV = 16;
 
 __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                        uint32_t b0, uint32_t b1) {
@@ -424,8 +419,7 @@ struct MmaTileRaw {
 template <int KB, int VB, int G, int KM = 0>
 constexpr size_t MmaCentOffset() {
   constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
-  constexpr bool kShared = (KM & kMmaSharedKV) != 0 && !kKReg && KB == VB;
-  const size_t ke = kKReg ? 0 : MmaBits<KB>::kLutEntries, ve = kShared ? 0 : MmaBits<VB>::kLutEntries;
+  const size_t ke = kKReg ? 0 : MmaBits<KB>::kLutEntries, ve = MmaBits<VB>::kLutEntries;
   const size_t lut = kRow256 ? (ke > ve ? ke : ve) * 256 : (ke + ve) * 32 * 4;
   const size_t merge = (kMmaWarps * G * 128 + kMmaWarps * G * 2) * 4;
   return lut > merge ? lut : merge;
@@ -444,7 +438,6 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   using Raw = MmaTileRaw<KB, VB>;
   constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
   constexpr bool kTokM = (KM & kMmaTokM) != 0;
-  constexpr bool kShared = (KM & kMmaSharedKV) != 0 && !kKReg && KB == VB;
   // Score chains per n-tile: two (k-tile parity) hide mma latency; one
   // saves 8 registers where more resident warps hide it (kMmaOneBuf).
   constexpr bool kOneBuf = (KM & kMmaOneBuf) != 0;
@@ -456,7 +449,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   float* cent = reinterpret_cast<float*>(mma_smem) + MmaCentOffset<KB, VB, G, KM>() / 4;
   // Tables: 128-byte rows (K entries, then V entries) or 256-byte rows (K at
   // +0, V at +128 of each row). kVTable: byte offset of the V table.
-  constexpr uint32_t kVTable = kRow256 || kShared ? 0u : (kKReg ? 0u : KU::kLutEntries * 32u * 4u);
+  constexpr uint32_t kVTable = kRow256 ? 0u : (kKReg ? 0u : KU::kLutEntries * 32u * 4u);
   uint32_t* lut_k = mma_smem;
   uint32_t* lut_v = mma_smem + kVTable / 4;
 
@@ -477,12 +470,12 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       lut_k[ent * kRowWords + (e & 31)] = PackHalf2(cent[ent & ((1 << KB) - 1)], cent[ent >> KB]);
     }
   }
-  for (int e = tid; e < (kShared ? 0 : VU::kLutEntries * 32); e += blockDim.x) {
+  for (int e = tid; e < VU::kLutEntries * 32; e += blockDim.x) {
     const int ent = e >> 5;
     lut_v[ent * kRowWords + (kRow256 ? 32 : 0) + (e & 31)] =
         PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
   }
-  const uint32_t vbase = kRow256 && !kShared ? (lane4 | 128u) : lane4;
+  const uint32_t vbase = kRow256 ? (lane4 | 128u) : lane4;
   KRegTable<KB> ktab;
   if constexpr (kKReg) ktab.Build(cent);
 
