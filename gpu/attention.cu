@@ -2,9 +2,6 @@
 // dispatch of the fast path (switch over K bits, V bits, GQA group) and of
 // the generic kernel (switch over values per lane).
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "gpu/kernels.h"
 #include "gpu/kernels/attention.cuh"
@@ -12,28 +9,12 @@
 #include "gpu/kernels/attention_merge.cuh"
 #include "gpu/kernels/attention_mma.cuh"
 #include "gpu/kernels/attention_staged.cuh"
+#include "gpu/launch_util.h"
 
 namespace tqkv::gpu {
 namespace {
 
 constexpr int64_t kMinSplitTokens = 256;
-
-// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes), once per
-// kernel, device and size: a driver call per launch is host latency that
-// every Attend call pays.
-cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, size_t>* allowed = new std::map<std::pair<const void*, int>, size_t>;
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& have = (*allowed)[{kernel, dev}];
-  if (have >= bytes) return cudaSuccess;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (e == cudaSuccess) have = bytes;
-  return e;
-}
 
 int StateSize(const GpuComponent& c, int dim) { return c.kind == kGpuDense ? dim : c.state_size; }
 int Vpl(const GpuComponent& c) { return (std::max(c.max_group_channels, 1) + 31) / 32; }
@@ -537,10 +518,20 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
   }
   if (e != cudaSuccess) return e;
   if (FastMergeEligible(l)) {
+    // A programmatic dependent launch: the merge's blocks launch and load
+    // their rotation factors while the decode kernel finishes.
     const int slices = std::min(d.splits, kMergeMaxSlices);
-    FastMergeKernel<<<static_cast<unsigned>(l.num_queries * l.q_heads), 128 * slices, 2 * d.splits * sizeof(float),
-                      stream>>>(l, d, recs);
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(l.num_queries * l.q_heads));
+    cfg.blockDim = dim3(128 * slices);
+    cfg.dynamicSmemBytes = 2 * d.splits * sizeof(float);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, FastMergeKernel, l, d, static_cast<const float*>(recs));
   }
   return ByVpl<MergeF>(Vpl(l.host_v), l, d, recs, stream);
 }

@@ -15,6 +15,8 @@ namespace tqkv::gpu {
 // every load that does not depend on the split weights is issued first:
 // the thread's first kMergePrefetch record values, and warp 0's rotation
 // factors; then the (max, sum) pairs, the weights, the sums, Πᵀ once.
+// (The rotation factors load before griddepcontrol.wait: with a
+// programmatic dependent launch they overlap the decode kernel's tail.)
 inline constexpr int kMergePrefetch = 8;
 inline constexpr int kMergeMaxSlices = 4;
 
@@ -29,17 +31,21 @@ __global__ void __launch_bounds__(128 * kMergeMaxSlices) FastMergeKernel(Attenti
   const int64_t w = blockIdx.x;
   const float* rec = records + w * d.splits * d.record;
   const bool chan = c < d.sv;
+  const int kvh = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.q_heads)) / d.group;
+  const GpuGroup& g = a.v_comp[kvh].groups[0];
+  const bool hadamard = g.rotation != kGpuQr;
+  HadamardLane<4> rot;
+  if (warp == 0 && hadamard) rot.Load(g, lane, false);
+  // Launched as a programmatic dependent of the decode kernel: everything
+  // above reads only the codec tables; the records need the decode grid
+  // complete and its writes visible.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   float pre[kMergePrefetch];
 #pragma unroll
   for (int k = 0; k < kMergePrefetch; ++k) {
     const int s = slice + slices * k;
     pre[k] = chan && s < d.splits ? rec[s * d.record + 2 + c] : 0.0f;
   }
-  const int kvh = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.q_heads)) / d.group;
-  const GpuGroup& g = a.v_comp[kvh].groups[0];
-  const bool hadamard = g.rotation != kGpuQr;
-  HadamardLane<4> rot;
-  if (warp == 0 && hadamard) rot.Load(g, lane, false);
 
   float* fm_w = fm_sm;
   float* fm_l = fm_sm + d.splits;

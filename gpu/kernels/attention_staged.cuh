@@ -113,14 +113,6 @@ __device__ __forceinline__ uint32_t LdsWord(uint32_t addr) {
   return r;
 }
 
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // states: the rotated queries of PrepareQueryKernel, or null: the block
 // rotates its G heads itself (block-Hadamard K rotation: a few shuffles per
@@ -167,15 +159,18 @@ __global__ void __launch_bounds__(32 * NW, MB)
     }
   }
   __syncthreads();
-  for (int e = tid; e < 256 * 32; e += blockDim.x) {
-    const int ent = e >> 5;
-    st_smem[(L::kKTable + ent * L::kRowBytes) / 4 + (e & 31)] = PackHalf2(cent[ent & 15], cent[ent >> 4]);
+  // Tables: an entry's 32 lane copies as 8 16-byte stores (a quarter-warp
+  // writes one row: conflict free).
+  for (int e = tid; e < 256 * 8; e += blockDim.x) {
+    const int ent = e >> 3;
+    const uint32_t v = PackHalf2(cent[ent & 15], cent[ent >> 4]);
+    *reinterpret_cast<uint4*>(&st_smem[(L::kKTable + ent * L::kRowBytes) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
   }
   if constexpr (!kSharedKV) {
-    for (int e = tid; e < (1 << (2 * VB)) * 32; e += blockDim.x) {
-      const int ent = e >> 5;
-      st_smem[(L::kVTable + 256u * ent) / 4 + (e & 31)] =
-          PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
+    for (int e = tid; e < (1 << (2 * VB)) * 8; e += blockDim.x) {
+      const int ent = e >> 3;
+      const uint32_t v = PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
+      *reinterpret_cast<uint4*>(&st_smem[(L::kVTable + 256u * ent) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
     }
   }
 
@@ -401,6 +396,9 @@ __global__ void __launch_bounds__(32 * NW, MB)
     __syncwarp();
   }
   CpAsyncWait<0>();
+  // The split merge (a programmatic dependent launch) may start launching
+  // once every block is past its tiles.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     lh[e] += __shfl_xor_sync(kFullMask, lh[e], 4);
