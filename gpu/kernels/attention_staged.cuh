@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
     StagedDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records) {
   using L = StagedLayout<VB, kSharedKV, kMode, NW, S>;
   constexpr bool kRow256 = L::kRow256;
-  static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two >= 2");
+  static_assert(S == 2, "the tile loop alternates two stages");
   constexpr int KB = 4;
   extern __shared__ __align__(16) uint32_t st_smem[];  // no static shared memory: kMmaSmemWindowBase
   float* qbuf = reinterpret_cast<float*>(st_smem) + StagedQueryOffset<VB, kSharedKV, kMode, NW, S, G>() / 4;
@@ -250,15 +250,20 @@ __global__ void __launch_bounds__(32 * NW, MB)
   }, lane);
   // Issue the copies of this warp's tile n into stage n mod S (always one
   // commit group, empty past the end, so wait counts stay exact).
-  auto issue = [&](int n) {
+  // cd[j]: the lane's chunk destinations in stage 0, opaque so that the
+  // compiler keeps them in registers instead of recomputing them per tile.
+  uint32_t cd[5];
+#pragma unroll
+  for (int j = 0; j < 5; ++j) cd[j] = Opaque(cst + cdst[j]);
+  auto issue = [&](int n, uint32_t stage) {
     const uint32_t page = pages.Next(n, lane);
     if (n < nmine) {
       const int tt = t0 + (warp + NW * n) * 16;
       const uint8_t* src = cbase + page * stride + (static_cast<uint32_t>(tt) & bs_mask) * cstep;
-      const uint32_t dst = cst + static_cast<uint32_t>(n & (S - 1)) * cstride;
+      const uint32_t so = stage * cstride;
 #pragma unroll
       for (int j = 0; j < 5; ++j)
-        if (j < cps) CpAsync16(dst + cdst[j], src + csrc[j]);
+        if (j < cps) CpAsync16(cd[j] + so, src + csrc[j]);
     }
     CpAsyncCommit();
   };
@@ -266,10 +271,13 @@ __global__ void __launch_bounds__(32 * NW, MB)
   // Per-lane read bases within a stage (see the header comment).
   // Tokens t and t + 8 share t mod 4, so K / V token + 8 and the V token
   // pair's second token are immediates (kK8, kV8, kV1).
-  const uint32_t k_rd = L::KSpan(g) + static_cast<uint32_t>(mis + 4 * i);
-  const uint32_t kn_rd = L::KSpan(g) + static_cast<uint32_t>(mis + 64);
-  const uint32_t v_rd = L::VSpan(2 * i) + static_cast<uint32_t>(mis + 4 * g);
-  const uint32_t vn_rd = L::VSpan(g) + static_cast<uint32_t>(mis + 16 * VB);
+  // Absolute for stage 0 (stage 1 adds kKStride / kVStride as an
+  // immediate: the tile loop alternates the two stages explicitly), opaque
+  // as cd above.
+  const uint32_t k_rd = Opaque(kst + L::KSpan(g) + static_cast<uint32_t>(mis + 4 * i));
+  const uint32_t kn_rd = Opaque(kst + L::KSpan(g) + static_cast<uint32_t>(mis + 64));
+  const uint32_t v_rd = Opaque(vst + L::VSpan(2 * i) + static_cast<uint32_t>(mis + 4 * g));
+  const uint32_t vn_rd = Opaque(vst + L::VSpan(g) + static_cast<uint32_t>(mis + 16 * VB));
   constexpr uint32_t kK8 = L::KSpan(8) - L::KSpan(0), kV8 = L::VSpan(8) - L::VSpan(0);
   constexpr uint32_t kV1 = L::VSpan(1) - L::VSpan(0);  // also VSpan(2k + 1) − VSpan(2k)
 
@@ -282,15 +290,16 @@ __global__ void __launch_bounds__(32 * NW, MB)
 
   // A tile's scores: s[0][2·nt + e] for token g + 8·nt, head 2i + e (−inf
   // past the end).
-  auto scores = [&](int n, uint32_t sbk, float (&s)[1][4]) {
+  // ko: the tile's stage offset from stage 0.
+  auto scores = [&](int n, uint32_t ko, float (&s)[1][4]) {
     const int tt = t0 + (warp + NW * n) * 16;
     uint32_t kw[2][4];
     float nk[2];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(sbk + k_rd + kK8 * nt + 16u * k);
-      nk[nt] = __uint_as_float(LdsWord(sbk + kn_rd + kK8 * nt));
+      for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(k_rd + ko + kK8 * nt + 16u * k);
+      nk[nt] = __uint_as_float(LdsWord(kn_rd + ko + kK8 * nt));
     }
     float sc[2][4];
 #pragma unroll
@@ -323,7 +332,8 @@ __global__ void __launch_bounds__(32 * NW, MB)
   // Softmax (rescaling acc), then P·n_v transposed to P's B fragment (head
   // g; tokens 2i, 2i + 1 and 2i + 8, 2i + 9), and the V words of token pairs
   // (2i + 8j, 2i + 8j + 1), j = 0, 1.
-  auto operands = [&](int n, float (&s)[1][4], uint32_t sbv, Operands& o) {
+  // vo: the tile's stage offset from stage 0.
+  auto operands = [&](int n, float (&s)[1][4], uint32_t vo, Operands& o) {
     const int tt = t0 + (warp + NW * n) * 16;
     // Finite maxima: the tile's first token is valid.
     TokMSoftmax<1>(s, mh, lh, acc, g);
@@ -331,7 +341,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
       uint32_t x[2];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        float nv = __uint_as_float(LdsWord(sbv + vn_rd + kV8 * nt));
+        float nv = __uint_as_float(LdsWord(vn_rd + vo + kV8 * nt));
         nv = tt + g + 8 * nt >= t1 ? 0.0f : nv;  // rows past the end: NaN norms possible
         x[nt] = PackHalf2(s[0][2 * nt] * nv, s[0][2 * nt + 1] * nv);
       }
@@ -344,7 +354,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
-          const uint32_t base = sbv + v_rd + kV8 * j + 32u * w;
+          const uint32_t base = v_rd + vo + kV8 * j + 32u * w;
           TokenPairs4(LdsWord(base), LdsWord(base + kV1), o.w[j][w][0], o.w[j][w][1]);
         }
     } else {
@@ -354,7 +364,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
       // lookup address is then one prmt.
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const uint32_t base = sbv + v_rd + kV8 * j;
+        const uint32_t base = v_rd + vo + kV8 * j;
         const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
         const uint32_t tp0 = (x0 & 0x33333333u) | ((x1 << 2) & 0xCCCCCCCCu);
         const uint32_t tp1 = ((x0 >> 2) & 0x33333333u) | (x1 & 0xCCCCCCCCu);
@@ -377,24 +387,29 @@ __global__ void __launch_bounds__(32 * NW, MB)
     }
   };
 
-  // The ring: tiles n + 1 .. n + S − 1 in flight while tile n computes.
-  // (Running tile n − 1's value mmas between tile n's scores and its
-  // softmax, operands held in registers, measured no faster: 136 registers,
-  // within 1-2% of this at every benchmark shape.)
-#pragma unroll
-  for (int q = 0; q < S - 1; ++q) issue(q);
-  for (int n = 0; n < nmine; ++n) {
-    CpAsyncWait<S - 2>();
+  // The ring of two stages: tile n + 1 in flight while tile n computes
+  // from stage n mod 2; the loop takes tiles in pairs so that every stage
+  // offset is an immediate. (Running tile n − 1's value mmas between tile
+  // n's scores and its softmax, operands held in registers, measured no
+  // faster: 136 registers, within 1-2% of this at every benchmark shape.)
+  auto step = [&](int n, uint32_t stage) {
+    CpAsyncWait<0>();
     __syncwarp();
-    issue(n + S - 1);  // into the stage tile n − 1 used (read before the last __syncwarp)
-    const uint32_t st = static_cast<uint32_t>(n & (S - 1));
+    issue(n + 1, stage ^ 1u);  // into the stage tile n − 1 used (read before the last __syncwarp)
     float s[1][4];
-    scores(n, kst + st * L::kKStride, s);
+    scores(n, stage * L::kKStride, s);
     Operands o;
-    operands(n, s, vst + st * L::kVStride, o);
+    operands(n, s, stage * L::kVStride, o);
     values(o);
     __syncwarp();
+  };
+  issue(0, 0);
+  int n = 0;
+  for (; n + 1 < nmine; n += 2) {
+    step(n, 0);
+    step(n + 1, 1);
   }
+  if (n < nmine) step(n, 0);
   CpAsyncWait<0>();
   // The split merge (a programmatic dependent launch) may start launching
   // once every block is past its tiles.

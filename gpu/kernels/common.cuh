@@ -174,6 +174,13 @@ __device__ __forceinline__ void FwhtStrided(float (&y)[VPL], const int (&bs)[VPL
   }
 }
 
+// x, opaque to the compiler: it keeps the value in a register instead of
+// recomputing it (e.g. per-lane addresses inside a hot loop).
+__device__ __forceinline__ uint32_t Opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // cp.async of 16 bytes global → shared (L2 only), commit, wait until at
 // most N groups are pending. CpAsync16Zfill copies src_bytes (0 or 16) and
 // zero-fills the rest.
