@@ -77,7 +77,7 @@ bool MmaEligible(const AttentionLaunch& a) {
 }
 
 // Tensor-core kernel configuration by variant: MmaDecodeKernel's
-// dequantisation mode flags (kMmaKReg, kMmaLut256, kMmaOneBuf, kMmaTokM,
+// dequantisation mode flags (kMmaKReg, kMmaLut256, kMmaOneBuf, kMmaTokM)
 // and the blocks/SM its registers are budgeted for, or a
 // StagedDecodeKernel configuration. Entry 0 is unused: variant 0 (served)
 // is chosen per launch from the H200 measurements (bench/RESULTS.md) in

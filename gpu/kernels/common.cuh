@@ -182,13 +182,9 @@ __device__ __forceinline__ uint32_t Opaque(uint32_t x) {
 }
 
 // cp.async of 16 bytes global → shared (L2 only), commit, wait until at
-// most N groups are pending. CpAsync16Zfill copies src_bytes (0 or 16) and
-// zero-fills the rest.
+// most N groups are pending.
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void CpAsync16Zfill(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
