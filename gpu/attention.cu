@@ -1,6 +1,8 @@
 // Launchers of the attention kernels: split planning, workspace layout,
 // dispatch of the fast path (switch over K bits, V bits, GQA group) and of
 // the generic kernel (switch over values per lane).
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 
 #include "gpu/kernels.h"
@@ -94,7 +96,8 @@ struct MmaCfg {
   int km, mb;
   int stages = 0;  // > 0: StagedDecodeKernel with this many stages per warp,
   int mode = kStagesDense;  // where they live (StagedLayout),
-  int warps = kMmaWarps;    // and warps per block
+  int warps = kMmaWarps;    // and warps per block,
+  bool tma = false;         // rows arrive as tensor loads (dense stages)
 };
 constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {0, 3},
@@ -111,7 +114,8 @@ constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {0, 3},
                                {kMmaTokM, 4, 2},
                                {kMmaTokM, 3, 2, kStagesHoles},
-                               {kMmaTokM, 2, 2, kStagesHolesK, 8}};
+                               {kMmaTokM, 2, 2, kStagesHolesK, 8},
+                               {kMmaTokM, 4, 2, kStagesDense, 4, true}};
 constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 // Variant 8 ("tokm"): the served configuration of the bit pair with
 // tokens-on-M scores (kMmaTokM).
@@ -139,17 +143,15 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   MmaCfg c = v > 0 && v < kNumMmaCfgs && v != kMmaTokMVariant ? kMmaCfgs[v] : MmaServedCfg(kb, vb);
   // Served k4v2: the staged kernel with 8 warps per block and the K stages
   // in the 256-byte-row K table's holes (variant 15, 8-10% faster than 4
-  // warps with 128-byte rows); k4v4 with one codebook: 4 warps with all
-  // stages in the table's holes (variant 14). 3-14% faster than the
-  // register-buffered kernels at every benchmark shape (bench/RESULTS.md).
-  // Except k4v4 with more (query, kv head) blocks than 3 per SM: variant 14
-  // would split them into several waves of 3 blocks/SM, 15 runs them with 8
-  // warps at 2 blocks/SM (64 × 4K: 0.155 vs 0.172 ms in one run).
-  const int64_t blocks = a.num_queries * a.kv_heads, sms = std::max(a.num_sms, 1);
+  // warps with 128-byte rows). k4v4 with one codebook: dense stages filled
+  // by TMA tensor loads, 4 blocks/SM (variant 16: 0-10% faster than the
+  // holes layouts 14 / 15 at every benchmark shape, 7% at 32 × 32K, in one
+  // run; for k4v2 mixed, -4..+6%). All 3-14% faster than the
+  // register-buffered kernels (bench/RESULTS.md).
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
-  if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[blocks > 3 * sms ? 15 : 14];
+  if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[16];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
-  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-15: 4-bit keys
+  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-16: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
   // stages in the table's holes only with one codebook.
   if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
@@ -221,15 +223,16 @@ constexpr int StagedResidentWith() {
 // f.template operator()<S, MB, M, NW>() for a staged configuration.
 template <typename F>
 auto ByStagedCfg(const MmaCfg& c, F&& f) {
-  if (c.mode == kStagesHoles) return f.template operator()<2, 3, kStagesHoles, 4>();
-  if (c.mode == kStagesHolesK) return f.template operator()<2, 2, kStagesHolesK, 8>();
-  return f.template operator()<2, 4, kStagesDense, 4>();
+  if (c.mode == kStagesHoles) return f.template operator()<2, 3, kStagesHoles, 4, false>();
+  if (c.mode == kStagesHolesK) return f.template operator()<2, 2, kStagesHolesK, 8, false>();
+  return c.tma ? f.template operator()<2, 4, kStagesDense, 4, true>()
+               : f.template operator()<2, 4, kStagesDense, 4, false>();
 }
 
 int MmaResident(const AttentionLaunch& a) {
   const MmaCfg cfg = MmaCfgOf(a);
   if (cfg.stages > 0) {
-    return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW>() -> int {
+    return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW, bool T>() -> int {
       return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return StagedResidentWith<VB, G, S, MB, M, NW>(); });
     });
   }
@@ -308,7 +311,34 @@ cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float*
   }
 }
 
-template <int VB, int G, int S, int MB, int M, int NW>
+// The tensor maps of StagedDecodeKernel's kTma loads (see StagedTensorMaps).
+cudaError_t StagedMaps(const AttentionLaunch& a, int vspan, StagedTensorMaps* m) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  auto one = [&](CUtensorMap* map, const uint8_t* base, int row_bytes, int span) {
+    const cuuint64_t step = static_cast<cuuint64_t>(a.kv_heads) * row_bytes;
+    const cuuint64_t dims[3] = {step, static_cast<cuuint64_t>(a.block_size), cuuint64_t{1} << 24};
+    const cuuint64_t strides[2] = {step, static_cast<cuuint64_t>(a.block_stride)};
+    const cuuint32_t box[3] = {static_cast<cuuint32_t>(span), 16, 1};
+    const cuuint32_t es[3] = {1, 1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(base), dims, strides, box, es,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  if (one(&m->k, a.k_base, a.host_k.row_bytes, 80) != CUDA_SUCCESS ||
+      one(&m->v, a.v_base, a.host_v.row_bytes, vspan) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+template <int VB, int G, int S, int MB, int M, int NW, bool T>
 cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                        cudaStream_t stream) {
   constexpr bool kShared = VB == 4;  // 4-bit V only with K's codebook (MmaCfgOf)
@@ -317,10 +347,15 @@ cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float*
   } else {
     constexpr size_t smem = StagedSmemBytes<VB, kShared, M, NW, S, G>();
     cudaError_t e =
-        AllowDynamicSmem(reinterpret_cast<const void*>(StagedDecodeKernel<VB, G, S, MB, kShared, M, NW>), smem);
+        AllowDynamicSmem(reinterpret_cast<const void*>(StagedDecodeKernel<VB, G, S, MB, kShared, M, NW, T>), smem);
     if (e != cudaSuccess) return e;
     const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
-    StagedDecodeKernel<VB, G, S, MB, kShared, M, NW><<<grid, 32 * NW, smem, stream>>>(a, d, states, recs);
+    StagedTensorMaps maps = {};
+    if constexpr (T) {
+      e = StagedMaps(a, 16 * VB + 16, &maps);
+      if (e != cudaSuccess) return e;
+    }
+    StagedDecodeKernel<VB, G, S, MB, kShared, M, NW, T><<<grid, 32 * NW, smem, stream>>>(a, d, states, recs, maps);
     return cudaGetLastError();
   }
 }
@@ -331,8 +366,8 @@ cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* st
   const MmaCfg cfg = MmaCfgOf(a);
   if constexpr (KB == 4) {
     if (cfg.stages > 0) {
-      return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW>() -> cudaError_t {
-        return StagedWith<VB, G, S, MB, M, NW>(a, d, states, recs, stream);
+      return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW, bool T>() -> cudaError_t {
+        return StagedWith<VB, G, S, MB, M, NW, T>(a, d, states, recs, stream);
       });
     }
   }

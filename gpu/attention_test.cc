@@ -196,7 +196,8 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   // keys then fall back to the table); 8: tokens-on-M scores on the served
   // configuration; 13: the staged kernel (2 cp.async stages per warp), 14:
   // its stages in the table's holes, 15: 8 warps with the K stages in the
-  // holes (4-bit keys; the served kernel otherwise). (2, 9-12: retired.)
+  // holes, 16: 13 with TMA tensor loads (4-bit keys; the served kernel
+  // otherwise). (2, 9-12: retired.)
   const bool mma_shape = c.expect_fast && H % 4 == 0;
   const bool k4 = c.format.rfind("k4", 0) == 0;
   struct Run {
@@ -204,7 +205,8 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
     bool symmetric;
   };
   const std::vector<Run> runs = {{0, true},  {1, true},  {3, true},  {4, true},  {5, true},  {6, true},
-                                 {7, true},  {8, true},  {13, true}, {14, true}, {15, true}, {3, false},
+                                 {7, true},  {8, true},  {13, true}, {14, true}, {15, true}, {16, true},
+                                 {3, false},
                                  {4, false}, {6, false}, {7, false}};
   for (size_t run = 0; run < (mma_shape ? runs.size() : 1); ++run) {
     const int variant = runs[run].variant;

@@ -167,7 +167,8 @@ struct AttentionLaunch {
   // 2 cp.async stages per warp at 4 blocks/SM, 14 = staged with the stages
   // in the holes of a 256-byte-row K/V table (one codebook; else 13), 15 =
   // staged with 8 warps per block and the K stages in the holes of a
-  // 256-byte-row K table (13-15: 4-bit keys; others run the default).
+  // 256-byte-row K table, 16 = 13 with each tile's K and V rows arriving as
+  // two TMA tensor loads (13-16: 4-bit keys; others run the default).
   // Retired variants, measured slower and deleted (bench/RESULTS.md), run
   // the default: 2 (page streaming), 9-11 (one K/V table in the register-
   // buffered kernel), 12 (4 stages per warp).

@@ -25,8 +25,14 @@
 // Tables: entry e of lane l at rows·e + 4·l, rows of 128 bytes (two-op
 // lookup address) or 256 (one prmt), read with LDS immediates
 // (kMmaSmemWindowBase).
+// kTma (dense stages): lane 0 loads a tile's K and V spans with two TMA
+// tensor loads (3-D maps over the page arena: span × 16 tokens × page)
+// completing on the stage's mbarrier; no per-lane copy instructions, fewer
+// L2 requests (served for k4v4 with one codebook).
 #ifndef TQKV_GPU_KERNELS_ATTENTION_STAGED_CUH_
 #define TQKV_GPU_KERNELS_ATTENTION_STAGED_CUH_
+
+#include <cuda.h>  // CUtensorMap
 
 #include "gpu/kernels/attention_mma.cuh"
 
@@ -95,10 +101,47 @@ constexpr size_t StagedQueryOffset() {
   const size_t body = L::End();
   return body > merge ? body : merge;
 }
+// ... then one 8-byte mbarrier per warp and stage (kTma).
 template <int VB, bool kSharedKV, int kMode, int NW, int S, int G>
-constexpr size_t StagedSmemBytes() {
+constexpr size_t StagedMbarOffset() {
   return StagedQueryOffset<VB, kSharedKV, kMode, NW, S, G>() + (G * 128 + 32) * sizeof(float);
 }
+template <int VB, bool kSharedKV, int kMode, int NW, int S, int G>
+constexpr size_t StagedSmemBytes() {
+  return StagedMbarOffset<VB, kSharedKV, kMode, NW, S, G>() + NW * S * 8;
+}
+
+// Tensor (TMA) loads into shared memory completing on an mbarrier.
+__device__ __forceinline__ void MbarInit(uint32_t mbar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t mbar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint32_t mbar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}\n" ::"r"(mbar),
+      "r"(parity)
+      : "memory");
+}
+// Box at (c0, c1, c2) of a 3-D tensor map into dense shared memory at dst.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                          uint32_t mbar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(mbar)
+      : "memory");
+}
+
+// Tensor maps of a launch's K and V pages for kTma (uint8, dims: bytes of
+// a token's row set, tokens of a page, pages; box: one span per token × 16
+// tokens), built by the launcher.
+struct StagedTensorMaps {
+  CUtensorMap k, v;
+};
 
 // Channel of the score mma's B fragment (k-tile kk, half h, element e) held
 // by lanes i: K word k of lane i is row word 4k + i (8 channels), and k-tile
@@ -117,9 +160,13 @@ __device__ __forceinline__ uint32_t LdsWord(uint32_t addr) {
 // states: the rotated queries of PrepareQueryKernel, or null: the block
 // rotates its G heads itself (block-Hadamard K rotation: a few shuffles per
 // head, overlapped with the table build; saves the preparation launch).
-template <int VB, int G, int S, int MB, bool kSharedKV, int kMode, int NW>
+// kTma (dense stages only): a tile's 16 K and 16 V spans arrive as two
+// tensor loads issued by lane 0 and complete on the stage's mbarrier,
+// instead of 5 16-byte cp.async per lane.
+template <int VB, int G, int S, int MB, bool kSharedKV, int kMode, int NW, bool kTma = false>
 __global__ void __launch_bounds__(32 * NW, MB)
-    StagedDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records) {
+    StagedDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records,
+                       const __grid_constant__ StagedTensorMaps maps) {
   using L = StagedLayout<VB, kSharedKV, kMode, NW, S>;
   constexpr bool kRow256 = L::kRow256;
   static_assert(S == 2, "the tile loop alternates two stages");
@@ -128,6 +175,15 @@ __global__ void __launch_bounds__(32 * NW, MB)
   float* qbuf = reinterpret_cast<float*>(st_smem) + StagedQueryOffset<VB, kSharedKV, kMode, NW, S, G>() / 4;
   float* cent = qbuf + G * 128;
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(st_smem));
+  static_assert(!kTma || kMode == kStagesDense, "tensor loads land in dense stages");
+  const uint32_t mbar0 =
+      smem_base + static_cast<uint32_t>(StagedMbarOffset<VB, kSharedKV, kMode, NW, S, G>()) + 8u * S * (threadIdx.x >> 5);
+  if constexpr (kTma) {
+    if ((threadIdx.x & 31) == 0) {
+      for (int st = 0; st < S; ++st) MbarInit(mbar0 + 8u * st, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+  }
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
   const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
@@ -259,13 +315,25 @@ __global__ void __launch_bounds__(32 * NW, MB)
     const uint32_t page = pages.Next(n, lane);
     if (n < nmine) {
       const int tt = t0 + (warp + NW * n) * 16;
-      const uint8_t* src = cbase + page * stride + (static_cast<uint32_t>(tt) & bs_mask) * cstep;
-      const uint32_t so = stage * cstride;
+      if constexpr (kTma) {
+        if (lane == 0) {
+          const uint32_t mbar = mbar0 + 8u * stage;
+          MbarArriveExpectTx(mbar, 16u * (80u + L::kVSpan));
+          // The stage was last read through the generic proxy (LDS).
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          const int c1 = static_cast<int>(static_cast<uint32_t>(tt) & bs_mask);
+          TmaLoad3d(kst + stage * L::kKStride, &maps.k, kvh * kc.row_bytes - mis, c1, static_cast<int>(page), mbar);
+          TmaLoad3d(vst + stage * L::kVStride, &maps.v, kvh * vc.row_bytes - mis, c1, static_cast<int>(page), mbar);
+        }
+      } else {
+        const uint8_t* src = cbase + page * stride + (static_cast<uint32_t>(tt) & bs_mask) * cstep;
+        const uint32_t so = stage * cstride;
 #pragma unroll
-      for (int j = 0; j < 5; ++j)
-        if (j < cps) CpAsync16(cd[j] + so, src + csrc[j]);
+        for (int j = 0; j < 5; ++j)
+          if (j < cps) CpAsync16(cd[j] + so, src + csrc[j]);
+      }
     }
-    CpAsyncCommit();
+    if constexpr (!kTma) CpAsyncCommit();
   };
 
   // Per-lane read bases within a stage (see the header comment).
@@ -393,7 +461,11 @@ __global__ void __launch_bounds__(32 * NW, MB)
   // n's scores and its softmax, operands held in registers, measured no
   // faster: 136 registers, within 1-2% of this at every benchmark shape.)
   auto step = [&](int n, uint32_t stage) {
-    CpAsyncWait<0>();
+    if constexpr (kTma) {
+      MbarWait(mbar0 + 8u * stage, static_cast<uint32_t>(n >> 1) & 1u);  // the stage's (n / 2)-th use
+    } else {
+      CpAsyncWait<0>();
+    }
     __syncwarp();
     issue(n + 1, stage ^ 1u);  // into the stage tile n − 1 used (read before the last __syncwarp)
     float s[1][4];
@@ -410,7 +482,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
     step(n + 1, 1);
   }
   if (n < nmine) step(n, 0);
-  CpAsyncWait<0>();
+  if constexpr (!kTma) CpAsyncWait<0>();
   // The split merge (a programmatic dependent launch) may start launching
   // once every block is past its tiles.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
