@@ -78,6 +78,22 @@ bool MmaEligible(const AttentionLaunch& a) {
          aligned16(a.v_base) && MmaSmemWindowBase() == kMmaSmemWindowBase;
 }
 
+// The driver's cuTensorMapEncodeTiled (null where the driver has none: the
+// TMA variant is then not chosen).
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
 // Tensor-core kernel configuration by variant: MmaDecodeKernel's
 // dequantisation mode flags (kMmaKReg, kMmaLut256, kMmaOneBuf, kMmaTokM)
 // and the blocks/SM its registers are budgeted for, or a
@@ -149,13 +165,14 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   // run; for k4v2 mixed, -4..+6%). All 3-14% faster than the
   // register-buffered kernels (bench/RESULTS.md).
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
-  if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[16];
+  if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[TensorMapEncoder() != nullptr ? 16 : 14];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
   if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-16: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
   // stages in the table's holes only with one codebook.
   if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
   if (c.stages > 0 && !(kb == 4 && (vb == 2 || one_codebook))) c = MmaServedCfg(kb, vb);
+  if (c.tma && TensorMapEncoder() == nullptr) c = kMmaCfgs[13];
   if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
   const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);
   if ((c.km & kMmaLut256) && !k_bytes && vb != 4) c.km &= ~kMmaLut256;
@@ -220,7 +237,8 @@ constexpr int StagedResidentWith() {
   return by_smem < MB ? by_smem : MB;
 }
 
-// f.template operator()<S, MB, M, NW>() for a staged configuration.
+// f.template operator()<S, MB, M, NW, T>() for a staged configuration (T:
+// kTma).
 template <typename F>
 auto ByStagedCfg(const MmaCfg& c, F&& f) {
   if (c.mode == kStagesHoles) return f.template operator()<2, 3, kStagesHoles, 4, false>();
@@ -312,19 +330,14 @@ cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float*
 }
 
 // The tensor maps of StagedDecodeKernel's kTma loads (see StagedTensorMaps).
+// The page dimension spans every int32 page index (2^31), so no block-table
+// entry can fall outside the map (TMA would zero-fill it silently).
 cudaError_t StagedMaps(const AttentionLaunch& a, int vspan, StagedTensorMaps* m) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   auto one = [&](CUtensorMap* map, const uint8_t* base, int row_bytes, int span) {
     const cuuint64_t step = static_cast<cuuint64_t>(a.kv_heads) * row_bytes;
-    const cuuint64_t dims[3] = {step, static_cast<cuuint64_t>(a.block_size), cuuint64_t{1} << 24};
+    const cuuint64_t dims[3] = {step, static_cast<cuuint64_t>(a.block_size), cuuint64_t{1} << 31};
     const cuuint64_t strides[2] = {step, static_cast<cuuint64_t>(a.block_stride)};
     const cuuint32_t box[3] = {static_cast<cuuint32_t>(span), 16, 1};
     const cuuint32_t es[3] = {1, 1, 1};
