@@ -332,7 +332,7 @@ cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float*
 // The tensor maps of StagedDecodeKernel's kTma loads (see StagedTensorMaps).
 // The page dimension spans every int32 page index (2^31), so no block-table
 // entry can fall outside the map (TMA would zero-fill it silently).
-cudaError_t StagedMaps(const AttentionLaunch& a, int vspan, StagedTensorMaps* m) {
+cudaError_t StagedMaps(const AttentionLaunch& a, int kspan, int vspan, StagedTensorMaps* m) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   auto one = [&](CUtensorMap* map, const uint8_t* base, int row_bytes, int span) {
@@ -345,7 +345,7 @@ cudaError_t StagedMaps(const AttentionLaunch& a, int vspan, StagedTensorMaps* m)
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   };
-  if (one(&m->k, a.k_base, a.host_k.row_bytes, 80) != CUDA_SUCCESS ||
+  if (one(&m->k, a.k_base, a.host_k.row_bytes, kspan) != CUDA_SUCCESS ||
       one(&m->v, a.v_base, a.host_v.row_bytes, vspan) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   return cudaSuccess;
@@ -365,7 +365,8 @@ cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float*
     const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
     StagedTensorMaps maps = {};
     if constexpr (T) {
-      e = StagedMaps(a, 16 * VB + 16, &maps);
+      using L = StagedLayout<VB, kShared, M, NW, S>;
+      e = StagedMaps(a, L::kKSpan, L::kVSpan, &maps);
       if (e != cudaSuccess) return e;
     }
     StagedDecodeKernel<VB, G, S, MB, kShared, M, NW, T><<<grid, 32 * NW, smem, stream>>>(a, d, states, recs, maps);

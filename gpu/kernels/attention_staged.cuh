@@ -138,7 +138,7 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
 
 // Tensor maps of a launch's K and V pages for kTma (uint8, dims: bytes of
 // a token's row set, tokens of a page, pages; box: one span per token × 16
-// tokens), built by the launcher.
+// tokens, StagedLayout::kKSpan / kVSpan bytes), built by the launcher.
 struct StagedTensorMaps {
   CUtensorMap k, v;
 };
@@ -155,7 +155,6 @@ __device__ __forceinline__ uint32_t LdsWord(uint32_t addr) {
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r) : "r"(addr) : "memory");
   return r;
 }
-
 
 // states: the rotated queries of PrepareQueryKernel, or null: the block
 // rotates its G heads itself (block-Hadamard K rotation: a few shuffles per
@@ -293,24 +292,22 @@ __global__ void __launch_bounds__(32 * NW, MB)
   // Stage s of this warp: K spans at kst + s·kKStride, V at vst + s·kVStride.
   const uint32_t kst = smem_base + L::KBase(warp * S), vst = smem_base + L::VBase(warp * S);
   const uint32_t cst = kside ? kst : vst, cstride = kside ? L::kKStride : L::kVStride;
-  uint32_t cdst[5];  // offsets of the lane's chunks from their stage base
+  // cd[j]: the lane's chunk destinations in stage 0, opaque so that the
+  // compiler keeps them in registers instead of recomputing them per tile.
+  uint32_t cd[5];
 #pragma unroll
   for (int j = 0; j < 5; ++j) {
     const int c = l16 + 16 * j;
-    cdst[j] = (kside ? L::KSpan(c / cps) : L::VSpan(c / cps)) + 16u * (c % cps);
+    cd[j] = Opaque(cst + (kside ? L::KSpan(c / cps) : L::VSpan(c / cps)) + 16u * (c % cps));
   }
 
   PageStream pages([&](int n) -> int32_t {
     const int tt = t0 + (warp + NW * n) * 16;
     return tt < t1 ? __ldg(btab + (tt >> bs_shift)) : 0;
   }, lane);
-  // Issue the copies of this warp's tile n into stage n mod S (always one
-  // commit group, empty past the end, so wait counts stay exact).
-  // cd[j]: the lane's chunk destinations in stage 0, opaque so that the
-  // compiler keeps them in registers instead of recomputing them per tile.
-  uint32_t cd[5];
-#pragma unroll
-  for (int j = 0; j < 5; ++j) cd[j] = Opaque(cst + cdst[j]);
+  // Issue the copies of this warp's tile n into `stage`: cp.async (always
+  // one commit group, empty past the end, so wait counts stay exact), or
+  // with kTma two tensor loads by lane 0 on the stage's mbarrier.
   auto issue = [&](int n, uint32_t stage) {
     const uint32_t page = pages.Next(n, lane);
     if (n < nmine) {
@@ -318,7 +315,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
       if constexpr (kTma) {
         if (lane == 0) {
           const uint32_t mbar = mbar0 + 8u * stage;
-          MbarArriveExpectTx(mbar, 16u * (80u + L::kVSpan));
+          MbarArriveExpectTx(mbar, 16u * (L::kKSpan + L::kVSpan));
           // The stage was last read through the generic proxy (LDS).
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
           const int c1 = static_cast<int>(static_cast<uint32_t>(tt) & bs_mask);

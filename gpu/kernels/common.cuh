@@ -130,24 +130,6 @@ __device__ __forceinline__ uint32_t NearestIndex(const float* b, int nb, float y
   return static_cast<uint32_t>(lo);
 }
 
-// Size of the Hadamard block holding coordinate j (0 past the last block).
-__device__ __forceinline__ int HadamardBlockOf(const GpuGroup& g, int j) {
-  int off = 0;
-  for (int k = 0; k < g.num_blocks; ++k) {
-    if (j < off + g.block_size[k]) return g.block_size[k];
-    off += g.block_size[k];
-  }
-  return 0;
-}
-__device__ __forceinline__ float HadamardScaleOf(const GpuGroup& g, int j) {
-  int off = 0;
-  for (int k = 0; k < g.num_blocks; ++k) {
-    if (j < off + g.block_size[k]) return g.block_scale[k];
-    off += g.block_size[k];
-  }
-  return 0.0f;
-}
-
 // Unnormalised FWHT of every block, in place, on the strided layout. Stage
 // order and per-pair operations are those of codec/rotation.cc's Fwht.
 template <int VPL>
@@ -200,9 +182,10 @@ struct HadamardLane {
   float first[VPL], second[VPL], scale[VPL];
   int bs[VPL];
   int n = 0;
-  // Every load is independent of the others (the group's block table is
-  // read whole, then walked in registers as HadamardBlockOf/ScaleOf do), so
-  // a kernel waits one memory latency here, not one per block and channel.
+  // bs / scale: size and scale of the Hadamard block holding channel j (0
+  // past the last block). Every load is independent of the others (the
+  // group's block table is read whole, then walked in registers), so a
+  // kernel waits one memory latency here, not one per block and channel.
   __device__ __forceinline__ void Load(const GpuGroup& g, int lane, bool forward) {
     n = g.channels;
     const int nb = g.num_blocks;
