@@ -38,10 +38,11 @@ GOALS = {"k4v4": 0.35, "k4v2": 0.28, "k2v2": None}  # k2v2: no goal (2-bit keys 
 # 13 with each tile's K and V rows arriving as two TMA tensor loads.
 # Retired (measured slower, bench/RESULTS.md; they run the served kernel):
 # 2, 9-11 (one K/V table in the register-buffered kernel), 12 (4 stages).
-VARIANTS = [1, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16]
+VARIANTS = [1, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17]
 VARIANT_NAMES = {1: "lut", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256",
                  7: "kreg-1buf-4cta", 8: "tokm", 13: "staged-s2-4cta",
-                 14: "staged-holes", 15: "staged-8w-kholes", 16: "staged-s2-4cta-tma"}
+                 14: "staged-holes", 15: "staged-8w-kholes", 16: "staged-s2-4cta-tma",
+                 17: "rowset"}
 
 
 def timed(fn, iters):
@@ -156,7 +157,7 @@ def main():
             sweep = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
                      if s * batch * KVH <= 8192 and s <= max(1, ctx // 256)]
             ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, s)
-                           for s in [0, old_splits] + sweep + [-v for v in VARIANTS])
+                           for s in [0, old_splits] + sweep + [-v for v in sorted(set(VARIANTS) | set(variants))])
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
             out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
             call = lambda fast=1, splits=0: lib.tqkv_gpu_attention(

@@ -10,6 +10,7 @@
 #include "gpu/kernels/attention_fast.cuh"
 #include "gpu/kernels/attention_merge.cuh"
 #include "gpu/kernels/attention_mma.cuh"
+#include "gpu/kernels/attention_rowset.cuh"
 #include "gpu/kernels/attention_staged.cuh"
 #include "gpu/launch_util.h"
 
@@ -17,6 +18,8 @@ namespace tqkv::gpu {
 namespace {
 
 constexpr int64_t kMinSplitTokens = 256;
+constexpr int kRowSetStages = 3;     // shared stages per row-set block (2 and 4 measured slower)
+constexpr int kRowSetMinBlocks = 4;  // served row sets: (query, head group) blocks at least
 
 int StateSize(const GpuComponent& c, int dim) { return c.kind == kGpuDense ? dim : c.state_size; }
 int Vpl(const GpuComponent& c) { return (std::max(c.max_group_channels, 1) + 31) / 32; }
@@ -114,6 +117,7 @@ struct MmaCfg {
   int mode = kStagesDense;  // where they live (StagedLayout),
   int warps = kMmaWarps;    // and warps per block,
   bool tma = false;         // rows arrive as tensor loads (dense stages)
+  bool rowset = false;      // RowSetDecodeKernel: 8 kv heads per block, `stages` per block
 };
 constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {0, 3},
@@ -131,7 +135,8 @@ constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {kMmaTokM, 4, 2},
                                {kMmaTokM, 3, 2, kStagesHoles},
                                {kMmaTokM, 2, 2, kStagesHolesK, 8},
-                               {kMmaTokM, 4, 2, kStagesDense, 4, true}};
+                               {kMmaTokM, 4, 2, kStagesDense, 4, true},
+                               {kMmaTokM, 2, kRowSetStages, kStagesDense, 8, true, true}};
 constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 // Variant 8 ("tokm"): the served configuration of the bit pair with
 // tokens-on-M scores (kMmaTokM).
@@ -166,12 +171,22 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   // register-buffered kernels (bench/RESULTS.md).
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
   if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[TensorMapEncoder() != nullptr ? 16 : 14];
+  // Row sets (variant 17) wherever they apply with at least
+  // kRowSetMinBlocks (query, head group) blocks: 2-7% faster than 15 / 16
+  // from 4 × 64K to 64 × 4K; with fewer, a long sequence's hundreds of
+  // splits make the merge cost more than the kernel saves (1 × 128K: 7%
+  // slower; bench/RESULTS.md).
+  if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && a.kv_heads % kRowSetHeads == 0 && a.uniform_codebooks &&
+      a.num_queries * (a.kv_heads / kRowSetHeads) >= kRowSetMinBlocks)
+    c = kMmaCfgs[17];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
-  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-16: 4-bit keys
+  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-18: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
   // stages in the table's holes only with one codebook.
   if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
   if (c.stages > 0 && !(kb == 4 && (vb == 2 || one_codebook))) c = MmaServedCfg(kb, vb);
+  // Row sets: 8 kv heads per block share one table (uniform codebooks).
+  if (c.rowset && !(a.kv_heads % kRowSetHeads == 0 && a.uniform_codebooks)) c = kMmaCfgs[vb == 4 ? 16 : 15];
   if (c.tma && TensorMapEncoder() == nullptr) c = kMmaCfgs[13];
   if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
   const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);
@@ -247,8 +262,21 @@ auto ByStagedCfg(const MmaCfg& c, F&& f) {
                : f.template operator()<2, 4, kStagesDense, 4, false>();
 }
 
+// Resident row-set blocks per SM: 2 by registers, capped by shared memory.
+template <int VB, int G, int S>
+constexpr int RowSetResidentWith() {
+  const size_t per_block = RowSetLayout<VB, S, G>::kBytes + 1024;
+  const int by_smem = static_cast<int>((228u * 1024u) / per_block);
+  return by_smem < 2 ? by_smem : 2;
+}
+
 int MmaResident(const AttentionLaunch& a) {
   const MmaCfg cfg = MmaCfgOf(a);
+  if (cfg.rowset) {
+    return ByBitsAndGroup(a, []<int KB, int VB, int G>() {
+      return RowSetResidentWith<VB == 4 ? 4 : 2, G, kRowSetStages>();
+    });
+  }
   if (cfg.stages > 0) {
     return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW, bool T>() -> int {
       return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return StagedResidentWith<VB, G, S, MB, M, NW>(); });
@@ -268,7 +296,7 @@ bool StagedFoldsQuery(const AttentionLaunch& a) {
 // Merge kernel of the specialised paths: one group of <= 128 channels.
 bool FastMergeEligible(const AttentionLaunch& a) {
   return FastEligible(a) && a.host_v.num_groups == 1 && a.host_v.groups[0].channels <= 128 &&
-         a.host_v.state_size <= 128;
+         a.host_v.groups[0].state_offset == 0 && a.host_v.state_size <= 128;
 }
 
 AttnDims Dims(const AttentionLaunch& a) {
@@ -374,11 +402,50 @@ cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float*
   }
 }
 
+// Tensor maps of a row-set launch (4-byte elements; dims: words of a
+// token's rows of all kv heads, tokens of a page, pages; box: 8 heads'
+// rows + 16 bytes (RowSetLayout::kKTok / kVTok) × 16 tokens).
+cudaError_t RowSetMaps(const AttentionLaunch& a, uint32_t ktok, uint32_t vtok, StagedTensorMaps* m) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  auto one = [&](CUtensorMap* map, const uint8_t* base, int row_bytes, uint32_t tok) {
+    const cuuint64_t step = static_cast<cuuint64_t>(a.kv_heads) * row_bytes;
+    const cuuint64_t dims[3] = {step / 4, static_cast<cuuint64_t>(a.block_size), cuuint64_t{1} << 31};
+    const cuuint64_t strides[2] = {step, static_cast<cuuint64_t>(a.block_stride)};
+    const cuuint32_t box[3] = {tok / 4, 16, 1};
+    const cuuint32_t es[3] = {1, 1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<uint8_t*>(base), dims, strides, box, es,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  if (one(&m->k, a.k_base, a.host_k.row_bytes, ktok) != CUDA_SUCCESS ||
+      one(&m->v, a.v_base, a.host_v.row_bytes, vtok) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+template <int VB, int G, int S>
+cudaError_t RowSetWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
+                       cudaStream_t stream) {
+  using L = RowSetLayout<VB, S, G>;
+  cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(RowSetDecodeKernel<VB, G, S>), L::kBytes);
+  if (e != cudaSuccess) return e;
+  StagedTensorMaps maps = {};
+  e = RowSetMaps(a, L::kKTok, L::kVTok, &maps);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(a.num_queries * (a.kv_heads / kRowSetHeads)), d.splits);
+  RowSetDecodeKernel<VB, G, S><<<grid, 32 * kRowSetHeads, L::kBytes, stream>>>(a, d, states, recs, maps);
+  return cudaGetLastError();
+}
+
 template <int KB, int VB, int G>
 cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                     cudaStream_t stream) {
   const MmaCfg cfg = MmaCfgOf(a);
   if constexpr (KB == 4) {
+    if (cfg.rowset) {
+      return RowSetWith<VB, G, kRowSetStages>(a, d, states, recs, stream);
+    }
     if (cfg.stages > 0) {
       return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW, bool T>() -> cudaError_t {
         return StagedWith<VB, G, S, MB, M, NW, T>(a, d, states, recs, stream);
@@ -482,8 +549,10 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
     // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.
     constexpr int64_t kMmaBlockOverheadTokens = 192;  // at 4 warps per block
     const MmaCfg cfg = MmaCfgOf(a);
-    const int64_t warps = cfg.stages > 0 ? cfg.warps : kMmaWarps;
-    const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads);
+    // Warps per kv head of a block (row sets: one warp per kv head).
+    const int64_t warps = cfg.rowset ? 1 : cfg.stages > 0 ? cfg.warps : kMmaWarps;
+    const int64_t heads_per_block = cfg.rowset ? kRowSetHeads : 1;
+    const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads / heads_per_block);
     const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * MmaResident(a);
     const int64_t ctx = std::max<int64_t>(a.max_context, 1);
     const int64_t max_splits = std::clamp<int64_t>((ctx + kMinSplitTokens - 1) / kMinSplitTokens, 1, 1024);
@@ -519,6 +588,8 @@ bool AttentionUsesFastPath(const AttentionLaunch& a) { return FastEligible(a); }
 bool AttentionUsesRegisterDequant(const AttentionLaunch& a) {
   return MmaEligible(a) && (MmaCfgOf(a).km & kMmaKReg) != 0;
 }
+
+bool AttentionUsesRowSets(const AttentionLaunch& a) { return MmaEligible(a) && MmaCfgOf(a).rowset; }
 
 bool SymmetricF16Codebook(const float* c, int n) {
   if (n < 2 || n % 2 != 0) return false;
@@ -569,10 +640,10 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
   if (FastMergeEligible(l)) {
     // A programmatic dependent launch: the merge's blocks launch and load
     // their rotation factors while the decode kernel finishes.
-    const int slices = std::min(d.splits, kMergeMaxSlices);
+    const int warps = MergeWarps(d.splits);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(l.num_queries * l.q_heads));
-    cfg.blockDim = dim3(128 * slices);
+    cfg.blockDim = dim3(32 * warps);
     cfg.dynamicSmemBytes = 2 * d.splits * sizeof(float);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];

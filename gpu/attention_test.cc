@@ -196,8 +196,9 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   // keys then fall back to the table); 8: tokens-on-M scores on the served
   // configuration; 13: the staged kernel (2 cp.async stages per warp), 14:
   // its stages in the table's holes, 15: 8 warps with the K stages in the
-  // holes, 16: 13 with TMA tensor loads (4-bit keys; the served kernel
-  // otherwise). (2, 9-12: retired.)
+  // holes, 16: 13 with TMA tensor loads, 17: row sets (8 kv heads per
+  // block sharing 3 stages; kv_heads % 8 == 0, else 16 / 15) (4-bit
+  // keys; the served kernel otherwise). (2, 9-12: retired.)
   const bool mma_shape = c.expect_fast && H % 4 == 0;
   const bool k4 = c.format.rfind("k4", 0) == 0;
   struct Run {
@@ -206,7 +207,7 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   };
   const std::vector<Run> runs = {{0, true},  {1, true},  {3, true},  {4, true},  {5, true},  {6, true},
                                  {7, true},  {8, true},  {13, true}, {14, true}, {15, true}, {16, true},
-                                 {3, false},
+                                 {17, true}, {3, false},
                                  {4, false}, {6, false}, {7, false}};
   for (size_t run = 0; run < (mma_shape ? runs.size() : 1); ++run) {
     const int variant = runs[run].variant;
@@ -217,6 +218,7 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
       const bool kreg = variant == 3 || variant == 4 || variant == 6 || variant == 7 ||
                         ((variant == 0 || variant >= 8) && c.format == "k2v2");
       EXPECT_EQ(AttentionUsesRegisterDequant(a), kreg && (!k4 || a.symmetric_codebooks));
+      if (variant == 17) EXPECT_EQ(AttentionUsesRowSets(a), k4 && H % 8 == 0 && a.uniform_codebooks);
     }
     DeviceBuffer ws = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(a));
     a.workspace = ws.get();
@@ -267,6 +269,11 @@ std::vector<Case> Cases() {
   c.push_back({"k4v2", 128, 24, 12, {200, 31, 1}, {}, 1, 0, true});
   c.push_back({"k2v2", 128, 64, 8, {5000, 47}, {}, 1, 0, true});
   c.push_back({"k4v4", 128, 16, 4, {16, 4111}, {}, 1, 9, true});
+  // Row sets: two groups of 8 kv heads (the last group's tensor box runs
+  // past the token's rows), prefill over row sets.
+  c.push_back({"k4v2", 128, 32, 16, {260, 1, 47}, {}, 1, 5, true});
+  c.push_back({"k4v4", 128, 16, 16, {33, 518}, {}, 1, 3, true});
+  c.push_back({"k4v4", 128, 32, 8, {90, 40}, {}, 19, 0, true});
   // QR rotation: the staged kernel takes PrepareQueryKernel's queries
   // instead of rotating its own (block Hadamard only).
   c.push_back({"k4v4", 128, 32, 8, {700, 45}, {}, 1, 0, true, true});

@@ -155,20 +155,25 @@ struct AttentionLaunch {
   // registers (kMmaKReg in gpu/kernels/attention_mma.cuh). Without it those
   // variants fall back to the shared-memory table for 4-bit keys.
   bool symmetric_codebooks = false;
-  // Tensor-core kernel variant (benchmarks): 0 = default (served: k4v2 as
-  // 15, k4v4 with one K/V codebook as 14 (15 above 3 blocks per SM), other k4v4 as 5 + 8, k2v2 as 4 + 8,
-  // k2v4 as 1), 1 = one kv head per block with 128-byte-row tables, 3 = K
-  // centroids from registers, 4 = variant 3 budgeted for 4 blocks/SM, 5 =
-  // tables with 256-byte rows (one prmt per lookup address), 6 = variant 3
-  // with 256-byte V rows, 7 = K centroids from registers with one raw tile
-  // buffer (no prefetch) and one score chain per n-tile, budgeted for 4
-  // blocks/SM, 8 = the bit pair's register-buffered configuration with
-  // tokens-on-M scores, 13 = the staged kernel (attention_staged.cuh) with
-  // 2 cp.async stages per warp at 4 blocks/SM, 14 = staged with the stages
-  // in the holes of a 256-byte-row K/V table (one codebook; else 13), 15 =
-  // staged with 8 warps per block and the K stages in the holes of a
-  // 256-byte-row K table, 16 = 13 with each tile's K and V rows arriving as
-  // two TMA tensor loads (13-16: 4-bit keys; others run the default).
+  // Tensor-core kernel variant (benchmarks): 0 = default (served: k4v4
+  // with one K/V codebook and k4v2 with uniform codebooks as 17 where
+  // kv_heads % 8 == 0 and there are >= 4 (query, 8-head group) blocks,
+  // else k4v4 (one codebook) as 16 and k4v2 as 15; other k4v4 as 5 + 8,
+  // k2v2 as 4 + 8, k2v4 as 1), 1 = one kv head per block with 128-byte-row
+  // tables, 3 = K centroids from registers, 4 = variant 3 budgeted for 4
+  // blocks/SM, 5 = tables with 256-byte rows (one prmt per lookup address),
+  // 6 = variant 3 with 256-byte V rows, 7 = K centroids from registers with
+  // one raw tile buffer (no prefetch) and one score chain per n-tile,
+  // budgeted for 4 blocks/SM, 8 = the bit pair's register-buffered
+  // configuration with tokens-on-M scores, 13 = the staged kernel
+  // (attention_staged.cuh) with 2 cp.async stages per warp at 4 blocks/SM,
+  // 14 = staged with the stages in the holes of a 256-byte-row K/V table
+  // (one codebook; else 13), 15 = staged with 8 warps per block and the K
+  // stages in the holes of a 256-byte-row K table, 16 = 13 with each tile's
+  // K and V rows arriving as two TMA tensor loads, 17 = row sets
+  // (attention_rowset.cuh: a block per query and 8 kv heads, a warp per kv
+  // head, 3 shared TMA stages; kv_heads % 8 == 0 and uniform codebooks,
+  // else 16 / 15) (13-17: 4-bit keys; others run the default).
   // Retired variants, measured slower and deleted (bench/RESULTS.md), run
   // the default: 2 (page streaming), 9-11 (one K/V table in the register-
   // buffered kernel), 12 (4 stages per warp).
@@ -187,6 +192,9 @@ bool AttentionUsesFastPath(const AttentionLaunch& a);
 // True when LaunchAttention(a) runs the tensor-core kernel with K centroids
 // dequantised in registers (variant and codebook permitting).
 bool AttentionUsesRegisterDequant(const AttentionLaunch& a);
+// True when LaunchAttention(a) runs the row-set kernel (8 kv heads per
+// block, gpu/kernels/attention_rowset.cuh).
+bool AttentionUsesRowSets(const AttentionLaunch& a);
 // Host check: centroids c[0..n) rounded to fp16 are symmetric bit for bit
 // (fp16(c[n-1-k]) = fp16(c[k]) with the sign flipped) and the upper half is
 // positive, as the register dequantisation of 4-bit keys needs.
