@@ -357,24 +357,28 @@ cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float*
   }
 }
 
-// The tensor maps of StagedDecodeKernel's kTma loads (see StagedTensorMaps).
-// The page dimension spans every int32 page index (2^31), so no block-table
-// entry can fall outside the map (TMA would zero-fill it silently).
-cudaError_t StagedMaps(const AttentionLaunch& a, int kspan, int vspan, StagedTensorMaps* m) {
+// The tensor maps of the TMA tile loads (StagedTensorMaps): per component,
+// dims = bytes (elem = 1) or 4-byte words (elem = 4) of a token's rows of
+// all kv heads, tokens of a page, pages; box = kbox / vbox bytes × 16
+// tokens × 1 page (StagedDecodeKernel: one head's span, uint8;
+// RowSetDecodeKernel: 8 heads' rows + 16 bytes, uint32). The page
+// dimension spans every int32 page index (2^31), so no block-table entry
+// can fall outside the map (TMA would zero-fill it silently).
+cudaError_t TileMaps(const AttentionLaunch& a, int elem, uint32_t kbox, uint32_t vbox, StagedTensorMaps* m) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  auto one = [&](CUtensorMap* map, const uint8_t* base, int row_bytes, int span) {
+  auto one = [&](CUtensorMap* map, const uint8_t* base, int row_bytes, uint32_t box_bytes) {
     const cuuint64_t step = static_cast<cuuint64_t>(a.kv_heads) * row_bytes;
-    const cuuint64_t dims[3] = {step, static_cast<cuuint64_t>(a.block_size), cuuint64_t{1} << 31};
+    const cuuint64_t dims[3] = {step / elem, static_cast<cuuint64_t>(a.block_size), cuuint64_t{1} << 31};
     const cuuint64_t strides[2] = {step, static_cast<cuuint64_t>(a.block_stride)};
-    const cuuint32_t box[3] = {static_cast<cuuint32_t>(span), 16, 1};
+    const cuuint32_t box[3] = {box_bytes / elem, 16, 1};
     const cuuint32_t es[3] = {1, 1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(base), dims, strides, box, es,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return encode(map, elem == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
+                  const_cast<uint8_t*>(base), dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   };
-  if (one(&m->k, a.k_base, a.host_k.row_bytes, kspan) != CUDA_SUCCESS ||
-      one(&m->v, a.v_base, a.host_v.row_bytes, vspan) != CUDA_SUCCESS)
+  if (one(&m->k, a.k_base, a.host_k.row_bytes, kbox) != CUDA_SUCCESS ||
+      one(&m->v, a.v_base, a.host_v.row_bytes, vbox) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   return cudaSuccess;
 }
@@ -394,34 +398,12 @@ cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float*
     StagedTensorMaps maps = {};
     if constexpr (T) {
       using L = StagedLayout<VB, kShared, M, NW, S>;
-      e = StagedMaps(a, L::kKSpan, L::kVSpan, &maps);
+      e = TileMaps(a, 1, L::kKSpan, L::kVSpan, &maps);
       if (e != cudaSuccess) return e;
     }
     StagedDecodeKernel<VB, G, S, MB, kShared, M, NW, T><<<grid, 32 * NW, smem, stream>>>(a, d, states, recs, maps);
     return cudaGetLastError();
   }
-}
-
-// Tensor maps of a row-set launch (4-byte elements; dims: words of a
-// token's rows of all kv heads, tokens of a page, pages; box: 8 heads'
-// rows + 16 bytes (RowSetLayout::kKTok / kVTok) × 16 tokens).
-cudaError_t RowSetMaps(const AttentionLaunch& a, uint32_t ktok, uint32_t vtok, StagedTensorMaps* m) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (encode == nullptr) return cudaErrorNotSupported;
-  auto one = [&](CUtensorMap* map, const uint8_t* base, int row_bytes, uint32_t tok) {
-    const cuuint64_t step = static_cast<cuuint64_t>(a.kv_heads) * row_bytes;
-    const cuuint64_t dims[3] = {step / 4, static_cast<cuuint64_t>(a.block_size), cuuint64_t{1} << 31};
-    const cuuint64_t strides[2] = {step, static_cast<cuuint64_t>(a.block_stride)};
-    const cuuint32_t box[3] = {tok / 4, 16, 1};
-    const cuuint32_t es[3] = {1, 1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<uint8_t*>(base), dims, strides, box, es,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  };
-  if (one(&m->k, a.k_base, a.host_k.row_bytes, ktok) != CUDA_SUCCESS ||
-      one(&m->v, a.v_base, a.host_v.row_bytes, vtok) != CUDA_SUCCESS)
-    return cudaErrorInvalidValue;
-  return cudaSuccess;
 }
 
 template <int VB, int G, int S>
@@ -431,7 +413,7 @@ cudaError_t RowSetWith(const AttentionLaunch& a, const AttnDims& d, const float*
   cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(RowSetDecodeKernel<VB, G, S>), L::kBytes);
   if (e != cudaSuccess) return e;
   StagedTensorMaps maps = {};
-  e = RowSetMaps(a, L::kKTok, L::kVTok, &maps);
+  e = TileMaps(a, 4, L::kKTok, L::kVTok, &maps);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(a.num_queries * (a.kv_heads / kRowSetHeads)), d.splits);
   RowSetDecodeKernel<VB, G, S><<<grid, 32 * kRowSetHeads, L::kBytes, stream>>>(a, d, states, recs, maps);

@@ -20,7 +20,7 @@
 // 16 (the tensor box takes 16 bytes more than the row set, so that the
 // per-lane reads of StagedDecodeKernel's fragment layout hit 32 different
 // banks: token stride 140 words ≡ 12 mod 32 for 68-byte rows, 76 ≡ 12 for
-// 36-byte rows). Scores, softmax and value mmas as StagedDecodeKernel.
+// 36-byte rows). Scores, softmax and value mmas: TokMTiles.
 #ifndef TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 #define TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 
@@ -63,7 +63,6 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   extern __shared__ __align__(128) uint32_t rs_smem[];  // no static shared memory: kMmaSmemWindowBase
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(rs_smem));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
-  const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
   const int groups = a.kv_heads / NW;
   const int64_t qi = blockIdx.x / groups;
   const int hg = static_cast<int>(blockIdx.x % groups);
@@ -112,29 +111,10 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   if (fold) {
     const GpuGroup& kg = kc.groups[0];
     qrot.Load(kg, lane, true);
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      const float* q = a.q + (qi * a.q_heads + kvh * G + h) * a.dim;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int j = lane + 32 * k;
-        qy[h][k] = q[kg.channel_map ? kg.channel_map[j] : j];
-      }
-    }
+    LoadGroupQueries(a, kg, qi, kvh, G, 0, 1, lane, qy);
   }
   __syncthreads();  // centroids (and barrier init) visible
-  for (int e = tid; e < 256 * 8; e += blockDim.x) {
-    const int ent = e >> 3;
-    const uint32_t v = PackHalf2(cent[ent & 15], cent[ent >> 4]);
-    *reinterpret_cast<uint4*>(&rs_smem[(L::kKTable + ent * 128u) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
-  }
-  if constexpr (!L::kSharedKV) {
-    for (int e = tid; e < (1 << (2 * VB)) * 8; e += blockDim.x) {
-      const int ent = e >> 3;
-      const uint32_t v = PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
-      *reinterpret_cast<uint4*>(&rs_smem[(L::kVTable + 256u * ent) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
-    }
-  }
+  BuildTokMTables<VB, L::kSharedKV, 128, L::kKTable, L::kVTable>(rs_smem, cent, tid, blockDim.x);
   if (fold) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
@@ -145,120 +125,16 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   }
   __syncthreads();  // tables complete (and each warp's rotated queries)
 
-  uint32_t qa[8][2];
-  {
-    const float sl = a.scale * kLog2e;
-    const int hq = g < G ? g : 0;
-    const float* qrow = states ? states + (qi * a.q_heads + kvh * G + hq) * d.sk : qbuf + hq * 128;
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float x0 = g < G ? qrow[StagedKChannel(kk, h, 0, i)] * sl : 0.0f;
-        const float x1 = g < G ? qrow[StagedKChannel(kk, h, 1, i)] * sl : 0.0f;
-        qa[kk][h] = PackHalf2(x0, x1);
-      }
-  }
-
   // Per-lane read bases in stage 0 (stage s adds s·kStage, an immediate):
-  // lane (g, i) reads row words i + 4k of K tokens g, g + 8 and row words g
-  // (g + 8) of V tokens 2i, 2i + 1, 2i + 8, 2i + 9, as StagedDecodeKernel.
-  const uint32_t k_rd = Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 4u * i);
-  const uint32_t kn_rd = Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 64u);
-  const uint32_t v_rd = Opaque(smem_base + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * warp + 4u * g);
-  const uint32_t vn_rd = Opaque(smem_base + L::VBase(0) + L::kVTok * g + L::kVRow * warp + 16u * VB);
+  // the fragment layout of TokMTiles with the row-set token strides.
   constexpr uint32_t kK8 = 8 * L::kKTok, kV8 = 8 * L::kVTok, kV1 = L::kVTok;
+  TokMTiles<VB, false, L::kKTable, L::kVTable, kK8, kV8, kV1> tiles;
+  tiles.Begin(Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 4u * i),
+              Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 64u),
+              Opaque(smem_base + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * warp + 4u * g),
+              Opaque(smem_base + L::VBase(0) + L::kVTok * g + L::kVRow * warp + 16u * VB), lane, t1, a, d, states, qbuf,
+              qi, kvh, G);
 
-  float mh[2] = {-CUDART_INF_F, -CUDART_INF_F}, lh[2] = {0.0f, 0.0f};  // heads 2i, 2i + 1
-  float acc[8][4];
-#pragma unroll
-  for (int u = 0; u < 8; ++u)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
-
-  auto scores = [&](int n, uint32_t so, float (&s)[1][4]) {
-    const int tt = t0 + 16 * n;
-    uint32_t kw[2][4];
-    float nk[2];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(k_rd + so + kK8 * nt + 16u * k);
-      nk[nt] = __uint_as_float(LdsWord(kn_rd + so + kK8 * nt));
-    }
-    float sc[2][4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sc[0][e] = sc[1][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const int s0 = 2 * (kk % 2);
-      const uint32_t w0 = kw[0][kk / 2], w1 = kw[1][kk / 2];
-      const uint32_t a0 = LdsTable<L::kKTable>(LutOff<8, false>(w0, s0, lane4));
-      const uint32_t a1 = LdsTable<L::kKTable>(LutOff<8, false>(w1, s0, lane4));
-      const uint32_t a2 = LdsTable<L::kKTable>(LutOff<8, false>(w0, s0 + 1, lane4));
-      const uint32_t a3 = LdsTable<L::kKTable>(LutOff<8, false>(w1, s0 + 1, lane4));
-      MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const bool past = tt + g + 8 * nt >= t1;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float v = (sc[0][2 * nt + e] + sc[1][2 * nt + e]) * nk[nt];
-        s[0][2 * nt + e] = past ? -CUDART_INF_F : v;
-      }
-    }
-  };
-  struct Operands {
-    uint32_t pb0, pb1;
-    uint32_t w[2][2][2];
-  };
-  auto operands = [&](int n, float (&s)[1][4], uint32_t so, Operands& o) {
-    const int tt = t0 + 16 * n;
-    TokMSoftmax<1>(s, mh, lh, acc, g);  // finite maxima: the tile's first token is valid
-    {
-      uint32_t x[2];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        float nv = __uint_as_float(LdsWord(vn_rd + so + kV8 * nt));
-        nv = tt + g + 8 * nt >= t1 ? 0.0f : nv;  // rows past the end: NaN norms possible
-        x[nt] = PackHalf2(s[0][2 * nt] * nv, s[0][2 * nt + 1] * nv);
-      }
-      TokMProbFragment(x, g, i, o.pb0, o.pb1);
-    }
-    if constexpr (VB == 4) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          const uint32_t base = v_rd + so + kV8 * j + 32u * w;
-          TokenPairs4(LdsWord(base), LdsWord(base + kV1), o.w[j][w][0], o.w[j][w][1]);
-        }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint32_t base = v_rd + so + kV8 * j;
-        const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
-        const uint32_t tp0 = (x0 & 0x33333333u) | ((x1 << 2) & 0xCCCCCCCCu);
-        const uint32_t tp1 = ((x0 >> 2) & 0x33333333u) | (x1 & 0xCCCCCCCCu);
-        o.w[j][0][0] = tp0 & 0x0F0F0F0Fu;
-        o.w[j][0][1] = (tp0 >> 4) & 0x0F0F0F0Fu;
-        o.w[j][1][0] = tp1 & 0x0F0F0F0Fu;
-        o.w[j][1][1] = (tp1 >> 4) & 0x0F0F0F0Fu;
-      }
-    }
-  };
-  auto values = [&](const Operands& o) {
-    if constexpr (VB == 4) {
-      TokenPairValueMmas(acc, [&](int j, int h, int u) {
-        return LdsTable<L::kVTable>(LutOff<8, false>(o.w[j][u / 4][h], u % 4, lane4));
-      }, o.pb0, o.pb1);
-    } else {
-      TokenPairValueMmas(acc, [&](int j, int h, int u) {
-        return LdsTable<L::kVTable>(LutOffset256<8>(o.w[j][h][u & 1], u >> 1, lane4));
-      }, o.pb0, o.pb1);
-    }
-  };
   // Every warp streams the pages of tiles S, S + 1, ... (the refills), so
   // the one that issues a refill has its page in a register.
   PageStream pages([&](int m) -> int32_t {
@@ -270,11 +146,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   auto step = [&](int n, int s) {
     const int page = static_cast<int>(pages.Next(n, lane));  // tile n + S's
     MbarWait(mbar0 + 8u * s, static_cast<uint32_t>(n / S) & 1u);
-    float sc[1][4];
-    scores(n, L::kStage * s, sc);
-    Operands o;
-    operands(n, sc, L::kStage * s, o);
-    values(o);
+    tiles.Tile(t0 + 16 * n, L::kStage * s, L::kStage * s);
     __syncwarp();
     if (lane == 0) {
       __threadfence_block();  // this warp's reads of the stage before its count
@@ -291,15 +163,10 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   for (int s = 0; s < S - 1; ++s)
     if (n + s < ntiles) step(n + s, s);
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    lh[e] += __shfl_xor_sync(kFullMask, lh[e], 4);
-    lh[e] += __shfl_xor_sync(kFullMask, lh[e], 8);
-    lh[e] += __shfl_xor_sync(kFullMask, lh[e], 16);
-  }
+  tiles.ReduceSums();
   // The warp's split records: the accumulator through its own query rows.
   __syncwarp();
-  StoreWarpAcc<G>(qbuf, acc, 0, i, [&](int u) { return VB == 4 ? 4 * (g + 8 * (u / 4)) + u % 4 : 8 * g + u; });
+  StoreWarpAcc<G>(qbuf, tiles.acc, 0, i, [&](int u) { return tiles.PairOf(u); });
   __syncwarp();
   auto rec_of = [&](int h) { return records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record; };
 #pragma unroll
@@ -309,8 +176,8 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     if (g == 0 && 2 * i + e < G) {
-      rec_of(2 * i + e)[0] = mh[e];
-      rec_of(2 * i + e)[1] = lh[e];
+      rec_of(2 * i + e)[0] = tiles.mh[e];
+      rec_of(2 * i + e)[1] = tiles.lh[e];
     }
   }
 }

@@ -156,6 +156,207 @@ __device__ __forceinline__ uint32_t LdsWord(uint32_t addr) {
   return r;
 }
 
+// One warp's tokens-on-M attention over 16-token tiles whose packed rows
+// sit in shared memory (StagedDecodeKernel, RowSetDecodeKernel): lane (g,
+// i)'s query fragments, softmax state (heads 2i, 2i + 1) and value
+// accumulator, and its read bases. Lane (g, i) reads row words i, i + 4,
+// i + 8, i + 12 of K tokens g and g + 8 at k_rd (+ kK8), their norms at
+// kn_rd, row words g (and g + 8 for 4-bit V) of V tokens 2i, 2i + 1, 2i +
+// 8, 2i + 9 at v_rd (+ kV1, + kV8) and the V norms of tokens g, g + 8 at
+// vn_rd: one LDS per word at a per-lane base plus immediates. Tables: entry
+// e of lane l at rows·e + 4·l (rows of 128 or, kRow256, 256 bytes), read as
+// LdsTable immediates.
+template <int VB, bool kRow256, uint32_t kKTable, uint32_t kVTable, uint32_t kK8, uint32_t kV8, uint32_t kV1>
+struct TokMTiles {
+  uint32_t qa[8][2];  // B of the score mma: head g at channels StagedKChannel(kk, h, 0/1, i)
+  float mh[2], lh[2];
+  float acc[8][4];
+  uint32_t k_rd, kn_rd, v_rd, vn_rd, lane4;
+  int g, i, t1;  // t1: the end of the tokens this warp attends
+
+  // A tile's value operands: P's B fragment and the V index words.
+  struct Operands {
+    uint32_t pb0, pb1;
+    uint32_t w[2][2][2];  // 4-bit V: token-pair words tp[j][w][h]; 2-bit: sp[j][h][k]
+  };
+
+  // Lane state before the first tile: the read bases (stage 0), the end of
+  // the warp's tokens, and head g's rotated query (states: from
+  // PrepareQueryKernel, else the block's own rotation in qbuf: G rows of
+  // 128) as fp16 fragments times scale·log2(e) (zeros for g >= G).
+  __device__ __forceinline__ void Begin(uint32_t k_base, uint32_t kn_base, uint32_t v_base, uint32_t vn_base,
+                                        int lane, int end, const AttentionLaunch& a, const AttnDims& d,
+                                        const float* states, const float* qbuf, int64_t qi, int kvh, int G) {
+    k_rd = k_base, kn_rd = kn_base, v_rd = v_base, vn_rd = vn_base;
+    lane4 = static_cast<uint32_t>(lane) * 4u;
+    g = lane >> 2, i = lane & 3, t1 = end;
+    const bool valid = g < G;
+    const int hq = valid ? g : 0;
+    const float* qrow = states ? states + (qi * a.q_heads + kvh * G + hq) * d.sk : qbuf + hq * 128;
+    const float sl = a.scale * kLog2e;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float x0 = valid ? qrow[StagedKChannel(kk, h, 0, i)] * sl : 0.0f;
+        const float x1 = valid ? qrow[StagedKChannel(kk, h, 1, i)] * sl : 0.0f;
+        qa[kk][h] = PackHalf2(x0, x1);
+      }
+    mh[0] = mh[1] = -CUDART_INF_F;
+    lh[0] = lh[1] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
+  }
+  // The tile at token tt, its K / V rows at the read bases + ko / vo.
+  __device__ __forceinline__ void Tile(int tt, uint32_t ko, uint32_t vo) {
+    float s[1][4];
+    Scores(tt, ko, s);
+    Operands o;
+    Prepare(tt, s, vo, o);
+    Values(o);
+  }
+  // After the last tile: lh summed over the lanes of each i.
+  __device__ __forceinline__ void ReduceSums() {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      lh[e] += __shfl_xor_sync(kFullMask, lh[e], 4);
+      lh[e] += __shfl_xor_sync(kFullMask, lh[e], 8);
+      lh[e] += __shfl_xor_sync(kFullMask, lh[e], 16);
+    }
+  }
+  // Channel pair of accumulator unit u (rows g / g + 8 of acc[u]).
+  __device__ __forceinline__ int PairOf(int u) const { return VB == 4 ? 4 * (g + 8 * (u / 4)) + u % 4 : 8 * g + u; }
+
+  // Scores s[0][2·nt + e] of token g + 8·nt, head 2i + e (−inf past t1).
+  __device__ __forceinline__ void Scores(int tt, uint32_t ko, float (&s)[1][4]) const {
+    uint32_t kw[2][4];
+    float nk[2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(k_rd + ko + kK8 * nt + 16u * k);
+      nk[nt] = __uint_as_float(LdsWord(kn_rd + ko + kK8 * nt));
+    }
+    float sc[2][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[0][e] = sc[1][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const int s0 = 2 * (kk % 2);
+      const uint32_t w0 = kw[0][kk / 2], w1 = kw[1][kk / 2];
+      const uint32_t a0 = LdsTable<kKTable>(LutOff<8, kRow256>(w0, s0, lane4));
+      const uint32_t a1 = LdsTable<kKTable>(LutOff<8, kRow256>(w1, s0, lane4));
+      const uint32_t a2 = LdsTable<kKTable>(LutOff<8, kRow256>(w0, s0 + 1, lane4));
+      const uint32_t a3 = LdsTable<kKTable>(LutOff<8, kRow256>(w1, s0 + 1, lane4));
+      MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const bool past = tt + g + 8 * nt >= t1;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = (sc[0][2 * nt + e] + sc[1][2 * nt + e]) * nk[nt];
+        s[0][2 * nt + e] = past ? -CUDART_INF_F : v;
+      }
+    }
+  }
+  // Softmax (rescaling acc), then P·n_v transposed to P's B fragment (head
+  // g; tokens 2i, 2i + 1 and 2i + 8, 2i + 9), and the V words of token pairs
+  // (2i + 8j, 2i + 8j + 1), j = 0, 1.
+  __device__ __forceinline__ void Prepare(int tt, float (&s)[1][4], uint32_t vo, Operands& o) {
+    TokMSoftmax<1>(s, mh, lh, acc, g);  // finite maxima: the tile's first token is valid
+    {
+      uint32_t x[2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        float nv = __uint_as_float(LdsWord(vn_rd + vo + kV8 * nt));
+        nv = tt + g + 8 * nt >= t1 ? 0.0f : nv;  // rows past the end: NaN norms possible
+        x[nt] = PackHalf2(s[0][2 * nt] * nv, s[0][2 * nt + 1] * nv);
+      }
+      TokMProbFragment(x, g, i, o.pb0, o.pb1);
+    }
+    if constexpr (VB == 4) {
+      // Lane words w = 0, 1: row words g + 8w; w[j][w][0/1]: byte k = the
+      // pair's low / high nibbles of byte k (channels 8(g + 8w) + 2k, + 1).
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          const uint32_t base = v_rd + vo + kV8 * j + 32u * w;
+          TokenPairs4(LdsWord(base), LdsWord(base + kV1), o.w[j][w][0], o.w[j][w][1]);
+        }
+    } else {
+      // Lane word: row word g (channels 16g .. 16g + 15, 2 bits each);
+      // tp0/tp1: nibble u = the pair's fields 2u / 2u + 1, spread to bytes:
+      // w[j][h][0] byte k = nibble 2k, w[..][1] byte k = nibble 2k + 1; a
+      // lookup address is then one prmt.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t base = v_rd + vo + kV8 * j;
+        const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
+        const uint32_t tp0 = (x0 & 0x33333333u) | ((x1 << 2) & 0xCCCCCCCCu);
+        const uint32_t tp1 = ((x0 >> 2) & 0x33333333u) | (x1 & 0xCCCCCCCCu);
+        o.w[j][0][0] = tp0 & 0x0F0F0F0Fu;
+        o.w[j][0][1] = (tp0 >> 4) & 0x0F0F0F0Fu;
+        o.w[j][1][0] = tp1 & 0x0F0F0F0Fu;
+        o.w[j][1][1] = (tp1 >> 4) & 0x0F0F0F0Fu;
+      }
+    }
+  }
+  __device__ __forceinline__ void Values(const Operands& o) {
+    if constexpr (VB == 4) {
+      TokenPairValueMmas(acc, [&](int j, int h, int u) {
+        return LdsTable<kVTable>(LutOff<8, kRow256>(o.w[j][u / 4][h], u % 4, lane4));
+      }, o.pb0, o.pb1);
+    } else {
+      TokenPairValueMmas(acc, [&](int j, int h, int u) {
+        return LdsTable<kVTable>(LutOffset256<8>(o.w[j][h][u & 1], u >> 1, lane4));
+      }, o.pb0, o.pb1);
+    }
+  }
+};
+
+// The folded query rotation's loads: query heads kvh·G + first + step·k (k
+// < N; a head >= G loads head 0) in the group's channel order, the strided
+// layout (lane + 32·r) its rotation takes.
+template <int N>
+__device__ __forceinline__ void LoadGroupQueries(const AttentionLaunch& a, const GpuGroup& kg, int64_t qi, int kvh,
+                                                 int G, int first, int step, int lane, float (&qy)[N][4]) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const int h = first + step * k;
+    const float* q = a.q + (qi * a.q_heads + kvh * G + (h < G ? h : 0)) * a.dim;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int j = lane + 32 * r;
+      qy[k][r] = q[kg.channel_map ? kg.channel_map[j] : j];
+    }
+  }
+}
+
+// The staged kernels' lookup tables from the centroids cent (K at 0..15, V
+// at 16..): 256 K (or K/V) entries of fp16 centroid pairs in rows of
+// kRowBytes, a copy per lane, written as 16-byte stores (a quarter-warp
+// per row: conflict free); for 2-bit V (!kSharedKV) 16 entries in
+// 256-byte rows at kVTable.
+template <int VB, bool kSharedKV, uint32_t kRowBytes, uint32_t kKTable, uint32_t kVTable>
+__device__ __forceinline__ void BuildTokMTables(uint32_t* smem, const float* cent, int tid, int nthreads) {
+  for (int e = tid; e < 256 * 8; e += nthreads) {
+    const int ent = e >> 3;
+    const uint32_t v = PackHalf2(cent[ent & 15], cent[ent >> 4]);
+    *reinterpret_cast<uint4*>(&smem[(kKTable + ent * kRowBytes) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
+  }
+  if constexpr (!kSharedKV) {
+    for (int e = tid; e < (1 << (2 * VB)) * 8; e += nthreads) {
+      const int ent = e >> 3;
+      const uint32_t v = PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
+      *reinterpret_cast<uint4*>(&smem[(kVTable + 256u * ent) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
+    }
+  }
+}
+
 // states: the rotated queries of PrepareQueryKernel, or null: the block
 // rotates its G heads itself (block-Hadamard K rotation: a few shuffles per
 // head, overlapped with the table build; saves the preparation launch).
@@ -185,7 +386,6 @@ __global__ void __launch_bounds__(32 * NW, MB)
   }
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
-  const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
   const int64_t qi = blockIdx.x / a.kv_heads;
   const int kvh = static_cast<int>(blockIdx.x % a.kv_heads);
   const int split = blockIdx.y;
@@ -202,32 +402,10 @@ __global__ void __launch_bounds__(32 * NW, MB)
   if (fold) {
     const GpuGroup& kg = kc.groups[0];
     qrot.Load(kg, lane, true);
-#pragma unroll
-    for (int hw = 0; hw < kHeadsPerWarp; ++hw) {
-      const int h = warp + NW * hw;
-      const float* q = a.q + (qi * a.q_heads + kvh * G + (h < G ? h : 0)) * a.dim;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int j = lane + 32 * k;
-        qy[hw][k] = q[kg.channel_map ? kg.channel_map[j] : j];
-      }
-    }
+    LoadGroupQueries(a, kg, qi, kvh, G, warp, NW, lane, qy);
   }
   __syncthreads();
-  // Tables: an entry's 32 lane copies as 8 16-byte stores (a quarter-warp
-  // writes one row: conflict free).
-  for (int e = tid; e < 256 * 8; e += blockDim.x) {
-    const int ent = e >> 3;
-    const uint32_t v = PackHalf2(cent[ent & 15], cent[ent >> 4]);
-    *reinterpret_cast<uint4*>(&st_smem[(L::kKTable + ent * L::kRowBytes) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
-  }
-  if constexpr (!kSharedKV) {
-    for (int e = tid; e < (1 << (2 * VB)) * 8; e += blockDim.x) {
-      const int ent = e >> 3;
-      const uint32_t v = PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
-      *reinterpret_cast<uint4*>(&st_smem[(L::kVTable + 256u * ent) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
-    }
-  }
+  BuildTokMTables<VB, kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(st_smem, cent, tid, blockDim.x);
 
   if (fold) {
 #pragma unroll
@@ -243,23 +421,6 @@ __global__ void __launch_bounds__(32 * NW, MB)
   __syncthreads();  // tables and rotated queries complete
 
   const int mis = 4 * (kvh & 3);
-  // Query fragments (B of the score mma): lane (g, i), k-tile kk, half h:
-  // head g at channels StagedKChannel(kk, h, 0/1, i).
-  uint32_t qa[8][2];
-  {
-    const float sl = a.scale * kLog2e;
-    const int hq = g < G ? g : 0;
-    const float* qrow = states ? states + (qi * a.q_heads + kvh * G + hq) * d.sk : qbuf + hq * 128;
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float x0 = g < G ? qrow[StagedKChannel(kk, h, 0, i)] * sl : 0.0f;
-        const float x1 = g < G ? qrow[StagedKChannel(kk, h, 1, i)] * sl : 0.0f;
-        qa[kk][h] = PackHalf2(x0, x1);
-      }
-  }
-
   const int seq = a.query_seq[qi];
   const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
   const int t0 = split * static_cast<int>(d.chunk);
@@ -339,118 +500,14 @@ __global__ void __launch_bounds__(32 * NW, MB)
   // Absolute for stage 0 (stage 1 adds kKStride / kVStride as an
   // immediate: the tile loop alternates the two stages explicitly), opaque
   // as cd above.
-  const uint32_t k_rd = Opaque(kst + L::KSpan(g) + static_cast<uint32_t>(mis + 4 * i));
-  const uint32_t kn_rd = Opaque(kst + L::KSpan(g) + static_cast<uint32_t>(mis + 64));
-  const uint32_t v_rd = Opaque(vst + L::VSpan(2 * i) + static_cast<uint32_t>(mis + 4 * g));
-  const uint32_t vn_rd = Opaque(vst + L::VSpan(g) + static_cast<uint32_t>(mis + 16 * VB));
   constexpr uint32_t kK8 = L::KSpan(8) - L::KSpan(0), kV8 = L::VSpan(8) - L::VSpan(0);
   constexpr uint32_t kV1 = L::VSpan(1) - L::VSpan(0);  // also VSpan(2k + 1) − VSpan(2k)
-
-  float mh[2] = {-CUDART_INF_F, -CUDART_INF_F}, lh[2] = {0.0f, 0.0f};  // heads 2i, 2i + 1
-  float acc[8][4];
-#pragma unroll
-  for (int u = 0; u < 8; ++u)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
-
-  // A tile's scores: s[0][2·nt + e] for token g + 8·nt, head 2i + e (−inf
-  // past the end).
-  // ko: the tile's stage offset from stage 0.
-  auto scores = [&](int n, uint32_t ko, float (&s)[1][4]) {
-    const int tt = t0 + (warp + NW * n) * 16;
-    uint32_t kw[2][4];
-    float nk[2];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(k_rd + ko + kK8 * nt + 16u * k);
-      nk[nt] = __uint_as_float(LdsWord(kn_rd + ko + kK8 * nt));
-    }
-    float sc[2][4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sc[0][e] = sc[1][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const int s0 = 2 * (kk % 2);
-      const uint32_t w0 = kw[0][kk / 2], w1 = kw[1][kk / 2];
-      const uint32_t a0 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w0, s0, lane4));
-      const uint32_t a1 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w1, s0, lane4));
-      const uint32_t a2 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w0, s0 + 1, lane4));
-      const uint32_t a3 = LdsTable<L::kKTable>(LutOff<8, kRow256>(w1, s0 + 1, lane4));
-      MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const bool past = tt + g + 8 * nt >= t1;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float v = (sc[0][2 * nt + e] + sc[1][2 * nt + e]) * nk[nt];
-        s[0][2 * nt + e] = past ? -CUDART_INF_F : v;
-      }
-    }
-  };
-  // A tile's value operands: P's B fragment and the V index words.
-  struct Operands {
-    uint32_t pb0, pb1;
-    uint32_t w[2][2][2];  // 4-bit V: token-pair words tp[j][w][h]; 2-bit: sp[j][h][k]
-  };
-  // Softmax (rescaling acc), then P·n_v transposed to P's B fragment (head
-  // g; tokens 2i, 2i + 1 and 2i + 8, 2i + 9), and the V words of token pairs
-  // (2i + 8j, 2i + 8j + 1), j = 0, 1.
-  // vo: the tile's stage offset from stage 0.
-  auto operands = [&](int n, float (&s)[1][4], uint32_t vo, Operands& o) {
-    const int tt = t0 + (warp + NW * n) * 16;
-    // Finite maxima: the tile's first token is valid.
-    TokMSoftmax<1>(s, mh, lh, acc, g);
-    {
-      uint32_t x[2];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        float nv = __uint_as_float(LdsWord(vn_rd + vo + kV8 * nt));
-        nv = tt + g + 8 * nt >= t1 ? 0.0f : nv;  // rows past the end: NaN norms possible
-        x[nt] = PackHalf2(s[0][2 * nt] * nv, s[0][2 * nt + 1] * nv);
-      }
-      TokMProbFragment(x, g, i, o.pb0, o.pb1);
-    }
-    if constexpr (VB == 4) {
-      // Lane words w = 0, 1: row words g + 8w; w[j][w][0/1]: byte k = the
-      // pair's low / high nibbles of byte k (channels 8(g + 8w) + 2k, + 1).
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          const uint32_t base = v_rd + vo + kV8 * j + 32u * w;
-          TokenPairs4(LdsWord(base), LdsWord(base + kV1), o.w[j][w][0], o.w[j][w][1]);
-        }
-    } else {
-      // Lane word: row word g (channels 16g .. 16g + 15, 2 bits each);
-      // tp0/tp1: nibble u = the pair's fields 2u / 2u + 1, spread to bytes:
-      // w[j][h][0] byte k = nibble 2k, w[..][1] byte k = nibble 2k + 1; a
-      // lookup address is then one prmt.
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint32_t base = v_rd + vo + kV8 * j;
-        const uint32_t x0 = LdsWord(base), x1 = LdsWord(base + kV1);
-        const uint32_t tp0 = (x0 & 0x33333333u) | ((x1 << 2) & 0xCCCCCCCCu);
-        const uint32_t tp1 = ((x0 >> 2) & 0x33333333u) | (x1 & 0xCCCCCCCCu);
-        o.w[j][0][0] = tp0 & 0x0F0F0F0Fu;
-        o.w[j][0][1] = (tp0 >> 4) & 0x0F0F0F0Fu;
-        o.w[j][1][0] = tp1 & 0x0F0F0F0Fu;
-        o.w[j][1][1] = (tp1 >> 4) & 0x0F0F0F0Fu;
-      }
-    }
-  };
-  auto values = [&](const Operands& o) {
-    if constexpr (VB == 4) {
-      TokenPairValueMmas(acc, [&](int j, int h, int u) {
-        return LdsTable<L::kVTable>(LutOff<8, kRow256>(o.w[j][u / 4][h], u % 4, lane4));
-      }, o.pb0, o.pb1);
-    } else {
-      TokenPairValueMmas(acc, [&](int j, int h, int u) {
-        return LdsTable<L::kVTable>(LutOffset256<8>(o.w[j][h][u & 1], u >> 1, lane4));
-      }, o.pb0, o.pb1);
-    }
-  };
+  TokMTiles<VB, kRow256, L::kKTable, L::kVTable, kK8, kV8, kV1> tiles;
+  tiles.Begin(Opaque(kst + L::KSpan(g) + static_cast<uint32_t>(mis + 4 * i)),
+              Opaque(kst + L::KSpan(g) + static_cast<uint32_t>(mis + 64)),
+              Opaque(vst + L::VSpan(2 * i) + static_cast<uint32_t>(mis + 4 * g)),
+              Opaque(vst + L::VSpan(g) + static_cast<uint32_t>(mis + 16 * VB)), lane, t1, a, d, states, qbuf, qi, kvh,
+              G);
 
   // The ring of two stages: tile n + 1 in flight while tile n computes
   // from stage n mod 2; the loop takes tiles in pairs so that every stage
@@ -465,11 +522,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
     }
     __syncwarp();
     issue(n + 1, stage ^ 1u);  // into the stage tile n − 1 used (read before the last __syncwarp)
-    float s[1][4];
-    scores(n, stage * L::kKStride, s);
-    Operands o;
-    operands(n, s, stage * L::kVStride, o);
-    values(o);
+    tiles.Tile(t0 + (warp + NW * n) * 16, stage * L::kKStride, stage * L::kVStride);
     __syncwarp();
   };
   issue(0, 0);
@@ -483,24 +536,19 @@ __global__ void __launch_bounds__(32 * NW, MB)
   // The split merge (a programmatic dependent launch) may start launching
   // once every block is past its tiles.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    lh[e] += __shfl_xor_sync(kFullMask, lh[e], 4);
-    lh[e] += __shfl_xor_sync(kFullMask, lh[e], 8);
-    lh[e] += __shfl_xor_sync(kFullMask, lh[e], 16);
-  }
+  tiles.ReduceSums();
 
   // Block merge of the warps into one split record.
   __syncthreads();  // tables and stages no longer read
   float* macc = reinterpret_cast<float*>(st_smem);  // [warps][G][128]
   float* mml = macc + NW * G * 128;                  // [warps][G][2]
   // Channel pair of unit u (rows g / g + 8 of acc[u]).
-  StoreWarpAcc<G>(macc, acc, warp, i, [&](int u) { return VB == 4 ? 4 * (g + 8 * (u / 4)) + u % 4 : 8 * g + u; });
+  StoreWarpAcc<G>(macc, tiles.acc, warp, i, [&](int u) { return tiles.PairOf(u); });
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     if (g == 0 && 2 * i + e < G) {
-      mml[(warp * G + 2 * i + e) * 2] = mh[e];
-      mml[(warp * G + 2 * i + e) * 2 + 1] = lh[e];
+      mml[(warp * G + 2 * i + e) * 2] = tiles.mh[e];
+      mml[(warp * G + 2 * i + e) * 2 + 1] = tiles.lh[e];
     }
   }
   __syncthreads();
