@@ -18,7 +18,9 @@ namespace tqkv::gpu {
 namespace {
 
 constexpr int64_t kMinSplitTokens = 256;
-constexpr int kRowSetStages = 3;     // shared stages per row-set block (2 and 4 measured slower)
+// Shared stages per row-set block (the most that fit 2 blocks per SM next to
+// 64 KiB of tables; with 128-byte table rows 3 stages ran 4-9% slower).
+constexpr int kRowSetStages = 2;
 constexpr int kRowSetMinBlocks = 4;  // served row sets: (query, head group) blocks at least
 
 int StateSize(const GpuComponent& c, int dim) { return c.kind == kGpuDense ? dim : c.state_size; }
@@ -136,7 +138,7 @@ constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {kMmaTokM, 3, 2, kStagesHoles},
                                {kMmaTokM, 2, 2, kStagesHolesK, 8},
                                {kMmaTokM, 4, 2, kStagesDense, 4, true},
-                               {kMmaTokM, 2, kRowSetStages, kStagesDense, 8, true, true}};
+                               {kMmaTokM | kMmaLut256, 2, kRowSetStages, kStagesDense, 8, true, true}};
 constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 // Variant 8 ("tokm"): the served configuration of the bit pair with
 // tokens-on-M scores (kMmaTokM).
@@ -172,15 +174,15 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
   if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[TensorMapEncoder() != nullptr ? 16 : 14];
   // Row sets (variant 17) wherever they apply with at least
-  // kRowSetMinBlocks (query, head group) blocks: 2-7% faster than 15 / 16
-  // from 4 × 64K to 64 × 4K; with fewer, a long sequence's hundreds of
-  // splits make the merge cost more than the kernel saves (1 × 128K: 7%
-  // slower; bench/RESULTS.md).
+  // kRowSetMinBlocks (query, head group) blocks: 4-13% faster than 16 and
+  // 1-8% than 15 from 4 × 64K to 64 × 4K; with fewer, a long sequence's
+  // hundreds of splits make the merge cost more than the kernel saves
+  // (1 × 128K: 0-4% slower; bench/RESULTS.md).
   if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && a.kv_heads % kRowSetHeads == 0 && a.uniform_codebooks &&
       a.num_queries * (a.kv_heads / kRowSetHeads) >= kRowSetMinBlocks)
     c = kMmaCfgs[17];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
-  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-18: 4-bit keys
+  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-17: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
   // stages in the table's holes only with one codebook.
   if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];

@@ -197,7 +197,7 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   // configuration; 13: the staged kernel (2 cp.async stages per warp), 14:
   // its stages in the table's holes, 15: 8 warps with the K stages in the
   // holes, 16: 13 with TMA tensor loads, 17: row sets (8 kv heads per
-  // block sharing 3 stages; kv_heads % 8 == 0, else 16 / 15) (4-bit
+  // block sharing 2 stages; kv_heads % 8 == 0, else 16 / 15) (4-bit
   // keys; the served kernel otherwise). (2, 9-12: retired.)
   const bool mma_shape = c.expect_fast && H % 4 == 0;
   const bool k4 = c.format.rfind("k4", 0) == 0;

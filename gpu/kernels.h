@@ -172,8 +172,9 @@ struct AttentionLaunch {
   // stages in the holes of a 256-byte-row K table, 16 = 13 with each tile's
   // K and V rows arriving as two TMA tensor loads, 17 = row sets
   // (attention_rowset.cuh: a block per query and 8 kv heads, a warp per kv
-  // head, 3 shared TMA stages; kv_heads % 8 == 0 and uniform codebooks,
-  // else 16 / 15) (13-17: 4-bit keys; others run the default).
+  // head, 2 shared TMA stages, 256-byte table rows; kv_heads % 8 == 0 and
+  // uniform codebooks, else 16 / 15) (13-17: 4-bit keys; others run the
+  // default).
   // Retired variants, measured slower and deleted (bench/RESULTS.md), run
   // the default: 2 (page streaming), 9-11 (one K/V table in the register-
   // buffered kernel), 12 (4 stages per warp).

@@ -7,7 +7,7 @@
 // shared stage that all 8 warps read: no partial-sector L2 reads (the
 // per-head kernels load 80-byte spans of 68-byte rows, ~2 L2 sectors per
 // 32 useful bytes), one table per 8 warps, and S stages of the block in
-// flight.
+// flight (2 blocks per SM).
 //
 // Stage ring: S stages per block; stage s's full barrier (an mbarrier, one
 // arrival plus the tensor loads' bytes) completes its k-th phase when tile
@@ -30,25 +30,32 @@ namespace tqkv::gpu {
 
 inline constexpr int kRowSetHeads = 8;  // kv heads (= warps) per block
 
+// Tables of 256-byte rows (a lookup address is one prmt; 4-9% faster for
+// TQ4 than 128-byte rows with 3 stages, bench/RESULTS.md) take 64 KiB, so
+// the warps' rotated queries share the stages' memory: the first tiles
+// load once the query fragments are built, and the warps write their
+// records once every warp is past its last tile.
 template <int VB, int S, int G>
 struct RowSetLayout {
   static_assert(VB == 4 || VB == 2, "row-set decode: 4- or 2-bit values");
   static constexpr bool kSharedKV = VB == 4;
   static constexpr uint32_t kKRow = 68, kVRow = 16 * VB + 4;  // packed row bytes
   static constexpr uint32_t kKTok = kRowSetHeads * kKRow + 16, kVTok = kRowSetHeads * kVRow + 16;
-  // Tables of 128-byte rows (StagedLayout's dense mode): K (or the one K/V
-  // table) at 0, a 2-bit V table of 256-byte rows after it.
+  // Tables (StagedLayout's rows): K (or the one K/V table) at 0, a 2-bit V
+  // table after it.
+  static constexpr uint32_t kRowBytes = 256;
   static constexpr uint32_t kKTable = 0;
-  static constexpr uint32_t kVTable = kSharedKV ? 0u : 256u * 128u;
-  static constexpr uint32_t kTables = 256u * 128u + (kSharedKV ? 0u : 16u * 256u);
+  static constexpr uint32_t kVTable = kSharedKV ? 0u : 256u * kRowBytes;
+  static constexpr uint32_t kTables = 256u * kRowBytes + (kSharedKV ? 0u : 16u * 256u);
   static constexpr uint32_t kKStage = 16 * kKTok, kVStage = 16 * kVTok, kStage = kKStage + kVStage;
   static_assert(kKStage % 128 == 0 && kVStage % 128 == 0, "tensor loads land 128-byte aligned");
   static constexpr uint32_t KBase(int s) { return kTables + kStage * s; }
   static constexpr uint32_t VBase(int s) { return KBase(s) + kKStage; }
-  // Then the warps' rotated queries (and later their output rows), the
-  // centroids, the full barriers and the reader counts.
-  static constexpr uint32_t kQuery = KBase(S);
-  static constexpr uint32_t kCent = kQuery + kRowSetHeads * G * 128 * 4;
+  // The warps' rotated queries (and later their output rows) over the
+  // stages; then the centroids, the full barriers and the reader counts.
+  static constexpr uint32_t kQuery = KBase(0);
+  static constexpr uint32_t kQueryEnd = kQuery + kRowSetHeads * G * 128 * 4;
+  static constexpr uint32_t kCent = kQueryEnd > KBase(S) ? kQueryEnd : KBase(S);
   static constexpr uint32_t kMbar = kCent + 32 * 4;
   static constexpr uint32_t kCount = kMbar + 8 * S;
   static constexpr uint32_t kBytes = kCount + 4 * S;
@@ -99,8 +106,8 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
       count[s] = 0;
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    for (int s = 0; s < S && s < ntiles; ++s) issue(s, s, __ldg(btab + ((t0 + 16 * s) >> bs_shift)));
   }
+
 
   if (tid < 16) cent[tid] = __ldg(a.k_comp[hg * NW].groups[0].centroids + tid);
   if (tid < (1 << VB)) cent[16 + tid] = __ldg(a.v_comp[hg * NW].groups[0].centroids + tid);
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
     LoadGroupQueries(a, kg, qi, kvh, G, 0, 1, lane, qy);
   }
   __syncthreads();  // centroids (and barrier init) visible
-  BuildTokMTables<VB, L::kSharedKV, 128, L::kKTable, L::kVTable>(rs_smem, cent, tid, blockDim.x);
+  BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(rs_smem, cent, tid, blockDim.x);
   if (fold) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
@@ -128,12 +135,16 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   // Per-lane read bases in stage 0 (stage s adds s·kStage, an immediate):
   // the fragment layout of TokMTiles with the row-set token strides.
   constexpr uint32_t kK8 = 8 * L::kKTok, kV8 = 8 * L::kVTok, kV1 = L::kVTok;
-  TokMTiles<VB, false, L::kKTable, L::kVTable, kK8, kV8, kV1> tiles;
+  TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1> tiles;
   tiles.Begin(Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 4u * i),
               Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 64u),
               Opaque(smem_base + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * warp + 4u * g),
               Opaque(smem_base + L::VBase(0) + L::kVTok * g + L::kVRow * warp + 16u * VB), lane, t1, a, d, states, qbuf,
               qi, kvh, G);
+
+  __syncthreads();  // every warp's query fragments are built: the stages are free
+  if (tid == 0)  // the first S tiles
+    for (int s = 0; s < S && s < ntiles; ++s) issue(s, s, __ldg(btab + ((t0 + 16 * s) >> bs_shift)));
 
   // Every warp streams the pages of tiles S, S + 1, ... (the refills), so
   // the one that issues a refill has its page in a register.
@@ -164,7 +175,9 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
     if (n + s < ntiles) step(n + s, s);
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   tiles.ReduceSums();
-  // The warp's split records: the accumulator through its own query rows.
+  // The warp's split records: the accumulator through its own query rows
+  // (over the stages: once every warp is past its last tile).
+  __syncthreads();
   __syncwarp();
   StoreWarpAcc<G>(qbuf, tiles.acc, 0, i, [&](int u) { return tiles.PairOf(u); });
   __syncwarp();
