@@ -32,9 +32,10 @@ inline constexpr int kRowSetHeads = 8;  // kv heads (= warps) per block
 
 // Tables of 256-byte rows (a lookup address is one prmt; 4-9% faster for
 // TQ4 than 128-byte rows with 3 stages, bench/RESULTS.md) take 64 KiB, so
-// the warps' rotated queries share the stages' memory: the first tiles
-// load once the query fragments are built, and the warps write their
-// records once every warp is past its last tile.
+// 2 stages fit; the rotated queries reach their fragments by shuffles (no
+// shared memory), so the first tiles load during the prologue, and the
+// warps' output rows reuse the stages once every warp is past its last
+// tile.
 template <int VB, int S, int G>
 struct RowSetLayout {
   static_assert(VB == 4 || VB == 2, "row-set decode: 4- or 2-bit values");
@@ -51,8 +52,8 @@ struct RowSetLayout {
   static_assert(kKStage % 128 == 0 && kVStage % 128 == 0, "tensor loads land 128-byte aligned");
   static constexpr uint32_t KBase(int s) { return kTables + kStage * s; }
   static constexpr uint32_t VBase(int s) { return KBase(s) + kKStage; }
-  // The warps' rotated queries (and later their output rows) over the
-  // stages; then the centroids, the full barriers and the reader counts.
+  // The warps' output rows (the records' transposition) over the stages;
+  // then the centroids, the full barriers and the reader counts.
   static constexpr uint32_t kQuery = KBase(0);
   static constexpr uint32_t kQueryEnd = kQuery + kRowSetHeads * G * 128 * 4;
   static constexpr uint32_t kCent = kQueryEnd > KBase(S) ? kQueryEnd : KBase(S);
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   const int hg = static_cast<int>(blockIdx.x % groups);
   const int kvh = hg * NW + warp;
   const int split = blockIdx.y;
-  float* qbuf = reinterpret_cast<float*>(rs_smem) + (L::kQuery / 4) + warp * G * 128;  // this warp's heads
+  float* obuf = reinterpret_cast<float*>(rs_smem) + (L::kQuery / 4) + warp * G * 128;  // this warp's outputs
   float* cent = reinterpret_cast<float*>(rs_smem) + L::kCent / 4;
   uint32_t* count = rs_smem + L::kCount / 4;
   const uint32_t mbar0 = smem_base + L::kMbar;
@@ -106,11 +107,15 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
       count[s] = 0;
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    // The first S tiles load during the prologue (nothing else uses the
+    // stages before the records).
+    for (int s = 0; s < S && s < ntiles; ++s) issue(s, s, __ldg(btab + ((t0 + 16 * s) >> bs_shift)));
   }
 
-
-  if (tid < 16) cent[tid] = __ldg(a.k_comp[hg * NW].groups[0].centroids + tid);
-  if (tid < (1 << VB)) cent[16 + tid] = __ldg(a.v_comp[hg * NW].groups[0].centroids + tid);
+  // One codebook for all heads (uniform codebooks): from the launch's host
+  // copy of the components, no dependent loads through the device tables.
+  if (tid < 16) cent[tid] = __ldg(a.host_k.groups[0].centroids + tid);
+  if (tid < (1 << VB)) cent[16 + tid] = __ldg(a.host_v.groups[0].centroids + tid);
   // Folded query rotation (states == null): each warp rotates its G heads.
   const bool fold = states == nullptr;
   float qy[G][4];
@@ -124,13 +129,9 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(rs_smem, cent, tid, blockDim.x);
   if (fold) {
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-      qrot.Apply(qy[h], lane);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) qbuf[h * 128 + lane + 32 * k] = qy[h][k];
-    }
+    for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
   }
-  __syncthreads();  // tables complete (and each warp's rotated queries)
+  __syncthreads();  // tables complete
 
   // Per-lane read bases in stage 0 (stage s adds s·kStage, an immediate):
   // the fragment layout of TokMTiles with the row-set token strides.
@@ -139,12 +140,9 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   tiles.Begin(Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 4u * i),
               Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 64u),
               Opaque(smem_base + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * warp + 4u * g),
-              Opaque(smem_base + L::VBase(0) + L::kVTok * g + L::kVRow * warp + 16u * VB), lane, t1, a, d, states, qbuf,
-              qi, kvh, G);
-
-  __syncthreads();  // every warp's query fragments are built: the stages are free
-  if (tid == 0)  // the first S tiles
-    for (int s = 0; s < S && s < ntiles; ++s) issue(s, s, __ldg(btab + ((t0 + 16 * s) >> bs_shift)));
+              Opaque(smem_base + L::VBase(0) + L::kVTok * g + L::kVRow * warp + 16u * VB), lane, t1);
+  if (fold) tiles.QueryFromLanes(qy, a.scale);
+  else tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
 
   // Every warp streams the pages of tiles S, S + 1, ... (the refills), so
   // the one that issues a refill has its page in a register.
@@ -179,13 +177,13 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   // (over the stages: once every warp is past its last tile).
   __syncthreads();
   __syncwarp();
-  StoreWarpAcc<G>(qbuf, tiles.acc, 0, i, [&](int u) { return tiles.PairOf(u); });
+  StoreWarpAcc<G>(obuf, tiles.acc, 0, i, [&](int u) { return tiles.PairOf(u); });
   __syncwarp();
   auto rec_of = [&](int h) { return records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record; };
 #pragma unroll
   for (int h = 0; h < G; ++h)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) rec_of(h)[2 + lane + 32 * k] = qbuf[h * 128 + lane + 32 * k];
+    for (int k = 0; k < 4; ++k) rec_of(h)[2 + lane + 32 * k] = obuf[h * 128 + lane + 32 * k];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     if (g == 0 && 2 * i + e < G) {

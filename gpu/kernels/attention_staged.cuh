@@ -180,16 +180,25 @@ struct TokMTiles {
     uint32_t w[2][2][2];  // 4-bit V: token-pair words tp[j][w][h]; 2-bit: sp[j][h][k]
   };
 
-  // Lane state before the first tile: the read bases (stage 0), the end of
-  // the warp's tokens, and head g's rotated query (states: from
-  // PrepareQueryKernel, else the block's own rotation in qbuf: G rows of
-  // 128) as fp16 fragments times scale·log2(e) (zeros for g >= G).
+  // Lane state before the first tile: the read bases (stage 0) and the end
+  // of the warp's tokens; then one of the Query* calls.
   __device__ __forceinline__ void Begin(uint32_t k_base, uint32_t kn_base, uint32_t v_base, uint32_t vn_base,
-                                        int lane, int end, const AttentionLaunch& a, const AttnDims& d,
-                                        const float* states, const float* qbuf, int64_t qi, int kvh, int G) {
+                                        int lane, int end) {
     k_rd = k_base, kn_rd = kn_base, v_rd = v_base, vn_rd = vn_base;
     lane4 = static_cast<uint32_t>(lane) * 4u;
     g = lane >> 2, i = lane & 3, t1 = end;
+    mh[0] = mh[1] = -CUDART_INF_F;
+    lh[0] = lh[1] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
+  }
+  // Head g's query fragments (zeros for g >= G), times scale·log2(e), from
+  // its rotated query in memory: states (PrepareQueryKernel) or else the
+  // block's own rotation in qbuf (G rows of 128 floats).
+  __device__ __forceinline__ void QueryFromMemory(const AttentionLaunch& a, const AttnDims& d, const float* states,
+                                                  const float* qbuf, int64_t qi, int kvh, int G) {
     const bool valid = g < G;
     const int hq = valid ? g : 0;
     const float* qrow = states ? states + (qi * a.q_heads + kvh * G + hq) * d.sk : qbuf + hq * 128;
@@ -202,12 +211,31 @@ struct TokMTiles {
         const float x1 = valid ? qrow[StagedKChannel(kk, h, 1, i)] * sl : 0.0f;
         qa[kk][h] = PackHalf2(x0, x1);
       }
-    mh[0] = mh[1] = -CUDART_INF_F;
-    lh[0] = lh[1] = 0.0f;
+  }
+  // The same from the warp's registers: qy[h][r] = channel lane + 32r of
+  // rotated head h (h < G), every lane; channel c of head g comes from lane
+  // c mod 32 by shuffles (G per channel), no shared memory.
+  template <int G>
+  __device__ __forceinline__ void QueryFromLanes(const float (&qy)[G][4], float scale) {
+    const float sl = scale * kLog2e;
 #pragma unroll
-    for (int u = 0; u < 8; ++u)
+    for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[u][e] = 0.0f;
+      for (int h = 0; h < 2; ++h) {
+        float x[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = StagedKChannel(kk, h, e, i);  // register c / 32 = kk / 2
+          float v = 0.0f;
+#pragma unroll
+          for (int hq = 0; hq < G; ++hq) {
+            const float y = __shfl_sync(kFullMask, qy[hq][kk / 2], c & 31);
+            v = g == hq ? y : v;
+          }
+          x[e] = g < G ? v * sl : 0.0f;
+        }
+        qa[kk][h] = PackHalf2(x[0], x[1]);
+      }
   }
   // The tile at token tt, its K / V rows at the read bases + ko / vo.
   __device__ __forceinline__ void Tile(int tt, uint32_t ko, uint32_t vo) {
@@ -506,8 +534,8 @@ __global__ void __launch_bounds__(32 * NW, MB)
   tiles.Begin(Opaque(kst + L::KSpan(g) + static_cast<uint32_t>(mis + 4 * i)),
               Opaque(kst + L::KSpan(g) + static_cast<uint32_t>(mis + 64)),
               Opaque(vst + L::VSpan(2 * i) + static_cast<uint32_t>(mis + 4 * g)),
-              Opaque(vst + L::VSpan(g) + static_cast<uint32_t>(mis + 16 * VB)), lane, t1, a, d, states, qbuf, qi, kvh,
-              G);
+              Opaque(vst + L::VSpan(g) + static_cast<uint32_t>(mis + 16 * VB)), lane, t1);
+  tiles.QueryFromMemory(a, d, states, qbuf, qi, kvh, G);
 
   // The ring of two stages: tile n + 1 in flight while tile n computes
   // from stage n mod 2; the loop takes tiles in pairs so that every stage
