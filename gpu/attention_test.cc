@@ -218,7 +218,9 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
       const bool kreg = variant == 3 || variant == 4 || variant == 6 || variant == 7 ||
                         ((variant == 0 || variant >= 8) && c.format == "k2v2");
       EXPECT_EQ(AttentionUsesRegisterDequant(a), kreg && (!k4 || a.symmetric_codebooks));
-      if (variant == 17) EXPECT_EQ(AttentionUsesRowSets(a), k4 && H % 8 == 0 && a.uniform_codebooks);
+      if (variant == 17) {
+        EXPECT_EQ(AttentionUsesRowSets(a), k4 && H % 8 == 0 && a.uniform_codebooks);
+      }
     }
     DeviceBuffer ws = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(a));
     a.workspace = ws.get();
