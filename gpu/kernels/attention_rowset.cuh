@@ -18,9 +18,9 @@
 //
 // In a stage, token t's row set sits at kTok·t with kTok = 8 · row bytes +
 // 16 (the tensor box takes 16 bytes more than the row set, so that the
-// per-lane reads of StagedDecodeKernel's fragment layout hit 32 different
-// banks: token stride 140 words ≡ 12 mod 32 for 68-byte rows, 76 ≡ 12 for
-// 36-byte rows). Scores, softmax and value mmas: TokMTiles.
+// per-lane reads of TokMTiles' fragment layout hit 32 different banks:
+// token stride 140 words ≡ 12 mod 32 for 68-byte rows, 76 ≡ 12 for 36-byte
+// rows). Scores, softmax and value mmas: TokMTiles.
 #ifndef TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 #define TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 
@@ -54,9 +54,9 @@ struct RowSetLayout {
   static constexpr uint32_t VBase(int s) { return KBase(s) + kKStage; }
   // The warps' output rows (the records' transposition) over the stages;
   // then the centroids, the full barriers and the reader counts.
-  static constexpr uint32_t kQuery = KBase(0);
-  static constexpr uint32_t kQueryEnd = kQuery + kRowSetHeads * G * 128 * 4;
-  static constexpr uint32_t kCent = kQueryEnd > KBase(S) ? kQueryEnd : KBase(S);
+  static constexpr uint32_t kOut = KBase(0);
+  static constexpr uint32_t kOutEnd = kOut + kRowSetHeads * G * 128 * 4;
+  static constexpr uint32_t kCent = kOutEnd > KBase(S) ? kOutEnd : KBase(S);
   static constexpr uint32_t kMbar = kCent + 32 * 4;
   static constexpr uint32_t kCount = kMbar + 8 * S;
   static constexpr uint32_t kBytes = kCount + 4 * S;
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   const int hg = static_cast<int>(blockIdx.x % groups);
   const int kvh = hg * NW + warp;
   const int split = blockIdx.y;
-  float* obuf = reinterpret_cast<float*>(rs_smem) + (L::kQuery / 4) + warp * G * 128;  // this warp's outputs
+  float* obuf = reinterpret_cast<float*>(rs_smem) + (L::kOut / 4) + warp * G * 128;  // this warp's outputs
   float* cent = reinterpret_cast<float*>(rs_smem) + L::kCent / 4;
   uint32_t* count = rs_smem + L::kCount / 4;
   const uint32_t mbar0 = smem_base + L::kMbar;
@@ -173,10 +173,9 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
     if (n + s < ntiles) step(n + s, s);
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   tiles.ReduceSums();
-  // The warp's split records: the accumulator through its own query rows
+  // The warp's split records: the accumulator through its output rows
   // (over the stages: once every warp is past its last tile).
   __syncthreads();
-  __syncwarp();
   StoreWarpAcc<G>(obuf, tiles.acc, 0, i, [&](int u) { return tiles.PairOf(u); });
   __syncwarp();
   auto rec_of = [&](int h) { return records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record; };
