@@ -145,6 +145,10 @@ constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 constexpr int kMmaTokMVariant = 8;
 constexpr bool MmaVariantRetired(int v) { return v == 2 || (v >= 9 && v <= 12); }
 
+// Row sets need whole groups of kRowSetHeads kv heads that share one table
+// (uniform codebooks).
+bool RowSetsFit(const AttentionLaunch& a) { return a.kv_heads % kRowSetHeads == 0 && a.uniform_codebooks; }
+
 // The served configuration of a bit pair.
 constexpr MmaCfg MmaServedCfg(int kb, int vb) {
   switch (kb * 10 + vb) {
@@ -178,7 +182,7 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   // 1-8% than 15 from 4 × 64K to 64 × 4K; with fewer, a long sequence's
   // hundreds of splits make the merge cost more than the kernel saves
   // (1 × 128K: 0-4% slower; bench/RESULTS.md).
-  if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && a.kv_heads % kRowSetHeads == 0 && a.uniform_codebooks &&
+  if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && RowSetsFit(a) &&
       a.num_queries * (a.kv_heads / kRowSetHeads) >= kRowSetMinBlocks)
     c = kMmaCfgs[17];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
@@ -187,8 +191,7 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   // stages in the table's holes only with one codebook.
   if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
   if (c.stages > 0 && !(kb == 4 && (vb == 2 || one_codebook))) c = MmaServedCfg(kb, vb);
-  // Row sets: 8 kv heads per block share one table (uniform codebooks).
-  if (c.rowset && !(a.kv_heads % kRowSetHeads == 0 && a.uniform_codebooks)) c = kMmaCfgs[vb == 4 ? 16 : 15];
+  if (c.rowset && !RowSetsFit(a)) c = kMmaCfgs[vb == 4 ? 16 : 15];
   if (c.tma && TensorMapEncoder() == nullptr) c = kMmaCfgs[13];
   if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
   const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);

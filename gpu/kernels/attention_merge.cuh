@@ -1,5 +1,6 @@
 // The split-record merge shared by the specialised decode kernels (the
-// tensor-core kernels of attention_mma.cuh and the CUDA-core fast kernel).
+// tensor-core kernels of attention_mma.cuh, attention_staged.cuh and
+// attention_rowset.cuh, and the CUDA-core fast kernel).
 #ifndef TQKV_GPU_KERNELS_ATTENTION_MERGE_CUH_
 #define TQKV_GPU_KERNELS_ATTENTION_MERGE_CUH_
 
