@@ -276,6 +276,10 @@ std::vector<Case> Cases() {
   c.push_back({"k4v2", 128, 32, 16, {260, 1, 47}, {}, 1, 5, true});
   c.push_back({"k4v4", 128, 16, 16, {33, 518}, {}, 1, 3, true});
   c.push_back({"k4v4", 128, 32, 8, {90, 40}, {}, 19, 0, true});
+  // Row sets over 12 splits (the short sequence's later splits empty) and
+  // 20 splits.
+  c.push_back({"k4v4", 128, 32, 8, {3000, 77}, {}, 1, 12, true});
+  c.push_back({"k4v2", 128, 32, 8, {5000, 300}, {}, 1, 20, true});
   // QR rotation: the staged kernel takes PrepareQueryKernel's queries
   // instead of rotating its own (block Hadamard only).
   c.push_back({"k4v4", 128, 32, 8, {700, 45}, {}, 1, 0, true, true});
