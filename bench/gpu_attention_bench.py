@@ -35,14 +35,17 @@ GOALS = {"k4v4": 0.35, "k4v2": 0.28, "k2v2": None}  # k2v2: no goal (2-bit keys 
 # shared memory; 4 blocks/SM; 4-bit keys only); 14 = staged with 256-byte
 # table rows and the stages in their free halves (one K/V codebook); 15 =
 # staged, 8 warps per block, K stages in the table's holes, V dense; 16 =
-# 13 with each tile's K and V rows arriving as two TMA tensor loads.
+# 13 with each tile's K and V rows arriving as two TMA tensor loads; 17 =
+# row sets (a block per query and 8 kv heads, TMA tiles shared by 8 warps,
+# 2 blocks/SM); 18 / 19 = row sets of 16 warps (two tile parities, one
+# block/SM) with 4 / 8 stages.
 # Retired (measured slower, bench/RESULTS.md; they run the served kernel):
 # 2, 9-11 (one K/V table in the register-buffered kernel), 12 (4 stages).
-VARIANTS = [1, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17]
+VARIANTS = [1, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17, 18, 19]
 VARIANT_NAMES = {1: "lut", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256",
                  7: "kreg-1buf-4cta", 8: "tokm", 13: "staged-s2-4cta",
                  14: "staged-holes", 15: "staged-8w-kholes", 16: "staged-s2-4cta-tma",
-                 17: "rowset"}
+                 17: "rowset", 18: "rowset16w-s4", 19: "rowset16w-s8"}
 
 
 def timed(fn, iters):

@@ -21,7 +21,6 @@ constexpr int64_t kMinSplitTokens = 256;
 // Shared stages per row-set block (the most that fit 2 blocks per SM next to
 // 64 KiB of tables; with 128-byte table rows 3 stages ran 4-9% slower).
 constexpr int kRowSetStages = 2;
-constexpr int kRowSetMinBlocks = 4;  // served row sets: (query, head group) blocks at least
 
 int StateSize(const GpuComponent& c, int dim) { return c.kind == kGpuDense ? dim : c.state_size; }
 int Vpl(const GpuComponent& c) { return (std::max(c.max_group_channels, 1) + 31) / 32; }
@@ -119,7 +118,8 @@ struct MmaCfg {
   int mode = kStagesDense;  // where they live (StagedLayout),
   int warps = kMmaWarps;    // and warps per block,
   bool tma = false;         // rows arrive as tensor loads (dense stages)
-  bool rowset = false;      // RowSetDecodeKernel: 8 kv heads per block, `stages` per block
+  bool rowset = false;      // RowSetDecodeKernel: 8 kv heads per block, `stages` per block,
+                            // warps / 8 tile parities
 };
 constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {0, 3},
@@ -138,7 +138,9 @@ constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {kMmaTokM, 3, 2, kStagesHoles},
                                {kMmaTokM, 2, 2, kStagesHolesK, 8},
                                {kMmaTokM, 4, 2, kStagesDense, 4, true},
-                               {kMmaTokM | kMmaLut256, 2, kRowSetStages, kStagesDense, 8, true, true}};
+                               {kMmaTokM | kMmaLut256, 2, kRowSetStages, kStagesDense, 8, true, true},
+                               {kMmaTokM | kMmaLut256, 1, 4, kStagesDense, 16, true, true},
+                               {kMmaTokM | kMmaLut256, 1, 8, kStagesDense, 16, true, true}};
 constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 // Variant 8 ("tokm"): the served configuration of the bit pair with
 // tokens-on-M scores (kMmaTokM).
@@ -177,16 +179,13 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   // register-buffered kernels (bench/RESULTS.md).
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
   if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[TensorMapEncoder() != nullptr ? 16 : 14];
-  // Row sets (variant 17) wherever they apply with at least
-  // kRowSetMinBlocks (query, head group) blocks: 4-13% faster than 16 and
-  // 1-8% than 15 from 4 × 64K to 64 × 4K; with fewer, a long sequence's
-  // hundreds of splits make the merge cost more than the kernel saves
-  // (1 × 128K: 0-4% slower; bench/RESULTS.md).
-  if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && RowSetsFit(a) &&
-      a.num_queries * (a.kv_heads / kRowSetHeads) >= kRowSetMinBlocks)
-    c = kMmaCfgs[17];
+  // Row sets of 16 warps with 8 stages (variant 19) wherever they apply:
+  // 3-6% faster than the 8-warp row sets (17) for TQ4 and 5-11% for K4/V2
+  // at the four batch shapes, and 1-5% faster than 16 / 15 for one 128K
+  // sequence, in one run (bench/RESULTS.md).
+  if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && RowSetsFit(a)) c = kMmaCfgs[19];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
-  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-17: 4-bit keys
+  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-19: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
   // stages in the table's holes only with one codebook.
   if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
@@ -268,18 +267,27 @@ auto ByStagedCfg(const MmaCfg& c, F&& f) {
 }
 
 // Resident row-set blocks per SM: 2 by registers, capped by shared memory.
-template <int VB, int G, int S>
+template <int VB, int G, int S, int P>
 constexpr int RowSetResidentWith() {
-  const size_t per_block = RowSetLayout<VB, S, G>::kBytes + 1024;
+  const size_t per_block = RowSetLayout<VB, S, G, P>::kBytes + 1024;
   const int by_smem = static_cast<int>((228u * 1024u) / per_block);
-  return by_smem < 2 ? by_smem : 2;
+  return by_smem < kRowSetBlocksPerSm<P> ? by_smem : kRowSetBlocksPerSm<P>;
+}
+
+// The row-set configurations: (stages, parities) of a rowset MmaCfg.
+template <typename F>
+auto ByRowSetCfg(const MmaCfg& c, F&& f) {
+  if (c.warps == 2 * kRowSetHeads) {
+    return c.stages == 8 ? f.template operator()<8, 2>() : f.template operator()<4, 2>();
+  }
+  return f.template operator()<kRowSetStages, 1>();
 }
 
 int MmaResident(const AttentionLaunch& a) {
   const MmaCfg cfg = MmaCfgOf(a);
   if (cfg.rowset) {
-    return ByBitsAndGroup(a, []<int KB, int VB, int G>() {
-      return RowSetResidentWith<VB == 4 ? 4 : 2, G, kRowSetStages>();
+    return ByRowSetCfg(cfg, [&]<int S, int P>() {
+      return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return RowSetResidentWith<VB == 4 ? 4 : 2, G, S, P>(); });
     });
   }
   if (cfg.stages > 0) {
@@ -372,6 +380,29 @@ cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float*
 cudaError_t TileMaps(const AttentionLaunch& a, int elem, uint32_t kbox, uint32_t vbox, StagedTensorMaps* m) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
+  // The maps depend only on the page arena's geometry, which a server keeps
+  // for its lifetime: the last few per thread are reused (two encodes are
+  // host time on every call otherwise).
+  struct Cached {
+    const uint8_t* k_base;
+    const uint8_t* v_base;
+    int64_t block_stride;
+    int32_t block_size, kv_heads, k_row, v_row, elem;
+    uint32_t kbox, vbox;
+    bool operator==(const Cached&) const = default;
+  };
+  const Cached key = {a.k_base, a.v_base, a.block_stride, a.block_size, a.kv_heads, a.host_k.row_bytes,
+                      a.host_v.row_bytes, elem, kbox, vbox};
+  constexpr int kCacheSlots = 4;
+  thread_local Cached keys[kCacheSlots] = {};
+  thread_local StagedTensorMaps maps[kCacheSlots];
+  thread_local int next_slot = 0;
+  for (int i = 0; i < kCacheSlots; ++i) {
+    if (keys[i] == key && key.k_base != nullptr) {
+      *m = maps[i];
+      return cudaSuccess;
+    }
+  }
   auto one = [&](CUtensorMap* map, const uint8_t* base, int row_bytes, uint32_t box_bytes) {
     const cuuint64_t step = static_cast<cuuint64_t>(a.kv_heads) * row_bytes;
     const cuuint64_t dims[3] = {step / elem, static_cast<cuuint64_t>(a.block_size), cuuint64_t{1} << 31};
@@ -385,6 +416,9 @@ cudaError_t TileMaps(const AttentionLaunch& a, int elem, uint32_t kbox, uint32_t
   if (one(&m->k, a.k_base, a.host_k.row_bytes, kbox) != CUDA_SUCCESS ||
       one(&m->v, a.v_base, a.host_v.row_bytes, vbox) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
+  keys[next_slot] = key;
+  maps[next_slot] = *m;
+  next_slot = (next_slot + 1) % kCacheSlots;
   return cudaSuccess;
 }
 
@@ -411,17 +445,17 @@ cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float*
   }
 }
 
-template <int VB, int G, int S>
+template <int VB, int G, int S, int P>
 cudaError_t RowSetWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                        cudaStream_t stream) {
-  using L = RowSetLayout<VB, S, G>;
-  cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(RowSetDecodeKernel<VB, G, S>), L::kBytes);
+  using L = RowSetLayout<VB, S, G, P>;
+  cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(RowSetDecodeKernel<VB, G, S, P>), L::kBytes);
   if (e != cudaSuccess) return e;
   StagedTensorMaps maps = {};
   e = TileMaps(a, 4, L::kKTok, L::kVTok, &maps);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(a.num_queries * (a.kv_heads / kRowSetHeads)), d.splits);
-  RowSetDecodeKernel<VB, G, S><<<grid, 32 * kRowSetHeads, L::kBytes, stream>>>(a, d, states, recs, maps);
+  RowSetDecodeKernel<VB, G, S, P><<<grid, 32 * kRowSetHeads * P, L::kBytes, stream>>>(a, d, states, recs, maps);
   return cudaGetLastError();
 }
 
@@ -431,7 +465,7 @@ cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* st
   const MmaCfg cfg = MmaCfgOf(a);
   if constexpr (KB == 4) {
     if (cfg.rowset) {
-      return RowSetWith<VB, G, kRowSetStages>(a, d, states, recs, stream);
+      return ByRowSetCfg(cfg, [&]<int S, int P>() { return RowSetWith<VB, G, S, P>(a, d, states, recs, stream); });
     }
     if (cfg.stages > 0) {
       return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW, bool T>() -> cudaError_t {
@@ -536,27 +570,39 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
     // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.
     constexpr int64_t kMmaBlockOverheadTokens = 192;  // at 4 warps per block
     const MmaCfg cfg = MmaCfgOf(a);
-    // Warps per kv head of a block (row sets: one warp per kv head).
-    const int64_t warps = cfg.rowset ? 1 : cfg.stages > 0 ? cfg.warps : kMmaWarps;
+    // Warps per kv head of a block (row sets: one per kv head and tile parity).
+    const int64_t warps = cfg.rowset ? cfg.warps / kRowSetHeads : cfg.stages > 0 ? cfg.warps : kMmaWarps;
     const int64_t heads_per_block = cfg.rowset ? kRowSetHeads : 1;
     const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads / heads_per_block);
     const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * MmaResident(a);
     const int64_t ctx = std::max<int64_t>(a.max_context, 1);
     const int64_t max_splits = std::clamp<int64_t>((ctx + kMinSplitTokens - 1) / kMinSplitTokens, 1, 1024);
-    int64_t best = 1;
-    double best_cost = 0;
-    for (int64_t s = 1; s <= max_splits; ++s) {
-      const int64_t chunk = ((ctx + s - 1) / s + 127) / 128 * 128;
-      const int64_t used = (ctx + chunk - 1) / chunk;
-      if (used < s) continue;  // same chunk as a smaller split count
+    // A split count s is usable when no smaller count gives the same chunk
+    // (chunks are whole 128-token steps); a block's time is its chunk over
+    // its warps, plus the overhead.
+    auto chunk_of = [&](int64_t s) { return ((ctx + s - 1) / s + 127) / 128 * 128; };
+    auto usable = [&](int64_t s) { return (ctx + chunk_of(s) - 1) / chunk_of(s) == s; };
+    auto cost_of = [&](int64_t s) {
       const int64_t waves = (blocks * s + resident - 1) / resident;
-      // A block's time: its chunk over its warps, plus the overhead.
-      const double cost = static_cast<double>(waves) *
-                          (static_cast<double>(chunk) / warps + kMmaBlockOverheadTokens / kMmaWarps);
-      if (s == 1 || cost < best_cost) {
+      return static_cast<double>(waves) *
+             (static_cast<double>(chunk_of(s)) / warps + kMmaBlockOverheadTokens / kMmaWarps);
+    };
+    // Among the usable counts with the same number of waves the largest has
+    // the smallest chunk, so only that one per wave count can be best (the
+    // first of equal costs wins, as in a scan over every s; a scan cost ~5
+    // µs of host time per call at 512 candidates).
+    int64_t best = 1;
+    double best_cost = cost_of(1);
+    for (int64_t lo = 2; lo <= max_splits;) {
+      const int64_t waves = (blocks * lo + resident - 1) / resident;
+      const int64_t hi = std::min(max_splits, waves * resident / blocks);  // the last count with these waves
+      int64_t s = hi;
+      while (s >= lo && !usable(s)) --s;
+      if (s >= lo && cost_of(s) < best_cost) {
         best = s;
-        best_cost = cost;
+        best_cost = cost_of(s);
       }
+      lo = hi + 1;
     }
     return static_cast<int>(best);
   }
@@ -589,19 +635,21 @@ bool SymmetricF16Codebook(const float* c, int n) {
   return true;
 }
 
-size_t AttentionWorkspaceBytes(const AttentionLaunch& a) {
-  const AttnDims d = Dims(a);
-  return StatesBytes(a, d) +
-         static_cast<size_t>(a.num_queries) * a.q_heads * d.splits * d.record * sizeof(float);
+namespace {
+size_t WorkspaceBytes(const AttentionLaunch& a, const AttnDims& d) {
+  return StatesBytes(a, d) + static_cast<size_t>(a.num_queries) * a.q_heads * d.splits * d.record * sizeof(float);
 }
+}  // namespace
+
+size_t AttentionWorkspaceBytes(const AttentionLaunch& a) { return WorkspaceBytes(a, Dims(a)); }
 
 cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
   if (a.num_queries == 0) return cudaSuccess;
   if (a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || a.dim <= 0) return cudaErrorInvalidValue;
-  if (a.workspace_bytes < AttentionWorkspaceBytes(a)) return cudaErrorInvalidValue;
   AttentionLaunch l = a;
   if (l.scale == 0.0f) l.scale = 1.0f / sqrtf(static_cast<float>(a.dim));
-  const AttnDims d = Dims(l);
+  const AttnDims d = Dims(l);  // planned once per call (split planning is host time on every call)
+  if (a.workspace_bytes < WorkspaceBytes(l, d)) return cudaErrorInvalidValue;
   float* states = static_cast<float*>(l.workspace);
   float* recs = reinterpret_cast<float*>(static_cast<char*>(l.workspace) + StatesBytes(l, d));
   const bool fold = StagedFoldsQuery(l);

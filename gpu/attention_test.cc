@@ -197,8 +197,9 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   // configuration; 13: the staged kernel (2 cp.async stages per warp), 14:
   // its stages in the table's holes, 15: 8 warps with the K stages in the
   // holes, 16: 13 with TMA tensor loads, 17: row sets (8 kv heads per
-  // block sharing 2 stages; kv_heads % 8 == 0, else 16 / 15) (4-bit
-  // keys; the served kernel otherwise). (2, 9-12: retired.)
+  // block sharing 2 stages; kv_heads % 8 == 0, else 16 / 15), 18 / 19:
+  // row sets of 16 warps, two tile parities, 4 / 8 stages (4-bit keys;
+  // the served kernel otherwise). (2, 9-12: retired.)
   const bool mma_shape = c.expect_fast && H % 4 == 0;
   const bool k4 = c.format.rfind("k4", 0) == 0;
   struct Run {
@@ -207,7 +208,7 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   };
   const std::vector<Run> runs = {{0, true},  {1, true},  {3, true},  {4, true},  {5, true},  {6, true},
                                  {7, true},  {8, true},  {13, true}, {14, true}, {15, true}, {16, true},
-                                 {17, true}, {3, false},
+                                 {17, true}, {18, true}, {19, true}, {3, false},
                                  {4, false}, {6, false}, {7, false}};
   for (size_t run = 0; run < (mma_shape ? runs.size() : 1); ++run) {
     const int variant = runs[run].variant;
@@ -218,7 +219,7 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
       const bool kreg = variant == 3 || variant == 4 || variant == 6 || variant == 7 ||
                         ((variant == 0 || variant >= 8) && c.format == "k2v2");
       EXPECT_EQ(AttentionUsesRegisterDequant(a), kreg && (!k4 || a.symmetric_codebooks));
-      if (variant == 17) {
+      if (variant >= 17) {
         EXPECT_EQ(AttentionUsesRowSets(a), k4 && H % 8 == 0 && a.uniform_codebooks);
       }
     }

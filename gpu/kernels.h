@@ -156,9 +156,9 @@ struct AttentionLaunch {
   // variants fall back to the shared-memory table for 4-bit keys.
   bool symmetric_codebooks = false;
   // Tensor-core kernel variant (benchmarks): 0 = default (served: k4v4
-  // with one K/V codebook and k4v2 with uniform codebooks as 17 where
-  // kv_heads % 8 == 0 and there are >= 4 (query, 8-head group) blocks,
-  // else k4v4 (one codebook) as 16 and k4v2 as 15; other k4v4 as 5 + 8,
+  // with one K/V codebook and k4v2 with uniform codebooks as 19 where
+  // kv_heads % 8 == 0, else k4v4 (one codebook) as 16 and k4v2 as 15;
+  // other k4v4 as 5 + 8,
   // k2v2 as 4 + 8, k2v4 as 1), 1 = one kv head per block with 128-byte-row
   // tables, 3 = K centroids from registers, 4 = variant 3 budgeted for 4
   // blocks/SM, 5 = tables with 256-byte rows (one prmt per lookup address),
@@ -173,8 +173,10 @@ struct AttentionLaunch {
   // K and V rows arriving as two TMA tensor loads, 17 = row sets
   // (attention_rowset.cuh: a block per query and 8 kv heads, a warp per kv
   // head, 2 shared TMA stages, 256-byte table rows; kv_heads % 8 == 0 and
-  // uniform codebooks, else 16 / 15) (13-17: 4-bit keys; others run the
-  // default).
+  // uniform codebooks, else 16 / 15), 18 = row sets of 16 warps per block
+  // (one per SM), warp w taking kv head w mod 8 on the tiles of parity
+  // w / 8, 4 stages, 19 = 18 with 8 stages (13-19: 4-bit keys; others run
+  // the default).
   // Retired variants, measured slower and deleted (bench/RESULTS.md), run
   // the default: 2 (page streaming), 9-11 (one K/V table in the register-
   // buffered kernel), 12 (4 stages per warp).

@@ -36,9 +36,10 @@ inline constexpr int kRowSetHeads = 8;  // kv heads (= warps) per block
 // shared memory), so the first tiles load during the prologue, and the
 // warps' output rows reuse the stages once every warp is past its last
 // tile.
-template <int VB, int S, int G>
+template <int VB, int S, int G, int P = 1>
 struct RowSetLayout {
   static_assert(VB == 4 || VB == 2, "row-set decode: 4- or 2-bit values");
+  static_assert(P == 1 || (P == 2 && S % 2 == 0), "two tile parities need an even stage count");
   static constexpr bool kSharedKV = VB == 4;
   static constexpr uint32_t kKRow = 68, kVRow = 16 * VB + 4;  // packed row bytes
   static constexpr uint32_t kKTok = kRowSetHeads * kKRow + 16, kVTok = kRowSetHeads * kVRow + 16;
@@ -52,35 +53,64 @@ struct RowSetLayout {
   static_assert(kKStage % 128 == 0 && kVStage % 128 == 0, "tensor loads land 128-byte aligned");
   static constexpr uint32_t KBase(int s) { return kTables + kStage * s; }
   static constexpr uint32_t VBase(int s) { return KBase(s) + kKStage; }
-  // The warps' output rows (the records' transposition) over the stages;
-  // then the centroids, the full barriers and the reader counts.
+  // The warps' output rows (the records' transposition; [parity][8 heads]
+  // [G][128]) over the stages; then the centroids, the full barriers, the
+  // reader counts and, for two parities, their (m, l) ([parity][8G][2]).
   static constexpr uint32_t kOut = KBase(0);
-  static constexpr uint32_t kOutEnd = kOut + kRowSetHeads * G * 128 * 4;
+  static constexpr uint32_t kOutEnd = kOut + P * kRowSetHeads * G * 128 * 4;
   static constexpr uint32_t kCent = kOutEnd > KBase(S) ? kOutEnd : KBase(S);
   static constexpr uint32_t kMbar = kCent + 32 * 4;
   static constexpr uint32_t kCount = kMbar + 8 * S;
-  static constexpr uint32_t kBytes = kCount + 4 * S;
+  static constexpr uint32_t kML = kCount + 4 * S;
+  static constexpr uint32_t kBytes = kML + (P == 2 ? 2 * kRowSetHeads * G * 2 * 4 : 0);
 };
 
-template <int VB, int G, int S>
-__global__ void __launch_bounds__(32 * kRowSetHeads, 2)
+// Blocks per SM: two of 8 warps, or one of 16 (P = 2).
+template <int P>
+inline constexpr int kRowSetBlocksPerSm = P == 1 ? 2 : 1;
+
+// P = 1: warp w is kv head w and takes every tile. P = 2 (16 warps): warp
+// w is kv head w mod 8 and takes the tiles of parity w / 8, so the two
+// halves of the block advance through one tile stream together (no block
+// of the SM finishing long before the other and leaving the SM to one
+// block's stages), and their records merge in shared memory at the end.
+template <int VB, int G, int S, int P>
+__global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
     RowSetDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records,
                        const __grid_constant__ StagedTensorMaps maps) {
-  using L = RowSetLayout<VB, S, G>;
-  constexpr int NW = kRowSetHeads;
+  using L = RowSetLayout<VB, S, G, P>;
+  constexpr int NW = kRowSetHeads;  // readers per stage
+  constexpr int kHalf = S / P;      // stages per parity
   extern __shared__ __align__(128) uint32_t rs_smem[];  // no static shared memory: kMmaSmemWindowBase
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(rs_smem));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
+  const int head = warp % NW, par = warp / NW;  // par: this warp's tile parity (0 for P = 1)
   const int groups = a.kv_heads / NW;
   const int64_t qi = blockIdx.x / groups;
   const int hg = static_cast<int>(blockIdx.x % groups);
-  const int kvh = hg * NW + warp;
+  const int kvh = hg * NW + head;
   const int split = blockIdx.y;
-  float* obuf = reinterpret_cast<float*>(rs_smem) + (L::kOut / 4) + warp * G * 128;  // this warp's outputs
   float* cent = reinterpret_cast<float*>(rs_smem) + L::kCent / 4;
   uint32_t* count = rs_smem + L::kCount / 4;
   const uint32_t mbar0 = smem_base + L::kMbar;
   const GpuComponent& kc = a.k_comp[kvh];
+
+  // The prologue's small loads go out first, ahead of the first tiles'
+  // traffic (behind it they took ~4 µs of a ~9 µs prologue on the H200):
+  // the centroids (one codebook for all heads: the launch's host copy of
+  // the components, no dependent loads through the device tables), and
+  // for a folded query rotation (states == null) the warp's G queries and
+  // rotation factors.
+  const float ck = tid < 16 ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
+  const float cv = tid < (1 << VB) ? __ldg(a.host_v.groups[0].centroids + tid) : 0.0f;
+  const bool fold = states == nullptr;
+  float qy[G][4];
+  HadamardLane<4> qrot;
+  if (fold) {
+    const GpuGroup& kg = kc.groups[0];
+    qrot.Load(kg, lane, true);
+    LoadGroupQueries(a, kg, qi, kvh, G, 0, 1, lane, qy);
+  }
 
   const int seq = a.query_seq[qi];
   const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
@@ -102,6 +132,11 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
     TmaLoad3d(smem_base + L::VBase(s), &maps.v, hg * NW * static_cast<int>(L::kVRow / 4), c1, page, mbar);
   };
   if (tid == 0) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&maps.k)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&maps.v)) : "memory");
+    int first[S];  // the first S tiles' pages, loaded together
+#pragma unroll
+    for (int s = 0; s < S; ++s) first[s] = s < ntiles ? __ldg(btab + ((t0 + 16 * s) >> bs_shift)) : 0;
     for (int s = 0; s < S; ++s) {
       MbarInit(mbar0 + 8u * s, 1);
       count[s] = 0;
@@ -109,22 +144,12 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     // The first S tiles load during the prologue (nothing else uses the
     // stages before the records).
-    for (int s = 0; s < S && s < ntiles; ++s) issue(s, s, __ldg(btab + ((t0 + 16 * s) >> bs_shift)));
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+      if (s < ntiles) issue(s, s, first[s]);
   }
-
-  // One codebook for all heads (uniform codebooks): from the launch's host
-  // copy of the components, no dependent loads through the device tables.
-  if (tid < 16) cent[tid] = __ldg(a.host_k.groups[0].centroids + tid);
-  if (tid < (1 << VB)) cent[16 + tid] = __ldg(a.host_v.groups[0].centroids + tid);
-  // Folded query rotation (states == null): each warp rotates its G heads.
-  const bool fold = states == nullptr;
-  float qy[G][4];
-  HadamardLane<4> qrot;
-  if (fold) {
-    const GpuGroup& kg = kc.groups[0];
-    qrot.Load(kg, lane, true);
-    LoadGroupQueries(a, kg, qi, kvh, G, 0, 1, lane, qy);
-  }
+  if (tid < 16) cent[tid] = ck;
+  if (tid < (1 << VB)) cent[16 + tid] = cv;
   __syncthreads();  // centroids (and barrier init) visible
   BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(rs_smem, cent, tid, blockDim.x);
   if (fold) {
@@ -133,61 +158,101 @@ __global__ void __launch_bounds__(32 * kRowSetHeads, 2)
   }
   __syncthreads();  // tables complete
 
-  // Per-lane read bases in stage 0 (stage s adds s·kStage, an immediate):
-  // the fragment layout of TokMTiles with the row-set token strides.
+  // Per-lane read bases in this warp's first stage (its stage p + 2k adds
+  // 2k·kStage, an immediate): the fragment layout of TokMTiles with the
+  // row-set token strides.
   constexpr uint32_t kK8 = 8 * L::kKTok, kV8 = 8 * L::kVTok, kV1 = L::kVTok;
+  const uint32_t pbase = L::kStage * static_cast<uint32_t>(par);
   TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1> tiles;
-  tiles.Begin(Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 4u * i),
-              Opaque(smem_base + L::KBase(0) + L::kKTok * g + L::kKRow * warp + 64u),
-              Opaque(smem_base + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * warp + 4u * g),
-              Opaque(smem_base + L::VBase(0) + L::kVTok * g + L::kVRow * warp + 16u * VB), lane, t1);
+  tiles.Begin(Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 4u * i),
+              Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 64u),
+              Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * head + 4u * g),
+              Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * g + L::kVRow * head + 16u * VB), lane, t1);
   if (fold) tiles.QueryFromLanes(qy, a.scale);
   else tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
 
-  // Every warp streams the pages of tiles S, S + 1, ... (the refills), so
-  // the one that issues a refill has its page in a register.
+  // This warp's tiles n = par + P·j, j = 0, 1, ...: tile n sits in stage
+  // n mod S = par + P·(j mod kHalf) in its (j / kHalf)-th fill. Every warp
+  // streams the pages of its tiles' refills (n + S), so the one that
+  // issues a refill has its page in a register.
+  const int mine = (ntiles - par + P - 1) / P;
   PageStream pages([&](int m) -> int32_t {
-    const int tt = t0 + 16 * (m + S);
+    const int tt = t0 + 16 * (par + P * m + S);
     return tt < t1 ? __ldg(btab + (tt >> bs_shift)) : 0;
   }, lane);
-  // Tile n from stage s (= n mod S), then this warp's read of the stage is
-  // counted; the stage's last reader refills it with tile n + S.
-  auto step = [&](int n, int s) {
-    const int page = static_cast<int>(pages.Next(n, lane));  // tile n + S's
-    MbarWait(mbar0 + 8u * s, static_cast<uint32_t>(n / S) & 1u);
-    tiles.Tile(t0 + 16 * n, L::kStage * s, L::kStage * s);
+  // Tile j of this warp from its stage k (= j mod kHalf), then the warp's
+  // read of the stage is counted; the stage's last reader refills it with
+  // tile n + S.
+  auto step = [&](int j, int k) {
+    const int n = par + P * j, s = par + P * k;
+    const int page = static_cast<int>(pages.Next(j, lane));  // tile n + S's
+    MbarWait(mbar0 + 8u * s, static_cast<uint32_t>(j / kHalf) & 1u);
+    tiles.Tile(t0 + 16 * n, L::kStage * P * k, L::kStage * P * k);
     __syncwarp();
     if (lane == 0) {
       __threadfence_block();  // this warp's reads of the stage before its count
       const uint32_t before = atomicAdd(count + s, 1u);
-      if (before + 1 == static_cast<uint32_t>(NW * (n / S + 1)) && n + S < ntiles) issue(n + S, s, page);
+      if (before + 1 == static_cast<uint32_t>(NW * (j / kHalf + 1)) && n + S < ntiles) issue(n + S, s, page);
     }
   };
-  int n = 0;
-  for (; n + S <= ntiles; n += S) {
+  int j = 0;
+  for (; j + kHalf <= mine; j += kHalf) {
 #pragma unroll
-    for (int s = 0; s < S; ++s) step(n + s, s);
+    for (int k = 0; k < kHalf; ++k) step(j + k, k);
   }
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s)
-    if (n + s < ntiles) step(n + s, s);
+  for (int k = 0; k < kHalf - 1; ++k)
+    if (j + k < mine) step(j + k, k);
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   tiles.ReduceSums();
-  // The warp's split records: the accumulator through its output rows
-  // (over the stages: once every warp is past its last tile).
+  // The split records: the accumulators through the output rows (over the
+  // stages: once every warp is past its last tile).
   __syncthreads();
-  StoreWarpAcc<G>(obuf, tiles.acc, 0, i, [&](int u) { return tiles.PairOf(u); });
-  __syncwarp();
-  auto rec_of = [&](int h) { return records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record; };
+  float* obuf = reinterpret_cast<float*>(rs_smem) + L::kOut / 4;  // [parity][8 heads][G][128]
+  auto rec_of = [&](int kh, int h) {
+    return records + ((qi * a.q_heads + (hg * NW + kh) * G + h) * d.splits + split) * d.record;
+  };
+  if constexpr (P == 1) {
+    float* own = obuf + head * G * 128;
+    StoreWarpAcc<G>(own, tiles.acc, 0, i, [&](int u) { return tiles.PairOf(u); });
+    __syncwarp();
 #pragma unroll
-  for (int h = 0; h < G; ++h)
+    for (int h = 0; h < G; ++h)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) rec_of(h)[2 + lane + 32 * k] = obuf[h * 128 + lane + 32 * k];
+      for (int k = 0; k < 4; ++k) rec_of(head, h)[2 + lane + 32 * k] = own[h * 128 + lane + 32 * k];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    if (g == 0 && 2 * i + e < G) {
-      rec_of(2 * i + e)[0] = tiles.mh[e];
-      rec_of(2 * i + e)[1] = tiles.lh[e];
+    for (int e = 0; e < 2; ++e) {
+      if (g == 0 && 2 * i + e < G) {
+        rec_of(head, 2 * i + e)[0] = tiles.mh[e];
+        rec_of(head, 2 * i + e)[1] = tiles.lh[e];
+      }
+    }
+  } else {
+    // Both parities' rows and (m, l), then one record per (head, q head)
+    // from the two: m = max, weights exp2(m_p - m) (0 for a parity without
+    // tokens).
+    float* ml = reinterpret_cast<float*>(rs_smem) + L::kML / 4;  // [parity][8G][2]
+    StoreWarpAcc<G>(obuf + par * NW * G * 128, tiles.acc, head, i, [&](int u) { return tiles.PairOf(u); });
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (g == 0 && 2 * i + e < G) {
+        ml[(par * NW * G + head * G + 2 * i + e) * 2] = tiles.mh[e];
+        ml[(par * NW * G + head * G + 2 * i + e) * 2 + 1] = tiles.lh[e];
+      }
+    }
+    __syncthreads();
+    for (int u = tid; u < NW * G * 128; u += 32 * NW * P) {
+      const int kh = u >> 7, c = u & 127;  // (head, q head) unit kh, channel c
+      const float m0 = ml[kh * 2], m1 = ml[(NW * G + kh) * 2];
+      const float mx = fmaxf(m0, m1);
+      const float f0 = m0 == -CUDART_INF_F ? 0.0f : FastExp2(m0 - mx);
+      const float f1 = m1 == -CUDART_INF_F ? 0.0f : FastExp2(m1 - mx);
+      float* rec = rec_of(kh / G, kh % G);
+      rec[2 + c] = fmaf(f0, obuf[u], f1 * obuf[NW * G * 128 + u]);
+      if (c == 0) {
+        rec[0] = mx;
+        rec[1] = fmaf(f0, ml[kh * 2 + 1], f1 * ml[(NW * G + kh) * 2 + 1]);
+      }
     }
   }
 }
