@@ -53,16 +53,18 @@ struct RowSetLayout {
   static_assert(kKStage % 128 == 0 && kVStage % 128 == 0, "tensor loads land 128-byte aligned");
   static constexpr uint32_t KBase(int s) { return kTables + kStage * s; }
   static constexpr uint32_t VBase(int s) { return KBase(s) + kKStage; }
-  // The warps' output rows (the records' transposition; [parity][8 heads]
-  // [G][128]) over the stages; then the centroids, the full barriers, the
-  // reader counts and, for two parities, their (m, l) ([parity][8G][2]).
+  // Over the stages once every warp is past its last tile: the warps'
+  // output rows (the records' transposition, [8 heads][G][128]) and, for
+  // two parities, the parity-1 warps' accumulator fragments and (m, l)
+  // ([8 heads][36][32 lanes]); then the centroids, the full barriers and
+  // the reader counts.
   static constexpr uint32_t kOut = KBase(0);
-  static constexpr uint32_t kOutEnd = kOut + P * kRowSetHeads * G * 128 * 4;
+  static constexpr uint32_t kXchg = kOut + kRowSetHeads * G * 128 * 4;
+  static constexpr uint32_t kOutEnd = kXchg + (P == 2 ? kRowSetHeads * 36 * 32 * 4 : 0);
   static constexpr uint32_t kCent = kOutEnd > KBase(S) ? kOutEnd : KBase(S);
   static constexpr uint32_t kMbar = kCent + 32 * 4;
   static constexpr uint32_t kCount = kMbar + 8 * S;
-  static constexpr uint32_t kML = kCount + 4 * S;
-  static constexpr uint32_t kBytes = kML + (P == 2 ? 2 * kRowSetHeads * G * 2 * 4 : 0);
+  static constexpr uint32_t kBytes = kCount + 4 * S;
 };
 
 // Blocks per SM: two of 8 warps, or one of 16 (P = 2).
@@ -134,9 +136,14 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   if (tid == 0) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&maps.k)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&maps.v)) : "memory");
-    int first[S];  // the first S tiles' pages, loaded together
+    // The first S tiles' pages, loaded together and without waiting for
+    // the sequence's length (entries past it are read but not used).
+    int first[S];
 #pragma unroll
-    for (int s = 0; s < S; ++s) first[s] = s < ntiles ? __ldg(btab + ((t0 + 16 * s) >> bs_shift)) : 0;
+    for (int s = 0; s < S; ++s) {
+      const int b = (t0 + 16 * s) >> bs_shift;
+      first[s] = b < a.max_blocks ? __ldg(btab + b) : 0;
+    }
     for (int s = 0; s < S; ++s) {
       MbarInit(mbar0 + 8u * s, 1);
       count[s] = 0;
@@ -208,51 +215,55 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   // The split records: the accumulators through the output rows (over the
   // stages: once every warp is past its last tile).
   __syncthreads();
-  float* obuf = reinterpret_cast<float*>(rs_smem) + L::kOut / 4;  // [parity][8 heads][G][128]
-  auto rec_of = [&](int kh, int h) {
-    return records + ((qi * a.q_heads + (hg * NW + kh) * G + h) * d.splits + split) * d.record;
-  };
-  if constexpr (P == 1) {
-    float* own = obuf + head * G * 128;
-    StoreWarpAcc<G>(own, tiles.acc, 0, i, [&](int u) { return tiles.PairOf(u); });
-    __syncwarp();
+  if constexpr (P == 2) {
+    // The parity-1 warps hand their accumulator fragments and (m, l) to
+    // the parity-0 warp of their head (same fragment layout, lane-major:
+    // conflict free), which merges them in registers: m = max, weights
+    // exp2(m_p - m) (0 for a parity without tokens).
+    float* x = reinterpret_cast<float*>(rs_smem) + L::kXchg / 4 + head * 36 * 32 + lane;
+    if (par == 1) {
 #pragma unroll
-    for (int h = 0; h < G; ++h)
+      for (int u = 0; u < 8; ++u)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) rec_of(head, h)[2 + lane + 32 * k] = own[h * 128 + lane + 32 * k];
+        for (int e = 0; e < 4; ++e) x[(4 * u + e) * 32] = tiles.acc[u][e];
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      if (g == 0 && 2 * i + e < G) {
-        rec_of(head, 2 * i + e)[0] = tiles.mh[e];
-        rec_of(head, 2 * i + e)[1] = tiles.lh[e];
-      }
-    }
-  } else {
-    // Both parities' rows and (m, l), then one record per (head, q head)
-    // from the two: m = max, weights exp2(m_p - m) (0 for a parity without
-    // tokens).
-    float* ml = reinterpret_cast<float*>(rs_smem) + L::kML / 4;  // [parity][8G][2]
-    StoreWarpAcc<G>(obuf + par * NW * G * 128, tiles.acc, head, i, [&](int u) { return tiles.PairOf(u); });
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      if (g == 0 && 2 * i + e < G) {
-        ml[(par * NW * G + head * G + 2 * i + e) * 2] = tiles.mh[e];
-        ml[(par * NW * G + head * G + 2 * i + e) * 2 + 1] = tiles.lh[e];
+      for (int e = 0; e < 2; ++e) {
+        x[(32 + e) * 32] = tiles.mh[e];
+        x[(34 + e) * 32] = tiles.lh[e];
       }
     }
     __syncthreads();
-    for (int u = tid; u < NW * G * 128; u += 32 * NW * P) {
-      const int kh = u >> 7, c = u & 127;  // (head, q head) unit kh, channel c
-      const float m0 = ml[kh * 2], m1 = ml[(NW * G + kh) * 2];
+    if (par == 1) return;
+    float f0[2], f1[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float m0 = tiles.mh[e], m1 = x[(32 + e) * 32];
       const float mx = fmaxf(m0, m1);
-      const float f0 = m0 == -CUDART_INF_F ? 0.0f : FastExp2(m0 - mx);
-      const float f1 = m1 == -CUDART_INF_F ? 0.0f : FastExp2(m1 - mx);
-      float* rec = rec_of(kh / G, kh % G);
-      rec[2 + c] = fmaf(f0, obuf[u], f1 * obuf[NW * G * 128 + u]);
-      if (c == 0) {
-        rec[0] = mx;
-        rec[1] = fmaf(f0, ml[kh * 2 + 1], f1 * ml[(NW * G + kh) * 2 + 1]);
-      }
+      f0[e] = m0 == -CUDART_INF_F ? 0.0f : FastExp2(m0 - mx);
+      f1[e] = m1 == -CUDART_INF_F ? 0.0f : FastExp2(m1 - mx);
+      tiles.mh[e] = mx;
+      tiles.lh[e] = fmaf(f0[e], tiles.lh[e], f1[e] * x[(34 + e) * 32]);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tiles.acc[u][e] = fmaf(f0[e & 1], tiles.acc[u][e], f1[e & 1] * x[(4 * u + e) * 32]);
+  }
+  // Each (parity-0) warp's records: acc[u][0], [2] belong to head 2i,
+  // [1], [3] to head 2i + 1 (StoreWarpAcc).
+  float* own = reinterpret_cast<float*>(rs_smem) + L::kOut / 4 + head * G * 128;
+  StoreWarpAcc<G>(own, tiles.acc, 0, i, [&](int u) { return tiles.PairOf(u); });
+  __syncwarp();
+  auto rec_of = [&](int h) { return records + ((qi * a.q_heads + kvh * G + h) * d.splits + split) * d.record; };
+#pragma unroll
+  for (int h = 0; h < G; ++h)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) rec_of(h)[2 + lane + 32 * k] = own[h * 128 + lane + 32 * k];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (g == 0 && 2 * i + e < G) {
+      rec_of(2 * i + e)[0] = tiles.mh[e];
+      rec_of(2 * i + e)[1] = tiles.lh[e];
     }
   }
 }
