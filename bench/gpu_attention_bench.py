@@ -130,7 +130,8 @@ def main():
         perm = torch.randperm(nblocks, device=dev, dtype=torch.int64)
         table = perm.reshape(batch, nblocks_per).to(torch.int32).contiguous()
         packed = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
-        qseq = torch.arange(batch, dtype=torch.int32, device=dev)
+        # Query i is sequence i's decode query: query_seq null (as the
+        # service passes it for decode batches).
         pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)
         q32 = q16.float().reshape(batch, QH, D).contiguous()
         for f, h in handles.items():
@@ -165,7 +166,7 @@ def main():
             out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
             call = lambda fast=1, splits=0: lib.tqkv_gpu_attention(
                 h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nblocks_per, packed.data_ptr(),
-                qseq.data_ptr(), pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
+                None, pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
                 ws_bytes, splits, fast, stream)
             if call():
                 sys.exit(f"attention: {lib.tqkv_gpu_last_error().decode()}")

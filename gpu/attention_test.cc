@@ -165,7 +165,9 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.tail_offset = dto.as<int64_t>();
   a.has_tail = false;
   for (int64_t i = 0; i < nq; ++i) a.has_tail = a.has_tail || positions[i] >= c.packed[qseq[i]];
-  a.query_seq = dqs.as<int32_t>();
+  // One query per sequence in order (decode): query_seq left null, the
+  // launch's shorthand for it; prefill cases pass the array.
+  a.query_seq = c.queries_per_seq == 1 ? nullptr : dqs.as<int32_t>();
   a.positions = dpos.as<int64_t>();
   a.num_queries = nq;
   a.q = dq.as<float>();

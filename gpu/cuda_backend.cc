@@ -306,7 +306,11 @@ class CudaBackend : public ComputeBackend {
     a.tail_offset = reinterpret_cast<const int64_t*>(d + tailoff_off);
     a.tail_k = d + tk_off;
     a.tail_v = d + tv_off;
-    a.query_seq = reinterpret_cast<const int32_t*>(d + qseq_off);
+    // One query per sequence, in order (decode): the kernels take query i
+    // as sequence i without loading query_seq.
+    bool one_per_seq = static_cast<size_t>(nq) == nseq;
+    for (size_t i = 0; one_per_seq && i < nseq; ++i) one_per_seq = b.query_offsets[i] == static_cast<int64_t>(i);
+    a.query_seq = one_per_seq ? nullptr : reinterpret_cast<const int32_t*>(d + qseq_off);
     a.positions = reinterpret_cast<const int64_t*>(d + pos_off);
     a.q = reinterpret_cast<const float*>(d + q_off);
     a.out = reinterpret_cast<float*>(d + out_off);

@@ -134,7 +134,8 @@ struct AttentionLaunch {
   int32_t tail_dtype = kGpuF16;
   const int64_t* tail_offset = nullptr;    // [num_seqs]; null when no tails
   bool has_tail = false;                   // any query reaches a tail token
-  const int32_t* query_seq = nullptr;      // [nq]
+  const int32_t* query_seq = nullptr;      // [nq]; null: query i belongs to sequence i (decode,
+                                           // one query per sequence; spares the kernels a dependent load)
   const int64_t* positions = nullptr;      // [nq]
   int64_t num_queries = 0;
   const float* q = nullptr;

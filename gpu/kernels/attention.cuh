@@ -29,6 +29,11 @@ struct AttnDims {
   int head_chunks = 1;
 };
 
+// Query qi's sequence (AttentionLaunch::query_seq; null: sequence qi).
+__device__ __forceinline__ int SeqOf(const AttentionLaunch& a, int64_t qi) {
+  return a.query_seq != nullptr ? a.query_seq[qi] : static_cast<int>(qi);
+}
+
 __device__ __forceinline__ const uint8_t* PackedRow(const AttentionLaunch& a, const uint8_t* base,
                                                     int seq, int64_t t, int kvh, int row_bytes) {
   const int32_t page = a.block_table[static_cast<int64_t>(seq) * a.max_blocks + t / a.block_size];
@@ -114,7 +119,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) GenericAttentionKernel(Attent
   for (int i = lane; i < kMaxHeadsPerBlock * accw; i += 32) acc[i] = 0.0f;
   __syncthreads();
 
-  const int seq = a.query_seq[qi];
+  const int seq = SeqOf(a, qi);
   const int64_t n_ctx = a.positions[qi] + 1;
   const int64_t packed = a.packed_tokens[seq];
   const int64_t t0 = split * d.chunk;

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FastDecodeKernel(AttentionLau
   if (threadIdx.x < (1 << VB)) cv[threadIdx.x] = vc.groups[0].centroids[threadIdx.x];
   __syncthreads();
 
-  const int seq = a.query_seq[qi];
+  const int seq = SeqOf(a, qi);
   const int64_t limit = min(a.positions[qi] + 1, a.packed_tokens[seq]);
   const int64_t t0 = split * d.chunk;
   const int64_t t1 = min(limit, t0 + d.chunk);

@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 
   // Token positions and in-page offsets are 32-bit (contexts < 2^31 tokens,
   // pages < 2 GiB); only the page base is 64-bit.
-  const int seq = a.query_seq[qi];
+  const int seq = SeqOf(a, qi);
   const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
   const int t0 = split * static_cast<int>(d.chunk);
   const int t1 = min(limit, t0 + static_cast<int>(d.chunk));

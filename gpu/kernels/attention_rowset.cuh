@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
     LoadGroupQueries(a, kg, qi, kvh, G, 0, 1, lane, qy);
   }
 
-  const int seq = a.query_seq[qi];
+  const int seq = SeqOf(a, qi);
   const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
   const int t0 = split * static_cast<int>(d.chunk);
   const int t1 = min(limit, t0 + static_cast<int>(d.chunk));

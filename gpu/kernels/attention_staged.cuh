@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
   __syncthreads();  // tables and rotated queries complete
 
   const int mis = 4 * (kvh & 3);
-  const int seq = a.query_seq[qi];
+  const int seq = SeqOf(a, qi);
   const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
   const int t0 = split * static_cast<int>(d.chunk);
   const int t1 = min(limit, t0 + static_cast<int>(d.chunk));
