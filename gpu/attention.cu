@@ -21,6 +21,7 @@ constexpr int64_t kMinSplitTokens = 256;
 // Shared stages per row-set block (the most that fit 2 blocks per SM next to
 // 64 KiB of tables; with 128-byte table rows 3 stages ran 4-9% slower).
 constexpr int kRowSetStages = 2;
+constexpr int64_t kRowSetMinTokens = 65536;  // served row sets: (query, head group) × context at least
 
 int StateSize(const GpuComponent& c, int dim) { return c.kind == kGpuDense ? dim : c.state_size; }
 int Vpl(const GpuComponent& c) { return (std::max(c.max_group_channels, 1) + 31) / 32; }
@@ -179,11 +180,16 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   // register-buffered kernels (bench/RESULTS.md).
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
   if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[TensorMapEncoder() != nullptr ? 16 : 14];
-  // Row sets of 16 warps with 8 stages (variant 19) wherever they apply:
-  // 3-6% faster than the 8-warp row sets (17) for TQ4 and 5-11% for K4/V2
-  // at the four batch shapes, and 1-5% faster than 16 / 15 for one 128K
-  // sequence, in one run (bench/RESULTS.md).
-  if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && RowSetsFit(a)) c = kMmaCfgs[19];
+  // Row sets of 16 warps with 8 stages (variant 19) wherever they apply
+  // and the (query, head group) pairs hold >= kRowSetMinTokens tokens of
+  // context in all: 3-6% faster than the 8-warp row sets (17) for TQ4 and
+  // 5-11% for K4/V2 at the four batch shapes, 4-11% faster than 16 / 15
+  // at 1 × 64K and 1 × 128K, even at 2 × 32K; with less work their ~9 µs
+  // block prologue loses to the smaller blocks of 16 / 15 (1 × 32K: 0.037
+  // vs 0.033 ms, 1 × 8K: 0.032 vs 0.023; bench/RESULTS.md).
+  if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && RowSetsFit(a) &&
+      a.num_queries * (a.kv_heads / kRowSetHeads) * a.max_context >= kRowSetMinTokens)
+    c = kMmaCfgs[19];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
   if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-19: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;

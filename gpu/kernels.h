@@ -158,7 +158,8 @@ struct AttentionLaunch {
   bool symmetric_codebooks = false;
   // Tensor-core kernel variant (benchmarks): 0 = default (served: k4v4
   // with one K/V codebook and k4v2 with uniform codebooks as 19 where
-  // kv_heads % 8 == 0, else k4v4 (one codebook) as 16 and k4v2 as 15;
+  // kv_heads % 8 == 0 and queries × kv_heads / 8 × max_context >= 64K,
+  // else k4v4 (one codebook) as 16 and k4v2 as 15;
   // other k4v4 as 5 + 8,
   // k2v2 as 4 + 8, k2v4 as 1), 1 = one kv head per block with 128-byte-row
   // tables, 3 = K centroids from registers, 4 = variant 3 budgeted for 4
