@@ -1,20 +1,22 @@
 // Row-set decode attention for 4-bit keys at d = 128 (TQ4 with one K/V
 // codebook, K4/V2 with uniform codebooks): a block takes one query, a group
-// of 8 kv heads (warp w = kv head 8·hg + w) and one context split, and
-// every warp walks all tiles of the split. A tile's K (and V) rows of the
-// 8 heads are contiguous in a page (token-major rows, 8 · row bytes per
+// of 8 kv heads and one context split. With P = 1 (8 warps, 2 blocks per
+// SM) warp w is kv head 8·hg + w and walks every tile of the split; with
+// P = 2 (16 warps, one block per SM; served) warp w is kv head 8·hg + w
+// mod 8 on the tiles of parity w / 8. A tile's K (and V) rows of the 8
+// heads are contiguous in a page (token-major rows, 8 · row bytes per
 // token), so one TMA tensor load per tile and component brings them into a
-// shared stage that all 8 warps read: no partial-sector L2 reads (the
-// per-head kernels load 80-byte spans of 68-byte rows, ~2 L2 sectors per
-// 32 useful bytes), one table per 8 warps, and S stages of the block in
-// flight (2 blocks per SM).
+// shared stage that 8 warps read: no partial-sector L2 reads (the per-head
+// kernels load 80-byte spans of 68-byte rows, ~2 L2 sectors per 32 useful
+// bytes), one table per block, and S stages in flight.
 //
 // Stage ring: S stages per block; stage s's full barrier (an mbarrier, one
 // arrival plus the tensor loads' bytes) completes its k-th phase when tile
-// kS + s has landed. Each warp, after computing a tile, adds one to the
-// stage's reader count; the warp that brings it to 8(k + 1) is the stage's
-// last reader and issues tile (k + 1)S + s into it (no warp waits for a
-// producer or for the other warps except through the full barriers).
+// kS + s has landed (with P = 2 a stage only ever holds tiles of parity
+// s mod 2). Each of its 8 reading warps, after computing the tile, adds one
+// to the stage's reader count; the warp that brings it to 8(k + 1) is the
+// stage's last reader and issues tile (k + 1)S + s into it (no warp waits
+// for a producer or for the other warps except through the full barriers).
 //
 // In a stage, token t's row set sits at kTok·t with kTok = 8 · row bytes +
 // 16 (the tensor box takes 16 bytes more than the row set, so that the
@@ -32,10 +34,10 @@ inline constexpr int kRowSetHeads = 8;  // kv heads (= warps) per block
 
 // Tables of 256-byte rows (a lookup address is one prmt; 4-9% faster for
 // TQ4 than 128-byte rows with 3 stages, bench/RESULTS.md) take 64 KiB, so
-// 2 stages fit; the rotated queries reach their fragments by shuffles (no
-// shared memory), so the first tiles load during the prologue, and the
-// warps' output rows reuse the stages once every warp is past its last
-// tile.
+// 2 stages fit at 2 blocks per SM, 8 at one; the rotated queries reach
+// their fragments by shuffles (no shared memory), so the first tiles load
+// during the prologue, and the warps' output rows reuse the stages once
+// every warp is past its last tile.
 template <int VB, int S, int G, int P = 1>
 struct RowSetLayout {
   static_assert(VB == 4 || VB == 2, "row-set decode: 4- or 2-bit values");
