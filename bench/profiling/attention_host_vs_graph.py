@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Host submit time and CUDA-graph replay vs CUDA-event time, served kernel and SDPA.
+
+  attention_host_vs_graph.py LIB gpu_attention_bench.py SHAPES FORMATS
+e.g. 64x4096,1x131072 k4v4 (bench/RESULTS.md, "Decode, sixth session").
+"""
+import sys, time, statistics, torch, importlib.util
+spec = importlib.util.spec_from_file_location("b", sys.argv[2]); b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+lib = b.load(sys.argv[1])
+QH, KVH, D, BS = 32, 8, 128, 16
+dev = torch.device("cuda")
+def evt(fn, iters=50):
+    for _ in range(3): fn()
+    torch.cuda.synchronize(); ts = []; hs = []
+    for _ in range(iters):
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); h0 = time.perf_counter(); fn(); hs.append((time.perf_counter() - h0) * 1e6); e.record(); e.synchronize()
+        ts.append(a.elapsed_time(e) * 1e3)
+    return statistics.median(ts), statistics.median(hs)
+for fmt in sys.argv[4].split(","):
+  for shp in sys.argv[3].split(","):
+    batch, ctx = map(int, shp.split("x"))
+    stream = torch.cuda.current_stream().cuda_stream
+    h = lib.tqkv_gpu_create(fmt.encode(), D, KVH, QH, BS, 7)
+    nb_per = ctx // BS; nblocks = batch * nb_per
+    kr, vr = lib.tqkv_gpu_row_bytes(h, 0), lib.tqkv_gpu_row_bytes(h, 1)
+    stride = BS * KVH * max(kr, vr)
+    kp = torch.randint(0, 255, (nblocks * stride,), dtype=torch.uint8, device=dev)
+    vp = torch.randint(0, 255, (nblocks * stride,), dtype=torch.uint8, device=dev)
+    table = torch.randperm(nblocks, device=dev, dtype=torch.int64).reshape(batch, nb_per).to(torch.int32).contiguous()
+    packed = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
+    qseq = torch.arange(batch, dtype=torch.int32, device=dev)
+    pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)
+    q32 = torch.randn(batch, QH, D, dtype=torch.float32, device=dev)
+    ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0)
+    ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=dev)
+    out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
+    def call(s=None):
+        rc = lib.tqkv_gpu_attention(h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nb_per, packed.data_ptr(),
+                                    None, pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
+                                    ws_bytes, 0, 1, s if s is not None else torch.cuda.current_stream().cuda_stream)
+        assert rc == 0, lib.tqkv_gpu_last_error()
+    t, hs = evt(call)
+    h0 = time.perf_counter()
+    for _ in range(200): lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, 0)
+    plan = (time.perf_counter() - h0) / 200 * 1e6
+    g = torch.cuda.CUDAGraph(); s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call(s.cuda_stream); torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            call(s.cuda_stream)
+    torch.cuda.synchronize()
+    tg, hg = evt(lambda: g.replay())
+    k = torch.randn(batch, KVH, ctx, D, dtype=torch.float16, device=dev); v = torch.randn_like(k)
+    q16 = torch.randn(batch, QH, 1, D, dtype=torch.float16, device=dev)
+    sd = lambda: torch.nn.functional.scaled_dot_product_attention(q16, k, v, enable_gqa=True)
+    ts, hss = evt(sd)
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        sd(); torch.cuda.synchronize()
+        with torch.cuda.graph(g2, stream=s):
+            o2 = sd()
+    torch.cuda.synchronize()
+    tsg, _ = evt(lambda: g2.replay())
+    print(f"{fmt} {batch}x{ctx}: tqkv event {t:.1f} us (host submit {hs:.1f}, planning {plan:.1f}), graph replay {tg:.1f} us;"
+          f" SDPA event {ts:.1f} us (host {hss:.1f}), graph {tsg:.1f} us; ratio event {t/ts:.3f} graph {tg/tsg:.3f}")
+    del kp, vp, k, v, g, g2
+    lib.tqkv_gpu_destroy(h)

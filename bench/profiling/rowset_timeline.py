@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Per-block timelines of the row-set decode kernel and the split merge.
+
+Needs a bundle built from a tree patched by instrument_rowset_timeline.py
+(the kernels then write %globaltimer stamps past the split records; never
+commit or serve such a build). On the GPU machine:
+  rowset_timeline.py LIB gpu_attention_bench.py BATCH CONTEXT [FORMAT [CALLS]]
+prints, for the last of CALLS launches on random packed pages, quantiles of
+each prologue step, the first tile's arrival, the loop, the epilogue and
+the merge, in µs (bench/RESULTS.md, "Decode, sixth session").
+"""
+import sys, torch, importlib.util
+spec = importlib.util.spec_from_file_location("b", sys.argv[2]); b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+lib = b.load(sys.argv[1])
+batch, ctx = int(sys.argv[3]), int(sys.argv[4]); fmt = sys.argv[5] if len(sys.argv) > 5 else "k4v4"
+QH, KVH, D, BS = 32, 8, 128, 16
+dev = torch.device("cuda"); stream = torch.cuda.current_stream().cuda_stream
+h = lib.tqkv_gpu_create(fmt.encode(), D, KVH, QH, BS, 7)
+nb_per = ctx // BS; nblocks = batch * nb_per
+kr, vr = lib.tqkv_gpu_row_bytes(h, 0), lib.tqkv_gpu_row_bytes(h, 1)
+stride = BS * KVH * max(kr, vr)
+kp = torch.randint(0, 255, (nblocks * stride,), dtype=torch.uint8, device=dev)
+vp = torch.randint(0, 255, (nblocks * stride,), dtype=torch.uint8, device=dev)
+table = torch.randperm(nblocks, device=dev, dtype=torch.int64).reshape(batch, nb_per).to(torch.int32).contiguous()
+packed = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
+qseq = torch.arange(batch, dtype=torch.int32, device=dev)
+pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)
+q32 = torch.randn(batch, QH, D, dtype=torch.float32, device=dev)
+ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0)
+ws = torch.zeros(ws_bytes + (8 << 20), dtype=torch.uint8, device=dev)
+out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
+splits = lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, 0)
+states = (batch * QH * 128 * 4 + 255) // 256 * 256
+nrec = batch * QH * splits * 258
+off = states + (nrec + 1) // 2 * 2 * 4
+nblk = batch * splits
+for it in range(int(sys.argv[6]) if len(sys.argv) > 6 else 3):
+    rc = lib.tqkv_gpu_attention(h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nb_per, packed.data_ptr(),
+                                None, pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
+                                ws_bytes, 0, 1, stream)
+    assert rc == 0, lib.tqkv_gpu_last_error()
+    torch.cuda.synchronize()
+st = ws[off: off + nblk * 128].view(torch.int64).view(nblk, 16).cpu().tolist()
+mg = ws[off + nblk * 128: off + nblk * 128 + batch * QH * 32].view(torch.int64).view(batch * QH, 4).cpu().tolist()
+t0 = min(r[1] for r in st)
+def q(xs):
+    xs = sorted(xs); n = len(xs)
+    return " ".join(f"{xs[int(f * (n - 1))] / 1e3:7.2f}" for f in (0, 0.1, 0.5, 0.9, 0.99, 1.0))
+print(f"{batch} x {ctx} {fmt}: splits {splits}, {nblk} blocks; quantiles 0/10/50/90/99/100% in us (from each block's start)")
+for name, k in (("tid0 TMAs issued", 2), ("sync1", 3), ("tables stored", 4), ("sync2", 5), ("query frags", 6), ("first tile landed", 7), ("loop done (all)", 8), ("block end", 9)):
+    print(f"  {name:20s}", q([r[k] - r[1] for r in st]))
+print("  block end (global)  ", q([r[9] - t0 for r in st]))
+print("  merge start         ", q([m[0] - t0 for m in mg]))
+print("  merge wait released ", q([m[1] - t0 for m in mg]))
+print("  merge end           ", q([m[2] - t0 for m in mg]))
