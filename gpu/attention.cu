@@ -272,7 +272,8 @@ auto ByStagedCfg(const MmaCfg& c, F&& f) {
                : f.template operator()<2, 4, kStagesDense, 4, false>();
 }
 
-// Resident row-set blocks per SM: 2 by registers, capped by shared memory.
+// Resident row-set blocks per SM: kRowSetBlocksPerSm<P> by registers,
+// capped by shared memory.
 template <int VB, int G, int S, int P>
 constexpr int RowSetResidentWith() {
   const size_t per_block = RowSetLayout<VB, S, G, P>::kBytes + 1024;
@@ -334,6 +335,11 @@ AttnDims Dims(const AttentionLaunch& a) {
 
 size_t StatesBytes(const AttentionLaunch& a, const AttnDims& d) {
   return ((static_cast<size_t>(a.num_queries) * a.q_heads * d.sk * sizeof(float)) + 255) / 256 * 256;
+}
+
+// States, then the split records.
+size_t WorkspaceBytes(const AttentionLaunch& a, const AttnDims& d) {
+  return StatesBytes(a, d) + static_cast<size_t>(a.num_queries) * a.q_heads * d.splits * d.record * sizeof(float);
 }
 
 template <int KB, int VB, int G>
@@ -587,7 +593,10 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
     // (chunks are whole 128-token steps); a block's time is its chunk over
     // its warps, plus the overhead.
     auto chunk_of = [&](int64_t s) { return ((ctx + s - 1) / s + 127) / 128 * 128; };
-    auto usable = [&](int64_t s) { return (ctx + chunk_of(s) - 1) / chunk_of(s) == s; };
+    auto usable = [&](int64_t s) {
+      const int64_t chunk = chunk_of(s);
+      return (ctx + chunk - 1) / chunk == s;
+    };
     auto cost_of = [&](int64_t s) {
       const int64_t waves = (blocks * s + resident - 1) / resident;
       return static_cast<double>(waves) *
@@ -604,9 +613,12 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
       const int64_t hi = std::min(max_splits, waves * resident / blocks);  // the last count with these waves
       int64_t s = hi;
       while (s >= lo && !usable(s)) --s;
-      if (s >= lo && cost_of(s) < best_cost) {
-        best = s;
-        best_cost = cost_of(s);
+      if (s >= lo) {
+        const double cost = cost_of(s);
+        if (cost < best_cost) {
+          best = s;
+          best_cost = cost;
+        }
       }
       lo = hi + 1;
     }
@@ -640,12 +652,6 @@ bool SymmetricF16Codebook(const float* c, int n) {
   }
   return true;
 }
-
-namespace {
-size_t WorkspaceBytes(const AttentionLaunch& a, const AttnDims& d) {
-  return StatesBytes(a, d) + static_cast<size_t>(a.num_queries) * a.q_heads * d.splits * d.record * sizeof(float);
-}
-}  // namespace
 
 size_t AttentionWorkspaceBytes(const AttentionLaunch& a) { return WorkspaceBytes(a, Dims(a)); }
 

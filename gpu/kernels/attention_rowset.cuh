@@ -99,12 +99,14 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   const uint32_t mbar0 = smem_base + L::kMbar;
   const GpuComponent& kc = a.k_comp[kvh];
 
-  // The prologue's small loads go out first, ahead of the first tiles'
-  // traffic (behind it they took ~4 µs of a ~9 µs prologue on the H200):
-  // the centroids (one codebook for all heads: the launch's host copy of
-  // the components, no dependent loads through the device tables), and
-  // for a folded query rotation (states == null) the warp's G queries and
-  // rotation factors.
+  // The prologue's small loads are issued before the first tiles: the
+  // centroids (one codebook for all heads: the launch's host copy of the
+  // components, no dependent loads through the device tables), and for a
+  // folded query rotation (states == null) the warp's G queries and
+  // rotation factors. (On the H200, per-block timelines put thread 0's
+  // tile loads at ~4.2 µs after the block starts: warp 0 first waits for
+  // its head's descriptor, which these loads address through; the queries
+  // are rotated at ~7.3 µs, the first tile lands at ~9.2; bench/RESULTS.md.)
   const float ck = tid < 16 ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
   const float cv = tid < (1 << VB) ? __ldg(a.host_v.groups[0].centroids + tid) : 0.0f;
   const bool fold = states == nullptr;
