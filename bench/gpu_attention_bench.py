@@ -11,6 +11,12 @@ generic kernel for comparison, and sweeps forced split counts. Prints time
 ratios against SDPA and achieved bandwidth on packed bytes against the copy
 ceiling.
 
+Two timings of SDPA and of the served kernel: device time (the calls queued
+behind a sleep kernel, each after an L2-evicting write: the GPU's time for
+the call, as in a decode loop that queues its layers) is the primary one;
+synchronised calls (the GPU idle until the host has submitted the call, so
+the host's submit time is included) are printed beside it.
+
 Usage: gpu_attention_bench.py --lib path/libtqkv_gpu_capi.so [--iters 50]
 """
 import argparse
@@ -38,17 +44,20 @@ GOALS = {"k4v4": 0.35, "k4v2": 0.28, "k2v2": None}  # k2v2: no goal (2-bit keys 
 # 13 with each tile's K and V rows arriving as two TMA tensor loads; 17 =
 # row sets (a block per query and 8 kv heads, TMA tiles shared by 8 warps,
 # 2 blocks/SM); 18 / 19 = row sets of 16 warps (two tile parities, one
-# block/SM) with 4 / 8 stages.
+# block/SM) with 4 / 8 stages; 20 = 19 computing two tiles per step.
 # Retired (measured slower, bench/RESULTS.md; they run the served kernel):
 # 2, 9-11 (one K/V table in the register-buffered kernel), 12 (4 stages).
-VARIANTS = [1, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17, 18, 19]
+VARIANTS = [1, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17, 18, 19, 20]
 VARIANT_NAMES = {1: "lut", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256",
                  7: "kreg-1buf-4cta", 8: "tokm", 13: "staged-s2-4cta",
                  14: "staged-holes", 15: "staged-8w-kholes", 16: "staged-s2-4cta-tma",
-                 17: "rowset", 18: "rowset16w-s4", 19: "rowset16w-s8"}
+                 17: "rowset", 18: "rowset16w-s4", 19: "rowset16w-s8",
+                 20: "rowset16w-s8-2tiles"}
 
 
 def timed(fn, iters):
+    """Median ms of `iters` calls, each synchronised before the next: the
+    events bracket the host's submit too (the GPU idles while it runs)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -61,6 +70,39 @@ def timed(fn, iters):
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
+
+
+_FLUSH = None
+
+
+def timed_device(fn, iters):
+    """Median ms of `iters` calls as the GPU runs them: the stream is held by
+    a sleep kernel while the host queues every call (each after a 256 MiB
+    write that evicts L2, outside the events), so the events bracket device
+    time only, from a cold L2. Exits if the host did not finish queueing
+    before the sleep ended (the times would then include host time)."""
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for _ in range(3):  # also loads the flush and sleep kernels (a lazy load would wait for the sleep)
+        _FLUSH.zero_()
+        fn()
+    torch.cuda._sleep(1000)
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    held = torch.cuda.Event()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s at the H200's clocks
+    held.record()
+    for a, b in ev:
+        _FLUSH.zero_()
+        a.record()
+        fn()
+        b.record()
+    queued_in_time = not held.query()
+    torch.cuda.synchronize()
+    if not queued_in_time:
+        sys.exit("timed_device: the sleep ended before the calls were queued; lengthen it")
+    return statistics.median(a.elapsed_time(b) for a, b in ev)
 
 
 def load(path):
@@ -80,6 +122,45 @@ def load(path):
     lib.tqkv_gpu_attention_splits.argtypes = [vp, i64, i64, i64, i32]
     lib.tqkv_gpu_destroy.argtypes = [vp]
     return lib
+
+
+def encode_pages(lib, h, k, v, table, flag, stream):
+    """Encodes fp16 k, v [batch, KVH, ctx, D] into the pages that table
+    ([batch, ctx / BS] int32) names; returns the K and V page regions (one
+    stride, the larger page) and the stride."""
+    batch, _, ctx, _ = k.shape
+    nblocks = table.numel()
+    kr, vr = lib.tqkv_gpu_row_bytes(h, 0), lib.tqkv_gpu_row_bytes(h, 1)
+    stride = BS * KVH * max(kr, vr)
+    kp = torch.empty(nblocks * stride, dtype=torch.uint8, device=k.device)
+    vp = torch.empty(nblocks * stride, dtype=torch.uint8, device=k.device)
+    # Encode per sequence from [ctx, KVH, D] token-major copies into a
+    # contiguous scratch region, then scatter its pages at `stride`.
+    kpg = torch.empty(nblocks * BS * KVH * kr, dtype=torch.uint8, device=k.device)
+    vpg = torch.empty(nblocks * BS * KVH * vr, dtype=torch.uint8, device=k.device)
+    t = torch.arange(ctx, device=k.device)
+    for b in range(batch):
+        kt = k[b].transpose(0, 1).contiguous()
+        vt = v[b].transpose(0, 1).contiguous()
+        slots = (table[b].long()[t // BS] * BS + t % BS).contiguous()
+        rc = lib.tqkv_gpu_encode(h, kt.data_ptr(), vt.data_ptr(), 0, ctx, slots.data_ptr(), kpg.data_ptr(),
+                                 vpg.data_ptr(), nblocks, flag.data_ptr(), stream)
+        if rc:
+            sys.exit(f"encode: {lib.tqkv_gpu_last_error().decode()}")
+    kp.view(nblocks, stride)[:, : BS * KVH * kr] = kpg.view(nblocks, BS * KVH * kr)
+    vp.view(nblocks, stride)[:, : BS * KVH * vr] = vpg.view(nblocks, BS * KVH * vr)
+    return kp, vp, stride
+
+
+def attention_call(lib, h, kp, vp, stride, table, packed, pos, q32, out, ws, stream):
+    """call(fast=1, splits=0) -> rc: one decode call over the pages (query i
+    is sequence i's; fast: AttentionLaunch's path flags and 10 + variant)."""
+    batch, nblocks_per = table.shape
+    ctx = nblocks_per * BS
+    return lambda fast=1, splits=0: lib.tqkv_gpu_attention(
+        h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nblocks_per, packed.data_ptr(),
+        None, pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
+        ws.numel(), splits, fast, stream)
 
 
 def main():
@@ -122,9 +203,11 @@ def main():
         q16 = torch.randn(batch, QH, 1, D, dtype=torch.float16, device=dev)
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q16, k, v, enable_gqa=True)
         ref = sdpa().float().reshape(batch, QH, D)
-        t_sdpa = timed(sdpa, args.iters)
+        t_sdpa = timed_device(sdpa, args.iters)
+        t_sdpa_sync = timed(sdpa, args.iters)
         fp16_bytes = 2 * k.numel() * 2
-        line = f"{batch:3d} x {ctx:6d}: SDPA {t_sdpa:.3f} ms ({fp16_bytes / t_sdpa / 1e9:.2f} TB/s of fp16 KV)"
+        line = (f"{batch:3d} x {ctx:6d}: SDPA {t_sdpa:.3f} ms ({fp16_bytes / t_sdpa / 1e9:.2f} TB/s of fp16 KV; "
+                f"synchronised calls {t_sdpa_sync:.3f} ms)")
         nblocks_per = ctx // BS
         nblocks = batch * nblocks_per
         perm = torch.randperm(nblocks, device=dev, dtype=torch.int64)
@@ -136,26 +219,7 @@ def main():
         q32 = q16.float().reshape(batch, QH, D).contiguous()
         for f, h in handles.items():
             kr, vr = lib.tqkv_gpu_row_bytes(h, 0), lib.tqkv_gpu_row_bytes(h, 1)
-            stride = BS * KVH * max(kr, vr)
-            kp = torch.empty(nblocks * stride, dtype=torch.uint8, device=dev)
-            vp = torch.empty(nblocks * stride, dtype=torch.uint8, device=dev)
-            # Encode per sequence from [ctx, KVH, D] token-major copies.
-            for b in range(batch):
-                kt = k[b].transpose(0, 1).contiguous()
-                vt = v[b].transpose(0, 1).contiguous()
-                t = torch.arange(ctx, device=dev)
-                slots = (table[b].long()[t // BS] * BS + t % BS).contiguous()
-                # Pages are written at stride `stride`: encode into a scratch
-                # contiguous region and scatter pages.
-                kpg = torch.empty(nblocks * BS * KVH * kr, dtype=torch.uint8, device=dev) if b == 0 else kpg
-                vpg = torch.empty(nblocks * BS * KVH * vr, dtype=torch.uint8, device=dev) if b == 0 else vpg
-                rc = lib.tqkv_gpu_encode(h, kt.data_ptr(), vt.data_ptr(), 0, ctx, slots.data_ptr(), kpg.data_ptr(),
-                                         vpg.data_ptr(), nblocks, flag.data_ptr(), stream)
-                if rc:
-                    sys.exit(f"encode: {lib.tqkv_gpu_last_error().decode()}")
-            kp.view(nblocks, stride)[:, : BS * KVH * kr] = kpg.view(nblocks, BS * KVH * kr)
-            vp.view(nblocks, stride)[:, : BS * KVH * vr] = vpg.view(nblocks, BS * KVH * vr)
-            del kpg, vpg
+            kp, vp, stride = encode_pages(lib, h, k, v, table, flag, stream)
             # Split counts: planned (0), the CUDA-core kernel's plan, and a sweep.
             old_splits = min(max(1, -(-(132 * 8) // (batch * KVH))), max(1, -(-ctx // 256)), 1024)
             sweep = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -164,15 +228,14 @@ def main():
                            for s in [0, old_splits] + sweep + [-v for v in sorted(set(VARIANTS) | set(variants))])
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
             out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
-            call = lambda fast=1, splits=0: lib.tqkv_gpu_attention(
-                h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nblocks_per, packed.data_ptr(),
-                None, pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
-                ws_bytes, splits, fast, stream)
+            call = attention_call(lib, h, kp, vp, stride, table, packed, pos, q32, out, ws, stream)
             if call():
                 sys.exit(f"attention: {lib.tqkv_gpu_last_error().decode()}")
             torch.cuda.synchronize()
             err = ((out - ref).norm() / ref.norm()).item()
-            t_tq = timed(call, args.iters)
+            t_tq = timed_device(call, args.iters)
+            t_tq_sync = timed(call, args.iters)
+            sync = f"synchronised calls {t_tq_sync:.3f} ms, ratio {t_tq_sync / t_sdpa_sync:.3f}x"
             floor = batch * ctx * KVH * (kr + vr)
             bw = floor / (t_tq * 1e-3)
             # Tensor-core kernel variants (10 + v), each with its own planned splits.
@@ -182,45 +245,47 @@ def main():
                     sys.exit(f"attention variant {vi}: {lib.tqkv_gpu_last_error().decode()}")
                 torch.cuda.synchronize()
                 err_v = ((out - ref).norm() / ref.norm()).item()
-                var.append((vi, timed(lambda: call(10 + vi), args.iters),
+                var.append((vi, timed_device(lambda: call(10 + vi), args.iters),
                             lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, vi), err_v))
             var_line = ("\n        variants (v: ms @splits, TB/s, err): "
                         + "  ".join(f"{VARIANT_NAMES[vi]}: {t:.3f}@{sp} {floor / (t * 1e-3) / 1e12:.2f} {e:.3f}"
                                     for vi, t, sp, e in var)) if var else ""
             if args.quick:
                 line += (f"\n    {f}: {t_tq:.3f} ms  ratio {t_tq / t_sdpa:.3f}x SDPA  "
-                         f"{bw / 1e12:.2f} TB/s of packed bytes  rel.err vs fp16 SDPA {err:.3f}" + var_line)
+                         f"{bw / 1e12:.2f} TB/s of packed bytes  rel.err vs fp16 SDPA {err:.3f}  ({sync})" + var_line)
                 del kp, vp, ws, out
                 continue
             fast = lib.tqkv_gpu_attention_uses_fast_path(h, stride)
-            t_gen = timed(lambda: call(0), max(5, args.iters // 5)) if batch * ctx <= 16 * 16384 else float("nan")
+            t_gen = timed_device(lambda: call(0), max(5, args.iters // 5)) if batch * ctx <= 16 * 16384 else float("nan")
             if call(2, old_splits):
                 sys.exit(f"attention (CUDA-core kernel): {lib.tqkv_gpu_last_error().decode()}")
             torch.cuda.synchronize()
             err_old = ((out - ref).norm() / ref.norm()).item()
-            t_old = timed(lambda: call(2, old_splits), args.iters)
+            t_old = timed_device(lambda: call(2, old_splits), args.iters)
             sw = []
             for s in sweep:
                 if call(1, s):
                     sys.exit(f"attention splits={s}: {lib.tqkv_gpu_last_error().decode()}")
-                sw.append((timed(lambda: call(1, s), max(5, args.iters // 2)), s))
+                sw.append((timed_device(lambda: call(1, s), max(5, args.iters // 2)), s))
             best_t, best_s = min(sw)
             ratio = t_tq / t_sdpa
             line += (f"\n    {f}: {t_tq:.3f} ms  ratio {ratio:.3f}x SDPA (goal <= {GOALS[f] or '-'})  "
                      f"packed {floor / 1e6:.1f} MB -> {bw / 1e12:.2f} TB/s = {bw / ceiling:.2f} of copy ceiling  "
-                     f"fast_path={fast} generic={t_gen:.3f} ms  rel.err vs fp16 SDPA {err:.3f}"
+                     f"fast_path={fast} generic={t_gen:.3f} ms  rel.err vs fp16 SDPA {err:.3f}  ({sync})"
                      f"\n        CUDA-core fast kernel (splits {old_splits}): {t_old:.3f} ms (rel.err {err_old:.3f});"
                      f" split sweep best {best_t:.3f} ms at {best_s} splits ("
                      + " ".join(f"{s}:{t:.3f}" for t, s in sorted(sw, key=lambda x: x[1])) + ")" + var_line)
-            rows.append((batch, ctx, f, t_sdpa, t_tq, ratio, bw / 1e12, t_old, best_t, best_s))
+            rows.append((batch, ctx, f, t_sdpa, t_tq, ratio, bw / 1e12, t_sdpa_sync, t_tq_sync, t_tq_sync / t_sdpa_sync,
+                         t_old, best_t, best_s))
             del kp, vp, ws, out
         print(line, flush=True)
         del k, v
         torch.cuda.empty_cache()
-    print("\nsummary (batch, ctx, format, sdpa_ms, tq_ms, ratio, packed_TB/s, cuda_core_kernel_ms, sweep_best_ms, "
-          "sweep_best_splits)")
+    print("\nsummary: device time (queued calls, cold L2) and synchronised calls (host submit included)\n"
+          "  (batch, ctx, format, sdpa_ms, tq_ms, ratio, packed_TB/s, sync: sdpa_ms, tq_ms, ratio, "
+          "cuda_core_kernel_ms, sweep_best_ms, sweep_best_splits)")
     for r in rows:
-        print("  %3d %6d %-5s %.3f %.3f %.3f %.2f %.3f %.3f %d" % r)
+        print("  %3d %6d %-5s %.3f %.3f %.3f %.2f  sync %.3f %.3f %.3f  %.3f %.3f %d" % r)
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ struct MmaCfg {
   int warps = kMmaWarps;    // and warps per block,
   bool tma = false;         // rows arrive as tensor loads (dense stages)
   bool rowset = false;      // RowSetDecodeKernel: 8 kv heads per block, `stages` per block,
-                            // warps / 8 tile parities
+                            // warps / 8 tile parities,
+  int tiles = 1;            // and tiles per step
 };
 constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {0, 3},
@@ -141,7 +142,8 @@ constexpr MmaCfg kMmaCfgs[] = {{0, 3},
                                {kMmaTokM, 4, 2, kStagesDense, 4, true},
                                {kMmaTokM | kMmaLut256, 2, kRowSetStages, kStagesDense, 8, true, true},
                                {kMmaTokM | kMmaLut256, 1, 4, kStagesDense, 16, true, true},
-                               {kMmaTokM | kMmaLut256, 1, 8, kStagesDense, 16, true, true}};
+                               {kMmaTokM | kMmaLut256, 1, 8, kStagesDense, 16, true, true},
+                               {kMmaTokM | kMmaLut256, 1, 8, kStagesDense, 16, true, true, 2}};
 constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
 // Variant 8 ("tokm"): the served configuration of the bit pair with
 // tokens-on-M scores (kMmaTokM).
@@ -180,18 +182,20 @@ MmaCfg MmaCfgOf(const AttentionLaunch& a) {
   // register-buffered kernels (bench/RESULTS.md).
   if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
   if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[TensorMapEncoder() != nullptr ? 16 : 14];
-  // Row sets of 16 warps with 8 stages (variant 19) wherever they apply
-  // and the (query, head group) pairs hold >= kRowSetMinTokens tokens of
-  // context in all: 3-6% faster than the 8-warp row sets (17) for TQ4 and
-  // 5-11% for K4/V2 at the four batch shapes, 4-11% faster than 16 / 15
-  // at 1 × 64K and 1 × 128K, even at 2 × 32K; with less work their ~9 µs
+  // Row sets of 16 warps with 8 stages, two tiles per step (variant 20)
+  // wherever they apply and the (query, head group) pairs hold >=
+  // kRowSetMinTokens tokens of context in all. 16-warp row sets (19) were
+  // 3-6% faster than the 8-warp row sets (17) for TQ4 and 5-11% for K4/V2
+  // at the four batch shapes, 4-11% faster than 16 / 15 at 1 × 64K and
+  // 1 × 128K, even at 2 × 32K; two tiles per step are 1-5% faster again
+  // (K4/V2 at 32 × 32K: 0.269 vs 0.284 ms). With less work their ~9 µs
   // block prologue loses to the smaller blocks of 16 / 15 (1 × 32K: 0.037
   // vs 0.033 ms, 1 × 8K: 0.032 vs 0.023; bench/RESULTS.md).
   if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && RowSetsFit(a) &&
       a.num_queries * (a.kv_heads / kRowSetHeads) * a.max_context >= kRowSetMinTokens)
-    c = kMmaCfgs[19];
+    c = kMmaCfgs[20];
   if (v == kMmaTokMVariant) c.km |= kMmaTokM;
-  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-19: 4-bit keys
+  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-20: 4-bit keys
   // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
   // stages in the table's holes only with one codebook.
   if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
@@ -281,19 +285,21 @@ constexpr int RowSetResidentWith() {
   return by_smem < kRowSetBlocksPerSm<P> ? by_smem : kRowSetBlocksPerSm<P>;
 }
 
-// The row-set configurations: (stages, parities) of a rowset MmaCfg.
+// The row-set configurations: (stages, parities, tiles per step) of a
+// rowset MmaCfg.
 template <typename F>
 auto ByRowSetCfg(const MmaCfg& c, F&& f) {
   if (c.warps == 2 * kRowSetHeads) {
-    return c.stages == 8 ? f.template operator()<8, 2>() : f.template operator()<4, 2>();
+    if (c.stages == 8) return c.tiles == 2 ? f.template operator()<8, 2, 2>() : f.template operator()<8, 2, 1>();
+    return f.template operator()<4, 2, 1>();
   }
-  return f.template operator()<kRowSetStages, 1>();
+  return f.template operator()<kRowSetStages, 1, 1>();
 }
 
 int MmaResident(const AttentionLaunch& a) {
   const MmaCfg cfg = MmaCfgOf(a);
   if (cfg.rowset) {
-    return ByRowSetCfg(cfg, [&]<int S, int P>() {
+    return ByRowSetCfg(cfg, [&]<int S, int P, int T>() {
       return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return RowSetResidentWith<VB == 4 ? 4 : 2, G, S, P>(); });
     });
   }
@@ -457,17 +463,17 @@ cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float*
   }
 }
 
-template <int VB, int G, int S, int P>
+template <int VB, int G, int S, int P, int T>
 cudaError_t RowSetWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                        cudaStream_t stream) {
   using L = RowSetLayout<VB, S, G, P>;
-  cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(RowSetDecodeKernel<VB, G, S, P>), L::kBytes);
+  cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(RowSetDecodeKernel<VB, G, S, P, T>), L::kBytes);
   if (e != cudaSuccess) return e;
   StagedTensorMaps maps = {};
   e = TileMaps(a, 4, L::kKTok, L::kVTok, &maps);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(a.num_queries * (a.kv_heads / kRowSetHeads)), d.splits);
-  RowSetDecodeKernel<VB, G, S, P><<<grid, 32 * kRowSetHeads * P, L::kBytes, stream>>>(a, d, states, recs, maps);
+  RowSetDecodeKernel<VB, G, S, P, T><<<grid, 32 * kRowSetHeads * P, L::kBytes, stream>>>(a, d, states, recs, maps);
   return cudaGetLastError();
 }
 
@@ -477,7 +483,9 @@ cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* st
   const MmaCfg cfg = MmaCfgOf(a);
   if constexpr (KB == 4) {
     if (cfg.rowset) {
-      return ByRowSetCfg(cfg, [&]<int S, int P>() { return RowSetWith<VB, G, S, P>(a, d, states, recs, stream); });
+      return ByRowSetCfg(cfg, [&]<int S, int P, int T>() {
+        return RowSetWith<VB, G, S, P, T>(a, d, states, recs, stream);
+      });
     }
     if (cfg.stages > 0) {
       return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW, bool T>() -> cudaError_t {
@@ -691,7 +699,7 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(l.num_queries * l.q_heads));
     cfg.blockDim = dim3(32 * warps);
-    cfg.dynamicSmemBytes = 2 * d.splits * sizeof(float);
+    cfg.dynamicSmemBytes = MergeSmemBytes(warps);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

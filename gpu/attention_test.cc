@@ -146,6 +146,22 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.host_k = tables->host(0, 0, Component::kKey);
   a.host_v = tables->host(0, 0, Component::kValue);
   a.uniform_codebooks = tables->uniform_codebooks(0);
+  // The K rotation signs laid out per head (AttentionLaunch::k_signs): every
+  // one-group Hadamard format has them, QR rotations, recipes (two groups)
+  // and dense layers not; they are the descriptors' signs.
+  const float* k_signs = tables->k_head_signs(0);
+  EXPECT_EQ(k_signs != nullptr, !c.qr && !fmt.needs_metadata() && c.format != "fp16");
+  if (k_signs != nullptr) {
+    for (int h = 0; h < H; ++h) {
+      const GpuGroup& g = tables->host(0, h, Component::kKey).groups[0];
+      std::vector<float> got(2 * dim), want(2 * dim);
+      ASSERT_EQ(cudaMemcpy(got.data(), k_signs + 2 * h * dim, 2 * dim * sizeof(float), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(want.data(), g.s1, dim * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(want.data() + dim, g.s2, dim * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(got, want) << "kv head " << h;
+    }
+  }
   a.symmetric_codebooks = true;
   for (int h = 0; h < H; ++h)
     for (const RowCodec::Group& g : layer.k(h).groups())
@@ -200,22 +216,29 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   // its stages in the table's holes, 15: 8 warps with the K stages in the
   // holes, 16: 13 with TMA tensor loads, 17: row sets (8 kv heads per
   // block sharing 2 stages; kv_heads % 8 == 0, else 16 / 15), 18 / 19:
-  // row sets of 16 warps, two tile parities, 4 / 8 stages (4-bit keys;
-  // the served kernel otherwise). (2, 9-12: retired.)
+  // row sets of 16 warps, two tile parities, 4 / 8 stages, 20: 19 with
+  // two tiles per step (4-bit keys;
+  // the served kernel otherwise). (2, 9-12: retired.) Runs take the K
+  // signs from k_signs where there are any (as served), and 16 and 19 run
+  // once more through the descriptors.
   const bool mma_shape = c.expect_fast && H % 4 == 0;
   const bool k4 = c.format.rfind("k4", 0) == 0;
   struct Run {
     int variant;
     bool symmetric;
+    bool signs = true;  // k_signs (else null: the signs through k_comp)
   };
   const std::vector<Run> runs = {{0, true},  {1, true},  {3, true},  {4, true},  {5, true},  {6, true},
                                  {7, true},  {8, true},  {13, true}, {14, true}, {15, true}, {16, true},
                                  {17, true}, {18, true}, {19, true}, {3, false},
-                                 {4, false}, {6, false}, {7, false}};
+                                 {20, true}, {4, false}, {6, false}, {7, false}, {16, true, false},
+                                 {19, true, false}};
   for (size_t run = 0; run < (mma_shape ? runs.size() : 1); ++run) {
     const int variant = runs[run].variant;
     a.symmetric_codebooks = runs[run].symmetric;
-    SCOPED_TRACE("mma_variant " + std::to_string(variant) + (a.symmetric_codebooks ? "" : " (asymmetric fallback)"));
+    a.k_signs = runs[run].signs ? k_signs : nullptr;
+    SCOPED_TRACE("mma_variant " + std::to_string(variant) + (a.symmetric_codebooks ? "" : " (asymmetric fallback)") +
+                 (runs[run].signs ? "" : " (signs through the descriptors)"));
     a.mma_variant = variant;
     if (mma_shape) {
       const bool kreg = variant == 3 || variant == 4 || variant == 6 || variant == 7 ||

@@ -48,6 +48,7 @@ tqkv::gpu::AttentionLaunch MakeLaunch(const Handle* h) {
   a.host_k = h->tables->host(0, 0, tqkv::Component::kKey);
   a.host_v = h->tables->host(0, 0, tqkv::Component::kValue);
   a.uniform_codebooks = h->tables->uniform_codebooks(0);
+  a.k_signs = h->tables->k_head_signs(0);
   a.symmetric_codebooks = h->symmetric_k;
   a.block_size = s.block_size;
   a.q_heads = s.num_q_heads;

@@ -26,6 +26,30 @@ struct SharedCodebook {
   float lut_scale = 0, lut_offset = 0;
 };
 
+// Layer's K rotation signs of every head, [heads][s1, s2][dim], pushed
+// when the heads share one layout (AttentionLaunch::k_signs): one Hadamard
+// group over all dim channels, no channel map, head 0's blocks. Returns the
+// offset, or SIZE_MAX.
+template <typename Push>
+size_t PushHeadSigns(const LayerCodec& layer, int heads, int dim, Push& push) {
+  auto regular = [&](const RowCodec& rc) {
+    if (rc.groups().size() != 1) return false;
+    const RowCodec::Group& g = rc.groups()[0];
+    return g.rotation.kind() != RotationKind::kQr && g.identity && g.layout.channels == dim &&
+           g.rotation.blocks() == layer.k(0).groups()[0].rotation.blocks();
+  };
+  for (int h = 0; h < heads; ++h)
+    if (!regular(layer.k(h))) return SIZE_MAX;
+  std::vector<float> signs;
+  signs.reserve(static_cast<size_t>(heads) * 2 * dim);
+  for (int h = 0; h < heads; ++h) {
+    const Rotation& r = layer.k(h).groups()[0].rotation;
+    signs.insert(signs.end(), r.signs1().begin(), r.signs1().end());
+    signs.insert(signs.end(), r.signs2().begin(), r.signs2().end());
+  }
+  return push(signs);
+}
+
 }  // namespace
 
 GpuComponent DescribeComponent(const RowCodec& codec) {
@@ -151,6 +175,7 @@ absl::StatusOr<std::unique_ptr<DeviceCodecTables>> DeviceCodecTables::Upload(con
         }
         t->host_.push_back(gc);
       }
+      if (c == 0) t->k_signs_.push_back(PushHeadSigns(codec.layer(l), s.num_kv_heads, s.head_dim, push));
     }
   }
   if (!floats.empty()) {

@@ -9,6 +9,7 @@
 #ifndef TQKV_GPU_CODEC_TABLES_H_
 #define TQKV_GPU_CODEC_TABLES_H_
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -38,6 +39,13 @@ class DeviceCodecTables {
   const GpuComponent& host(int layer, int head, Component c) const {
     return host_[(static_cast<size_t>(layer) * 2 + static_cast<int>(c)) * heads_ + head];
   }
+  // Layer l's K rotation signs, [kv_heads][s1, s2][dim], when every kv
+  // head's K component is one Hadamard group over all dim channels with no
+  // channel map and head 0's block structure (AttentionLaunch::k_signs);
+  // else null.
+  const float* k_head_signs(int layer) const {
+    return k_signs_[layer] == SIZE_MAX ? nullptr : floats_.as<float>() + k_signs_[layer];
+  }
   // Widest channel group of layer l over K and V (kernel dispatch).
   int max_group_channels(int layer) const { return max_group_[layer]; }
   // Every kv head of layer l has one channel group and the same K codebook
@@ -59,6 +67,7 @@ class DeviceCodecTables {
   DeviceBuffer floats_, ints_, components_;
   std::vector<GpuComponent> host_;
   std::vector<int> max_group_;
+  std::vector<size_t> k_signs_;  // per layer: offset into floats_, or SIZE_MAX
 };
 
 // Sets the fields EncodeLaunch and DecodeLaunch share for layer `l`: K and

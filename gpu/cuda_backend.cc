@@ -282,6 +282,7 @@ class CudaBackend : public ComputeBackend {
     a.host_k = tables->host(l, 0, Component::kKey);
     a.host_v = tables->host(l, 0, Component::kValue);
     a.uniform_codebooks = tables->uniform_codebooks(l);
+    a.k_signs = tables->k_head_signs(l);
     a.k_base = cache_->base() + codec.layer_offset(l);
     a.v_base = a.k_base + codec.k_page_bytes(l);
     a.block_stride = static_cast<int64_t>(cache_->slot_bytes());

@@ -156,8 +156,16 @@ struct AttentionLaunch {
   // registers (kMmaKReg in gpu/kernels/attention_mma.cuh). Without it those
   // variants fall back to the shared-memory table for 4-bit keys.
   bool symmetric_codebooks = false;
+  // Every kv head's K rotation is one Hadamard group with host_k's block
+  // structure and no channel map (DeviceCodecTables::k_head_signs): head
+  // h's forward signs s1 at k_signs[2·h·dim], s2 at k_signs[(2h + 1)·dim].
+  // Lets a kernel that rotates its own queries load the signs straight from
+  // the launch's parameters instead of through the head's descriptor (one
+  // memory latency before the first tile instead of two). Null: through
+  // k_comp.
+  const float* k_signs = nullptr;
   // Tensor-core kernel variant (benchmarks): 0 = default (served: k4v4
-  // with one K/V codebook and k4v2 with uniform codebooks as 19 where
+  // with one K/V codebook and k4v2 with uniform codebooks as 20 where
   // kv_heads % 8 == 0 and queries × kv_heads / 8 × max_context >= 64K,
   // else k4v4 (one codebook) as 16 and k4v2 as 15;
   // other k4v4 as 5 + 8,
@@ -177,8 +185,8 @@ struct AttentionLaunch {
   // head, 2 shared TMA stages, 256-byte table rows; kv_heads % 8 == 0 and
   // uniform codebooks, else 16 / 15), 18 = row sets of 16 warps per block
   // (one per SM), warp w taking kv head w mod 8 on the tiles of parity
-  // w / 8, 4 stages, 19 = 18 with 8 stages (13-19: 4-bit keys; others run
-  // the default).
+  // w / 8, 4 stages, 19 = 18 with 8 stages, 20 = 19 computing two tiles
+  // per step (13-20: 4-bit keys; others run the default).
   // Retired variants, measured slower and deleted (bench/RESULTS.md), run
   // the default: 2 (page streaming), 9-11 (one K/V table in the register-
   // buffered kernel), 12 (4 stages per warp).

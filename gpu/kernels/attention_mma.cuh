@@ -383,6 +383,14 @@ __device__ __forceinline__ uint32_t LdsTable(uint32_t off) {
   return r;
 }
 
+// The same, 8 bytes (two table words) at an 8-byte-aligned `off`.
+template <uint32_t kTable>
+__device__ __forceinline__ uint2 LdsTable2(uint32_t off) {
+  uint2 r;
+  asm("ld.shared.v2.b32 {%0, %1}, [%2+%3];\n" : "=r"(r.x), "=r"(r.y) : "r"(off), "n"(kMmaSmemWindowBase + kTable));
+  return r;
+}
+
 template <int N>
 __device__ __forceinline__ void LoadWords(const uint8_t* p, uint32_t (&w)[N]) {
   if constexpr (N == 4) {

@@ -45,12 +45,13 @@ struct RowSetLayout {
   static constexpr bool kSharedKV = VB == 4;
   static constexpr uint32_t kKRow = 68, kVRow = 16 * VB + 4;  // packed row bytes
   static constexpr uint32_t kKTok = kRowSetHeads * kKRow + 16, kVTok = kRowSetHeads * kVRow + 16;
-  // Tables (StagedLayout's rows): K (or the one K/V table) at 0, a 2-bit V
-  // table after it.
+  // Tables (StagedLayout's rows): K (or the one K/V table) at 0; for 2-bit
+  // V the token-pair table of TokMTiles' kV2Pairs in the K rows' upper
+  // halves (the K entries take 128 of each row's 256 bytes).
   static constexpr uint32_t kRowBytes = 256;
   static constexpr uint32_t kKTable = 0;
-  static constexpr uint32_t kVTable = kSharedKV ? 0u : 256u * kRowBytes;
-  static constexpr uint32_t kTables = 256u * kRowBytes + (kSharedKV ? 0u : 16u * 256u);
+  static constexpr uint32_t kVTable = kSharedKV ? 0u : 128u;
+  static constexpr uint32_t kTables = 256u * kRowBytes;
   static constexpr uint32_t kKStage = 16 * kKTok, kVStage = 16 * kVTok, kStage = kKStage + kVStage;
   static_assert(kKStage % 128 == 0 && kVStage % 128 == 0, "tensor loads land 128-byte aligned");
   static constexpr uint32_t KBase(int s) { return kTables + kStage * s; }
@@ -78,13 +79,17 @@ inline constexpr int kRowSetBlocksPerSm = P == 1 ? 2 : 1;
 // halves of the block advance through one tile stream together (no block
 // of the SM finishing long before the other and leaving the SM to one
 // block's stages), and their records merge in shared memory at the end.
-template <int VB, int G, int S, int P>
+//
+// T = 2: a warp computes its tiles two at a time (stages k, k + 1 of its
+// parity) with one softmax update, two independent chains in flight.
+template <int VB, int G, int S, int P, int T = 1>
 __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
     RowSetDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records,
                        const __grid_constant__ StagedTensorMaps maps) {
   using L = RowSetLayout<VB, S, G, P>;
   constexpr int NW = kRowSetHeads;  // readers per stage
   constexpr int kHalf = S / P;      // stages per parity
+  static_assert(T == 1 || (T == 2 && kHalf % 2 == 0), "two tiles per step: an even stage count per parity");
   extern __shared__ __align__(128) uint32_t rs_smem[];  // no static shared memory: kMmaSmemWindowBase
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(rs_smem));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, i = lane & 3;
@@ -97,27 +102,17 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   float* cent = reinterpret_cast<float*>(rs_smem) + L::kCent / 4;
   uint32_t* count = rs_smem + L::kCount / 4;
   const uint32_t mbar0 = smem_base + L::kMbar;
-  const GpuComponent& kc = a.k_comp[kvh];
 
-  // The prologue's small loads are issued before the first tiles: the
+  // The first tiles are issued before anything else (their loads wait for
+  // one memory latency: the sequence's length and block-table entries, all
+  // from the launch's parameters), then the prologue's small loads: the
   // centroids (one codebook for all heads: the launch's host copy of the
-  // components, no dependent loads through the device tables), and for a
-  // folded query rotation (states == null) the warp's G queries and
-  // rotation factors. (On the H200, per-block timelines put thread 0's
-  // tile loads at ~4.2 µs after the block starts: warp 0 first waits for
-  // its head's descriptor, which these loads address through; the queries
-  // are rotated at ~7.3 µs, the first tile lands at ~9.2; bench/RESULTS.md.)
-  const float ck = tid < 16 ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
-  const float cv = tid < (1 << VB) ? __ldg(a.host_v.groups[0].centroids + tid) : 0.0f;
-  const bool fold = states == nullptr;
-  float qy[G][4];
-  HadamardLane<4> qrot;
-  if (fold) {
-    const GpuGroup& kg = kc.groups[0];
-    qrot.Load(kg, lane, true);
-    LoadGroupQueries(a, kg, qi, kvh, G, 0, 1, lane, qy);
-  }
-
+  // components) and, for a folded query rotation (states == null), the
+  // warp's G queries and rotation factors, which wait for nothing more with
+  // AttentionLaunch::k_signs. (Before this order, per-block timelines on the
+  // H200 put thread 0's tile loads at ~4.2 µs after the block starts, behind
+  // warp 0's wait for its head's descriptor, and the first tile's arrival
+  // at ~9.2 µs; bench/RESULTS.md.)
   const int seq = SeqOf(a, qi);
   const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
   const int t0 = split * static_cast<int>(d.chunk);
@@ -159,10 +154,17 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
     for (int s = 0; s < S; ++s)
       if (s < ntiles) issue(s, s, first[s]);
   }
+  const float ck = tid < 16 ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
+  const float cv = tid < (1 << VB) ? __ldg(a.host_v.groups[0].centroids + tid) : 0.0f;
+  const bool fold = states == nullptr;
+  float qy[G][4];
+  HadamardLane<4> qrot;
+  if (fold) LoadFoldedQueries(a, qi, kvh, G, 0, 1, lane, qrot, qy);
   if (tid < 16) cent[tid] = ck;
   if (tid < (1 << VB)) cent[16 + tid] = cv;
   __syncthreads();  // centroids (and barrier init) visible
-  BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(rs_smem, cent, tid, blockDim.x);
+  BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable, !L::kSharedKV>(rs_smem, cent, tid,
+                                                                                         blockDim.x);
   if (fold) {
 #pragma unroll
     for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   // row-set token strides.
   constexpr uint32_t kK8 = 8 * L::kKTok, kV8 = 8 * L::kVTok, kV1 = L::kVTok;
   const uint32_t pbase = L::kStage * static_cast<uint32_t>(par);
-  TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1> tiles;
+  TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1, !L::kSharedKV> tiles;
   tiles.Begin(Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 4u * i),
               Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 64u),
               Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * head + 4u * g),
@@ -194,26 +196,53 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   // Tile j of this warp from its stage k (= j mod kHalf), then the warp's
   // read of the stage is counted; the stage's last reader refills it with
   // tile n + S.
-  auto step = [&](int j, int k) {
+  // Counts this warp's read of stage k (tile j); the last reader refills it.
+  auto release = [&](int j, int k, int page) {
     const int n = par + P * j, s = par + P * k;
-    const int page = static_cast<int>(pages.Next(j, lane));  // tile n + S's
-    MbarWait(mbar0 + 8u * s, static_cast<uint32_t>(j / kHalf) & 1u);
-    tiles.Tile(t0 + 16 * n, L::kStage * P * k, L::kStage * P * k);
-    __syncwarp();
     if (lane == 0) {
-      __threadfence_block();  // this warp's reads of the stage before its count
       const uint32_t before = atomicAdd(count + s, 1u);
       if (before + 1 == static_cast<uint32_t>(NW * (j / kHalf + 1)) && n + S < ntiles) issue(n + S, s, page);
     }
   };
+  auto step = [&](int j, int k) {
+    const int page = static_cast<int>(pages.Next(j, lane));  // tile n + S's
+    MbarWait(mbar0 + 8u * (par + P * k), static_cast<uint32_t>(j / kHalf) & 1u);
+    tiles.Tile(t0 + 16 * (par + P * j), L::kStage * P * k, L::kStage * P * k);
+    __syncwarp();
+    if (lane == 0) __threadfence_block();  // this warp's reads of the stage before its count
+    release(j, k, page);
+  };
+  // Tiles j, j + 1 from stages k, k + 1 (k even: one phase).
+  auto step2 = [&](int j, int k) {
+    const int page0 = static_cast<int>(pages.Next(j, lane));
+    const int page1 = static_cast<int>(pages.Next(j + 1, lane));
+    const uint32_t phase = static_cast<uint32_t>(j / kHalf) & 1u;
+    MbarWait(mbar0 + 8u * (par + P * k), phase);
+    MbarWait(mbar0 + 8u * (par + P * (k + 1)), phase);
+    tiles.Tiles2({t0 + 16 * (par + P * j), t0 + 16 * (par + P * (j + 1))},
+                 {L::kStage * P * k, L::kStage * P * (k + 1)}, {L::kStage * P * k, L::kStage * P * (k + 1)});
+    __syncwarp();
+    if (lane == 0) __threadfence_block();
+    release(j, k, page0);
+    release(j + 1, k + 1, page1);
+  };
   int j = 0;
   for (; j + kHalf <= mine; j += kHalf) {
 #pragma unroll
-    for (int k = 0; k < kHalf; ++k) step(j + k, k);
+    for (int k = 0; k < kHalf; k += T) {
+      if constexpr (T == 2) step2(j + k, k);
+      else step(j + k, k);
+    }
   }
 #pragma unroll
-  for (int k = 0; k < kHalf - 1; ++k)
-    if (j + k < mine) step(j + k, k);
+  for (int k = 0; k < kHalf - 1; k += T) {
+    if constexpr (T == 2) {
+      if (j + k + 1 < mine) step2(j + k, k);
+      else if (j + k < mine) step(j + k, k);
+    } else {
+      if (j + k < mine) step(j + k, k);
+    }
+  }
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   tiles.ReduceSums();
   // The split records: the accumulators through the output rows (over the

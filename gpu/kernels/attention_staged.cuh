@@ -165,13 +165,19 @@ __device__ __forceinline__ uint32_t LdsWord(uint32_t addr) {
 // 8, 2i + 9 at v_rd (+ kV1, + kV8) and the V norms of tokens g, g + 8 at
 // vn_rd: one LDS per word at a per-lane base plus immediates. Tables: entry
 // e of lane l at rows·e + 4·l (rows of 128 or, kRow256, 256 bytes), read as
-// LdsTable immediates.
-template <int VB, bool kRow256, uint32_t kKTable, uint32_t kVTable, uint32_t kK8, uint32_t kV8, uint32_t kV1>
+// LdsTable immediates. kV2Pairs (2-bit V, 256-byte rows): the V table's
+// entries are bytes of four 2-bit fields, a channel pair of a token pair,
+// 8 bytes (both A registers) per entry and half-warp lane at 256·e + 8·(l
+// mod 16) from kVTable (BuildTokMTables): one 64-bit lookup per two A
+// registers.
+template <int VB, bool kRow256, uint32_t kKTable, uint32_t kVTable, uint32_t kK8, uint32_t kV8, uint32_t kV1,
+          bool kV2Pairs = false>
 struct TokMTiles {
+  static_assert(!kV2Pairs || (VB == 2 && kRow256), "pair lookups: 2-bit V, 256-byte rows");
   uint32_t qa[8][2];  // B of the score mma: head g at channels StagedKChannel(kk, h, 0/1, i)
   float mh[2], lh[2];
   float acc[8][4];
-  uint32_t k_rd, kn_rd, v_rd, vn_rd, lane4;
+  uint32_t k_rd, kn_rd, v_rd, vn_rd, lane4, lane8;
   int g, i, t1;  // t1: the end of the tokens this warp attends
 
   // A tile's value operands: P's B fragment and the V index words.
@@ -186,6 +192,7 @@ struct TokMTiles {
                                         int lane, int end) {
     k_rd = k_base, kn_rd = kn_base, v_rd = v_base, vn_rd = vn_base;
     lane4 = static_cast<uint32_t>(lane) * 4u;
+    lane8 = static_cast<uint32_t>(lane & 15) * 8u;
     g = lane >> 2, i = lane & 3, t1 = end;
     mh[0] = mh[1] = -CUDART_INF_F;
     lh[0] = lh[1] = 0.0f;
@@ -240,10 +247,25 @@ struct TokMTiles {
   // The tile at token tt, its K / V rows at the read bases + ko / vo.
   __device__ __forceinline__ void Tile(int tt, uint32_t ko, uint32_t vo) {
     float s[1][4];
-    Scores(tt, ko, s);
+    Scores(tt, ko, s[0]);
+    TokMSoftmax<1>(s, mh, lh, acc, g);  // finite maxima: the tile's first token is valid
     Operands o;
-    Prepare(tt, s, vo, o);
+    Prepare(tt, s[0], vo, o);
     Values(o);
+  }
+  // Two tiles (at tokens tt[k], rows at + ko[k] / vo[k]) with one softmax
+  // update: two independent score and operand chains in flight (the first
+  // tile's first token must be valid).
+  __device__ __forceinline__ void Tiles2(const int (&tt)[2], const uint32_t (&ko)[2], const uint32_t (&vo)[2]) {
+    float s[2][4];
+    Scores(tt[0], ko[0], s[0]);
+    Scores(tt[1], ko[1], s[1]);
+    TokMSoftmax<2>(s, mh, lh, acc, g);
+    Operands o[2];
+    Prepare(tt[0], s[0], vo[0], o[0]);
+    Prepare(tt[1], s[1], vo[1], o[1]);
+    Values(o[0]);
+    Values(o[1]);
   }
   // After the last tile: lh summed over the lanes of each i.
   __device__ __forceinline__ void ReduceSums() {
@@ -257,8 +279,8 @@ struct TokMTiles {
   // Channel pair of accumulator unit u (rows g / g + 8 of acc[u]).
   __device__ __forceinline__ int PairOf(int u) const { return VB == 4 ? 4 * (g + 8 * (u / 4)) + u % 4 : 8 * g + u; }
 
-  // Scores s[0][2·nt + e] of token g + 8·nt, head 2i + e (−inf past t1).
-  __device__ __forceinline__ void Scores(int tt, uint32_t ko, float (&s)[1][4]) const {
+  // Scores s[2·nt + e] of token g + 8·nt, head 2i + e (−inf past t1).
+  __device__ __forceinline__ void Scores(int tt, uint32_t ko, float (&s)[4]) const {
     uint32_t kw[2][4];
     float nk[2];
 #pragma unroll
@@ -286,26 +308,35 @@ struct TokMTiles {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float v = (sc[0][2 * nt + e] + sc[1][2 * nt + e]) * nk[nt];
-        s[0][2 * nt + e] = past ? -CUDART_INF_F : v;
+        s[2 * nt + e] = past ? -CUDART_INF_F : v;
       }
     }
   }
-  // Softmax (rescaling acc), then P·n_v transposed to P's B fragment (head
-  // g; tokens 2i, 2i + 1 and 2i + 8, 2i + 9), and the V words of token pairs
-  // (2i + 8j, 2i + 8j + 1), j = 0, 1.
-  __device__ __forceinline__ void Prepare(int tt, float (&s)[1][4], uint32_t vo, Operands& o) {
-    TokMSoftmax<1>(s, mh, lh, acc, g);  // finite maxima: the tile's first token is valid
+  // From the probabilities p (Scores' layout, after TokMSoftmax): P·n_v
+  // transposed to P's B fragment (head g; tokens 2i, 2i + 1 and 2i + 8,
+  // 2i + 9), and the V words of token pairs (2i + 8j, 2i + 8j + 1), j = 0, 1.
+  __device__ __forceinline__ void Prepare(int tt, const float (&p)[4], uint32_t vo, Operands& o) const {
     {
       uint32_t x[2];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         float nv = __uint_as_float(LdsWord(vn_rd + vo + kV8 * nt));
         nv = tt + g + 8 * nt >= t1 ? 0.0f : nv;  // rows past the end: NaN norms possible
-        x[nt] = PackHalf2(s[0][2 * nt] * nv, s[0][2 * nt + 1] * nv);
+        x[nt] = PackHalf2(p[2 * nt] * nv, p[2 * nt + 1] * nv);
       }
       TokMProbFragment(x, g, i, o.pb0, o.pb1);
     }
-    if constexpr (VB == 4) {
+    if constexpr (kV2Pairs) {
+      // Lane word: row word g (channels 16g .. 16g + 15, 2 bits each);
+      // w[j][0][0 / 1] byte k: nibble 2k / 2k + 1 of the pair's two words
+      // (low / high nibble of the byte: the first / second token), the
+      // fields of channel pair 8g + u (u = 2k / 2k + 1) of both tokens.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t base = v_rd + vo + kV8 * j;
+        TokenPairs4(LdsWord(base), LdsWord(base + kV1), o.w[j][0][0], o.w[j][0][1]);
+      }
+    } else if constexpr (VB == 4) {
       // Lane words w = 0, 1: row words g + 8w; w[j][w][0/1]: byte k = the
       // pair's low / high nibbles of byte k (channels 8(g + 8w) + 2k, + 1).
 #pragma unroll
@@ -334,7 +365,16 @@ struct TokMTiles {
     }
   }
   __device__ __forceinline__ void Values(const Operands& o) {
-    if constexpr (VB == 4) {
+    if constexpr (kV2Pairs) {
+      // Unit u (channels 16g + 2u, + 1): token pair j's lookup is A
+      // registers (j, low channel), (j, high channel).
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const uint2 x0 = LdsTable2<kVTable>(LutOffset256<8>(o.w[0][0][u & 1], u >> 1, lane8));
+        const uint2 x1 = LdsTable2<kVTable>(LutOffset256<8>(o.w[1][0][u & 1], u >> 1, lane8));
+        MmaF16(acc[u], x0.x, x0.y, x1.x, x1.y, o.pb0, o.pb1);
+      }
+    } else if constexpr (VB == 4) {
       TokenPairValueMmas(acc, [&](int j, int h, int u) {
         return LdsTable<kVTable>(LutOff<8, kRow256>(o.w[j][u / 4][h], u % 4, lane4));
       }, o.pb0, o.pb1);
@@ -364,19 +404,49 @@ __device__ __forceinline__ void LoadGroupQueries(const AttentionLaunch& a, const
   }
 }
 
+// The folded query rotation's factors and queries (LoadGroupQueries' heads
+// and layout): from the launch's parameters where every head's K rotation
+// has one layout (AttentionLaunch::k_signs: the loads wait for nothing),
+// else through head kvh's descriptor (they wait for it first).
+template <int N>
+__device__ __forceinline__ void LoadFoldedQueries(const AttentionLaunch& a, int64_t qi, int kvh, int G, int first,
+                                                  int step, int lane, HadamardLane<4>& qrot, float (&qy)[N][4]) {
+  if (a.k_signs != nullptr) {
+    const float* f = a.k_signs + 2 * kvh * a.dim;
+    qrot.Load(a.host_k.groups[0], f, f + a.dim, lane);
+    LoadGroupQueries(a, a.host_k.groups[0], qi, kvh, G, first, step, lane, qy);  // no channel map
+  } else {
+    const GpuGroup& kg = a.k_comp[kvh].groups[0];
+    qrot.Load(kg, lane, true);
+    LoadGroupQueries(a, kg, qi, kvh, G, first, step, lane, qy);
+  }
+}
+
 // The staged kernels' lookup tables from the centroids cent (K at 0..15, V
 // at 16..): 256 K (or K/V) entries of fp16 centroid pairs in rows of
 // kRowBytes, a copy per lane, written as 16-byte stores (a quarter-warp
 // per row: conflict free); for 2-bit V (!kSharedKV) 16 entries in
 // 256-byte rows at kVTable.
-template <int VB, bool kSharedKV, uint32_t kRowBytes, uint32_t kKTable, uint32_t kVTable>
+template <int VB, bool kSharedKV, uint32_t kRowBytes, uint32_t kKTable, uint32_t kVTable, bool kV2Pairs = false>
 __device__ __forceinline__ void BuildTokMTables(uint32_t* smem, const float* cent, int tid, int nthreads) {
   for (int e = tid; e < 256 * 8; e += nthreads) {
     const int ent = e >> 3;
     const uint32_t v = PackHalf2(cent[ent & 15], cent[ent >> 4]);
     *reinterpret_cast<uint4*>(&smem[(kKTable + ent * kRowBytes) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
   }
-  if constexpr (!kSharedKV) {
+  if constexpr (kV2Pairs) {
+    // TokMTiles' pair entries: byte e = fields (low channel, first token)
+    // at bits 0-1, (high, first) 2-3, (low, second) 4-5, (high, second)
+    // 6-7 → (fp16 pair of the low channel's two tokens, same of the high).
+    static_assert(VB == 2 && kRowBytes == 256, "pair lookups: 2-bit V, 256-byte rows");
+    const float* cv = cent + 16;
+    for (int e = tid; e < 256 * 8; e += nthreads) {
+      const int ent = e >> 3;
+      const uint32_t lo = PackHalf2(cv[ent & 3], cv[(ent >> 4) & 3]);
+      const uint32_t hi = PackHalf2(cv[(ent >> 2) & 3], cv[ent >> 6]);
+      *reinterpret_cast<uint4*>(&smem[(kVTable + ent * 256u) / 4 + 4 * (e & 7)]) = make_uint4(lo, hi, lo, hi);
+    }
+  } else if constexpr (!kSharedKV) {
     for (int e = tid; e < (1 << (2 * VB)) * 8; e += nthreads) {
       const int ent = e >> 3;
       const uint32_t v = PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
@@ -427,11 +497,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
   const bool fold = states == nullptr;
   float qy[kHeadsPerWarp][4];
   HadamardLane<4> qrot;
-  if (fold) {
-    const GpuGroup& kg = kc.groups[0];
-    qrot.Load(kg, lane, true);
-    LoadGroupQueries(a, kg, qi, kvh, G, warp, NW, lane, qy);
-  }
+  if (fold) LoadFoldedQueries(a, qi, kvh, G, warp, NW, lane, qrot, qy);
   __syncthreads();
   BuildTokMTables<VB, kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(st_smem, cent, tid, blockDim.x);
 

@@ -187,6 +187,11 @@ struct HadamardLane {
   // group's block table is read whole, then walked in registers), so a
   // kernel waits one memory latency here, not one per block and channel.
   __device__ __forceinline__ void Load(const GpuGroup& g, int lane, bool forward) {
+    Load(g, forward ? g.s1 : g.s2, forward ? g.s2 : g.s1, lane);
+  }
+  // The same with the sign vectors given (f first, then s; the block
+  // structure from g): AttentionLaunch::k_signs.
+  __device__ __forceinline__ void Load(const GpuGroup& g, const float* f, const float* s, int lane) {
     n = g.channels;
     const int nb = g.num_blocks;
     int size[kMaxHadamardBlocks];
@@ -196,8 +201,6 @@ struct HadamardLane {
       size[k] = g.block_size[k];
       bscale[k] = g.block_scale[k];
     }
-    const float* f = forward ? g.s1 : g.s2;
-    const float* s = forward ? g.s2 : g.s1;
 #pragma unroll
     for (int i = 0; i < VPL; ++i) {
       const int j = lane + 32 * i;
