@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Patches the working tree's row-set kernel and merge kernel to write
+"""Patches the working tree's row-set kernel (as of the seventh session) and merge kernel to write
 %globaltimer stamps past the split records (16 per decode block, 4 per
 merge block) for rowset_timeline.py. Run from the repository root, build
 the GPU bundle, measure, then `git checkout gpu/kernels` to undo. The
@@ -12,9 +12,9 @@ def rep(a,b):
     global s
     assert a in s, a
     s=s.replace(a,b,1)
-rep("""template <int VB, int G, int S, int P>
+rep("""template <int VB, int G, int S, int P, int T = 1>
 __global__""","""__device__ __forceinline__ unsigned long long GTimer() { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
-template <int VB, int G, int S, int P>
+template <int VB, int G, int S, int P, int T = 1>
 __global__""")
 rep("""  constexpr int kHalf = S / P;      // stages per parity
 ""","""  constexpr int kHalf = S / P;      // stages per parity
@@ -27,11 +27,16 @@ rep("""      if (s < ntiles) issue(s, s, first[s]);
   }
 """)
 rep("""  __syncthreads();  // centroids (and barrier init) visible
-  BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(rs_smem, cent, tid, blockDim.x);
 ""","""  __syncthreads();  // centroids (and barrier init) visible
   st[3] = GTimer();
-  BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(rs_smem, cent, tid, blockDim.x);
-  st[4] = GTimer();
+""")
+rep("""  if (fold) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
+""","""  st[4] = GTimer();
+  if (fold) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
 """)
 rep("""  __syncthreads();  // tables complete
 ""","""  __syncthreads();  // tables complete
@@ -41,8 +46,12 @@ rep("""  else tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
 ""","""  else tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
   st[6] = GTimer();
 """)
-rep("""    MbarWait(mbar0 + 8u * s, static_cast<uint32_t>(j / kHalf) & 1u);
-""","""    MbarWait(mbar0 + 8u * s, static_cast<uint32_t>(j / kHalf) & 1u);
+rep("""    MbarWait(mbar0 + 8u * (par + P * k), static_cast<uint32_t>(j / kHalf) & 1u);
+""","""    MbarWait(mbar0 + 8u * (par + P * k), static_cast<uint32_t>(j / kHalf) & 1u);
+    if (j == 0) st[7] = GTimer();
+""")
+rep("""    MbarWait(mbar0 + 8u * (par + P * k), phase);
+""","""    MbarWait(mbar0 + 8u * (par + P * k), phase);
     if (j == 0) st[7] = GTimer();
 """)
 rep("""  // stages: once every warp is past its last tile).

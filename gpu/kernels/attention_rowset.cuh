@@ -103,16 +103,23 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   uint32_t* count = rs_smem + L::kCount / 4;
   const uint32_t mbar0 = smem_base + L::kMbar;
 
-  // The first tiles are issued before anything else (their loads wait for
-  // one memory latency: the sequence's length and block-table entries, all
-  // from the launch's parameters), then the prologue's small loads: the
-  // centroids (one codebook for all heads: the launch's host copy of the
-  // components) and, for a folded query rotation (states == null), the
-  // warp's G queries and rotation factors, which wait for nothing more with
-  // AttentionLaunch::k_signs. (Before this order, per-block timelines on the
-  // H200 put thread 0's tile loads at ~4.2 µs after the block starts, behind
-  // warp 0's wait for its head's descriptor, and the first tile's arrival
-  // at ~9.2 µs; bench/RESULTS.md.)
+  // The prologue's small loads go out first, the tiles' burst after them:
+  // the centroids (one codebook for all heads: the launch's host copy of
+  // the components) and, for a folded query rotation (states == null) with
+  // AttentionLaunch::k_signs, the warp's G queries and rotation factors
+  // (no dependent loads); thread 0 then loads the sequence's length and the
+  // first block-table entries and issues the first S tiles. Loads issued
+  // after the burst wait behind it: per-block timelines on the H200 put the
+  // loop's start at ~11.7 µs when warp 0 loaded its queries after thread
+  // 0's tiles, and at ~9.2 µs when they waited for a descriptor before the
+  // tiles (bench/RESULTS.md).
+  const float ck = tid < 16 ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
+  const float cv = tid < (1 << VB) ? __ldg(a.host_v.groups[0].centroids + tid) : 0.0f;
+  const bool fold = states == nullptr;
+  const bool early = fold && a.k_signs != nullptr;  // no descriptor to wait for
+  float qy[G][4];
+  HadamardLane<4> qrot;
+  if (early) LoadFoldedQueries(a, qi, kvh, G, 0, 1, lane, qrot, qy);
   const int seq = SeqOf(a, qi);
   const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
   const int t0 = split * static_cast<int>(d.chunk);
@@ -154,26 +161,16 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
     for (int s = 0; s < S; ++s)
       if (s < ntiles) issue(s, s, first[s]);
   }
-  const float ck = tid < 16 ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
-  const float cv = tid < (1 << VB) ? __ldg(a.host_v.groups[0].centroids + tid) : 0.0f;
-  const bool fold = states == nullptr;
-  float qy[G][4];
-  HadamardLane<4> qrot;
-  if (fold) LoadFoldedQueries(a, qi, kvh, G, 0, 1, lane, qrot, qy);
+  if (fold && !early) LoadFoldedQueries(a, qi, kvh, G, 0, 1, lane, qrot, qy);
   if (tid < 16) cent[tid] = ck;
   if (tid < (1 << VB)) cent[16 + tid] = cv;
   __syncthreads();  // centroids (and barrier init) visible
   BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable, !L::kSharedKV>(rs_smem, cent, tid,
                                                                                          blockDim.x);
-  if (fold) {
-#pragma unroll
-    for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
-  }
-  __syncthreads();  // tables complete
-
   // Per-lane read bases in this warp's first stage (its stage p + 2k adds
   // 2k·kStage, an immediate): the fragment layout of TokMTiles with the
-  // row-set token strides.
+  // row-set token strides. The query fragments need no other warp: they
+  // are ready before the tables' barrier.
   constexpr uint32_t kK8 = 8 * L::kKTok, kV8 = 8 * L::kVTok, kV1 = L::kVTok;
   const uint32_t pbase = L::kStage * static_cast<uint32_t>(par);
   TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1, !L::kSharedKV> tiles;
@@ -181,8 +178,14 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
               Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 64u),
               Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * head + 4u * g),
               Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * g + L::kVRow * head + 16u * VB), lane, t1);
-  if (fold) tiles.QueryFromLanes(qy, a.scale);
-  else tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
+  if (fold) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
+    tiles.QueryFromLanes(qy, a.scale);
+  } else {
+    tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
+  }
+  __syncthreads();  // tables complete
 
   // This warp's tiles n = par + P·j, j = 0, 1, ...: tile n sits in stage
   // n mod S = par + P·(j mod kHalf) in its (j / kHalf)-th fill. Every warp
