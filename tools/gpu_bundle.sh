@@ -46,7 +46,7 @@ done
 if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
   timeout 180 "$HERE/gpu_codec_bench" 50 > "$LOGS/gpu_codec_bench.log" 2>&1; echo "gpu_codec_bench rc=$?" | tee -a "$LOGS/summary.txt"
   if [ -z "${SKIP_ATTENTION_BENCH:-}" ]; then
-    timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 --variants 8,13,14,15,16,17,18,19 \
+    timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 --variants 8,13,14,15,16,17,18,19,20 \
       > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
   fi
 fi

@@ -30,20 +30,16 @@ rep("""  __syncthreads();  // centroids (and barrier init) visible
 ""","""  __syncthreads();  // centroids (and barrier init) visible
   st[3] = GTimer();
 """)
-rep("""  if (fold) {
-#pragma unroll
-    for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
-""","""  st[4] = GTimer();
-  if (fold) {
-#pragma unroll
-    for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
-""")
+rep("""  constexpr uint32_t kK8 = 8 * L::kKTok""","""  st[4] = GTimer();
+  constexpr uint32_t kK8 = 8 * L::kKTok""")
 rep("""  __syncthreads();  // tables complete
 ""","""  __syncthreads();  // tables complete
   st[5] = GTimer();
 """)
-rep("""  else tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
-""","""  else tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
+rep("""    tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
+  }
+""","""    tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
+  }
   st[6] = GTimer();
 """)
 rep("""    MbarWait(mbar0 + 8u * (par + P * k), static_cast<uint32_t>(j / kHalf) & 1u);
