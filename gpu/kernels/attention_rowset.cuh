@@ -59,15 +59,17 @@ struct RowSetLayout {
   // Over the stages once every warp is past its last tile: the warps'
   // output rows (the records' transposition, [8 heads][G][128]) and, for
   // two parities, the parity-1 warps' accumulator fragments and (m, l)
-  // ([8 heads][36][32 lanes]); then the centroids, the full barriers and
-  // the reader counts.
+  // ([8 heads][36][32 lanes]); then the centroids, the full barriers, the
+  // reader counts and, for two parities, the query fragments the parity-0
+  // warps hand to the parity-1 warps ([8 heads][16][32 lanes]).
   static constexpr uint32_t kOut = KBase(0);
   static constexpr uint32_t kXchg = kOut + kRowSetHeads * G * 128 * 4;
   static constexpr uint32_t kOutEnd = kXchg + (P == 2 ? kRowSetHeads * 36 * 32 * 4 : 0);
   static constexpr uint32_t kCent = kOutEnd > KBase(S) ? kOutEnd : KBase(S);
   static constexpr uint32_t kMbar = kCent + 32 * 4;
   static constexpr uint32_t kCount = kMbar + 8 * S;
-  static constexpr uint32_t kBytes = kCount + 4 * S;
+  static constexpr uint32_t kQa = (kCount + 4 * S + 15) / 16 * 16;
+  static constexpr uint32_t kBytes = kQa + (P == 2 ? kRowSetHeads * 16 * 32 * 4 : 0);
 };
 
 // Blocks per SM: two of 8 warps, or one of 16 (P = 2).
@@ -107,7 +109,8 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   // the centroids (one codebook for all heads: the launch's host copy of
   // the components) and, for a folded query rotation (states == null) with
   // AttentionLaunch::k_signs, the warp's G queries and rotation factors
-  // (no dependent loads); thread 0 then loads the sequence's length and the
+  // (no dependent loads; parity-0 warps only: a parity-1 warp takes its
+  // head's query fragments from them); thread 0 then loads the sequence's length and the
   // first block-table entries and issues the first S tiles. Loads issued
   // after the burst wait behind it: per-block timelines on the H200 put the
   // loop's start at ~11.7 µs when warp 0 loaded its queries after thread
@@ -116,7 +119,8 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   const float ck = tid < 16 ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
   const float cv = tid < (1 << VB) ? __ldg(a.host_v.groups[0].centroids + tid) : 0.0f;
   const bool fold = states == nullptr;
-  const bool early = fold && a.k_signs != nullptr;  // no descriptor to wait for
+  const bool rotates = fold && par == 0;
+  const bool early = rotates && a.k_signs != nullptr;  // no descriptor to wait for
   float qy[G][4];
   HadamardLane<4> qrot;
   if (early) LoadFoldedQueries(a, qi, kvh, G, 0, 1, lane, qrot, qy);
@@ -161,7 +165,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
     for (int s = 0; s < S; ++s)
       if (s < ntiles) issue(s, s, first[s]);
   }
-  if (fold && !early) LoadFoldedQueries(a, qi, kvh, G, 0, 1, lane, qrot, qy);
+  if (rotates && !early) LoadFoldedQueries(a, qi, kvh, G, 0, 1, lane, qrot, qy);
   if (tid < 16) cent[tid] = ck;
   if (tid < (1 << VB)) cent[16 + tid] = cv;
   __syncthreads();  // centroids (and barrier init) visible
@@ -169,8 +173,9 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
                                                                                          blockDim.x);
   // Per-lane read bases in this warp's first stage (its stage p + 2k adds
   // 2k·kStage, an immediate): the fragment layout of TokMTiles with the
-  // row-set token strides. The query fragments need no other warp: they
-  // are ready before the tables' barrier.
+  // row-set token strides. The query fragments need no other warp's work
+  // but the parity-0 warp's: they are ready before the tables' barrier (a
+  // parity-1 warp reads its copy after it).
   constexpr uint32_t kK8 = 8 * L::kKTok, kV8 = 8 * L::kVTok, kV1 = L::kVTok;
   const uint32_t pbase = L::kStage * static_cast<uint32_t>(par);
   TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1, !L::kSharedKV> tiles;
@@ -178,14 +183,19 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
               Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 64u),
               Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * head + 4u * g),
               Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * g + L::kVRow * head + 16u * VB), lane, t1);
-  if (fold) {
+  uint32_t* qa_copy = rs_smem + L::kQa / 4 + head * 16 * 32 + lane;
+  if (rotates) {
 #pragma unroll
     for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
     tiles.QueryFromLanes(qy, a.scale);
-  } else {
+    if constexpr (P == 2) tiles.StoreQuery(qa_copy);
+  } else if (!fold) {
     tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
   }
-  __syncthreads();  // tables complete
+  __syncthreads();  // tables complete (and the parity-0 warps' query fragments)
+  if constexpr (P == 2) {
+    if (fold && par == 1) tiles.LoadQuery(qa_copy);
+  }
 
   // This warp's tiles n = par + P·j, j = 0, 1, ...: tile n sits in stage
   // n mod S = par + P·(j mod kHalf) in its (j / kHalf)-th fill. Every warp

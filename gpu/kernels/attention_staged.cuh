@@ -244,6 +244,20 @@ struct TokMTiles {
         qa[kk][h] = PackHalf2(x[0], x[1]);
       }
   }
+  // The query fragments to / from shared memory at p (lane's word of
+  // fragment k at p[32k]: conflict free).
+  __device__ __forceinline__ void StoreQuery(uint32_t* p) const {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) p[32 * (2 * kk + h)] = qa[kk][h];
+  }
+  __device__ __forceinline__ void LoadQuery(const uint32_t* p) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) qa[kk][h] = p[32 * (2 * kk + h)];
+  }
   // The tile at token tt, its K / V rows at the read bases + ko / vo.
   __device__ __forceinline__ void Tile(int tt, uint32_t ko, uint32_t vo) {
     float s[1][4];
