@@ -32,8 +32,8 @@ rep("""  __syncthreads();  // centroids (and barrier init) visible
 """)
 rep("""  constexpr uint32_t kK8 = 8 * L::kKTok""","""  st[4] = GTimer();
   constexpr uint32_t kK8 = 8 * L::kKTok""")
-rep("""  __syncthreads();  // tables complete
-""","""  __syncthreads();  // tables complete
+rep("""  __syncthreads();  // tables complete (and the parity-0 warps' query fragments)
+""","""  __syncthreads();  // tables complete (and the parity-0 warps' query fragments)
   st[5] = GTimer();
 """)
 rep("""    tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
