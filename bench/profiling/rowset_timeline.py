@@ -34,10 +34,13 @@ states = (batch * QH * 128 * 4 + 255) // 256 * 256
 nrec = batch * QH * splits * 258
 off = states + (nrec + 1) // 2 * 2 * 4
 nblk = batch * splits
+ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
 for it in range(int(sys.argv[6]) if len(sys.argv) > 6 else 3):
+    ev[0].record()
     rc = lib.tqkv_gpu_attention(h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nb_per, packed.data_ptr(),
                                 None, pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
                                 ws_bytes, 0, 1, stream)
+    ev[1].record()
     assert rc == 0, lib.tqkv_gpu_last_error()
     torch.cuda.synchronize()
 st = ws[off: off + nblk * 128].view(torch.int64).view(nblk, 16).cpu().tolist()
@@ -53,3 +56,5 @@ print("  block end (global)  ", q([r[9] - t0 for r in st]))
 print("  merge start         ", q([m[0] - t0 for m in mg]))
 print("  merge wait released ", q([m[1] - t0 for m in mg]))
 print("  merge end           ", q([m[2] - t0 for m in mg]))
+print(f"  events around the call: {ev[0].elapsed_time(ev[1]) * 1e3:.1f} us (synchronised call; the stamps span "
+      f"{(max(m[2] for m in mg) - t0) / 1e3:.1f} us)")
