@@ -108,14 +108,14 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   // The prologue's small loads go out first, the tiles' burst after them:
   // the centroids (one codebook for all heads: the launch's host copy of
   // the components) and, for a folded query rotation (states == null) with
-  // AttentionLaunch::k_signs, the warp's G queries and rotation factors
-  // (no dependent loads; parity-0 warps only: a parity-1 warp takes its
-  // head's query fragments from them); thread 0 then loads the sequence's length and the
-  // first block-table entries and issues the first S tiles. Loads issued
-  // after the burst wait behind it: per-block timelines on the H200 put the
-  // loop's start at ~11.7 µs when warp 0 loaded its queries after thread
-  // 0's tiles, and at ~9.2 µs when they waited for a descriptor before the
-  // tiles (bench/RESULTS.md).
+  // AttentionLaunch::k_signs, the warp's G queries and rotation factors (no
+  // dependent loads; parity-0 warps only: a parity-1 warp takes its head's
+  // query fragments from them); thread 0 then loads the sequence's length
+  // and the first block-table entries and issues the first S tiles. Loads
+  // issued after the burst wait behind it: per-block timelines on the H200
+  // put the loop's start at ~11.7 µs when warp 0 loaded its queries after
+  // thread 0's tiles, at ~9.2 µs when they waited for a descriptor before
+  // the tiles, and at ~8.5 µs in this order (bench/RESULTS.md).
   const float ck = tid < 16 ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
   const float cv = tid < (1 << VB) ? __ldg(a.host_v.groups[0].centroids + tid) : 0.0f;
   const bool fold = states == nullptr;
@@ -206,10 +206,8 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
     const int tt = t0 + 16 * (par + P * m + S);
     return tt < t1 ? __ldg(btab + (tt >> bs_shift)) : 0;
   }, lane);
-  // Tile j of this warp from its stage k (= j mod kHalf), then the warp's
-  // read of the stage is counted; the stage's last reader refills it with
-  // tile n + S.
-  // Counts this warp's read of stage k (tile j); the last reader refills it.
+  // Counts this warp's read of stage k (its tile j, on the stage's (j /
+  // kHalf)-th fill); the stage's last reader refills it with tile n + S.
   auto release = [&](int j, int k, int page) {
     const int n = par + P * j, s = par + P * k;
     if (lane == 0) {
@@ -217,6 +215,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
       if (before + 1 == static_cast<uint32_t>(NW * (j / kHalf + 1)) && n + S < ntiles) issue(n + S, s, page);
     }
   };
+  // Tile j of this warp from its stage k (= j mod kHalf).
   auto step = [&](int j, int k) {
     const int page = static_cast<int>(pages.Next(j, lane));  // tile n + S's
     MbarWait(mbar0 + 8u * (par + P * k), static_cast<uint32_t>(j / kHalf) & 1u);
