@@ -306,6 +306,10 @@ std::vector<Case> Cases() {
   // 20 splits.
   c.push_back({"k4v4", 128, 32, 8, {3000, 77}, {}, 1, 12, true});
   c.push_back({"k4v2", 128, 32, 8, {5000, 300}, {}, 1, 20, true});
+  // 200 forced splits: the split merge's warps take 12-13 splits each, in
+  // two rounds of kMergeSplitsPerRound; most of the short sequence's
+  // splits are empty.
+  c.push_back({"k4v4", 128, 32, 8, {6000, 17}, {}, 1, 200, true});
   // QR rotation: the staged kernel takes PrepareQueryKernel's queries
   // instead of rotating its own (block Hadamard only).
   c.push_back({"k4v4", 128, 32, 8, {700, 45}, {}, 1, 0, true, true});
