@@ -12,7 +12,7 @@ ratios against SDPA and achieved bandwidth on packed bytes against the copy
 ceiling.
 
 Two timings of SDPA and of the served kernel: device time (the calls queued
-behind a sleep kernel, each after an L2-evicting write: the GPU's time for
+behind a sleep kernel, each after an L2-evicting read: the GPU's time for
 the call, as in a decode loop that queues its layers) is the primary one;
 synchronised calls (the GPU idle until the host has submitted the call, so
 the host's submit time is included) are printed beside it.
@@ -75,17 +75,30 @@ def timed(fn, iters):
 _FLUSH = None
 
 
+EVICT_BY_WRITE = False  # --evict write: the seventh session's first method, for comparison
+
+
+def _evict_l2():
+    """Reads 256 MiB (4x the H200's L2): L2 then holds clean lines of other
+    data. A write (zero_(), EVICT_BY_WRITE) leaves ~60 MiB of dirty lines
+    whose write-back competes with the timed call's reads."""
+    if EVICT_BY_WRITE:
+        _FLUSH.zero_()
+    else:
+        _FLUSH.sum(dtype=torch.int64)
+
+
 def timed_device(fn, iters):
     """Median ms of `iters` calls as the GPU runs them: the stream is held by
     a sleep kernel while the host queues every call (each after a 256 MiB
-    write that evicts L2, outside the events), so the events bracket device
+    read that evicts L2, outside the events), so the events bracket device
     time only, from a cold L2. Exits if the host did not finish queueing
     before the sleep ended (the times would then include host time)."""
     global _FLUSH
     if _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        _FLUSH = torch.ones(64 << 20, dtype=torch.int32, device="cuda")
     for _ in range(3):  # also loads the flush and sleep kernels (a lazy load would wait for the sleep)
-        _FLUSH.zero_()
+        _evict_l2()
         fn()
     torch.cuda._sleep(1000)
     torch.cuda.synchronize()
@@ -94,7 +107,7 @@ def timed_device(fn, iters):
     torch.cuda._sleep(200_000_000)  # ~0.1 s at the H200's clocks
     held.record()
     for a, b in ev:
-        _FLUSH.zero_()
+        _evict_l2()
         a.record()
         fn()
         b.record()
@@ -174,7 +187,11 @@ def main():
                          "for profiling")
     ap.add_argument("--variants", default="",
                     help="tensor-core variants to time (default: all; with --quick: none), e.g. 8,9,10")
+    ap.add_argument("--evict", choices=["read", "write"], default="read",
+                    help="how device timing evicts L2 before each call (write: dirty lines, for comparison)")
     args = ap.parse_args()
+    global EVICT_BY_WRITE
+    EVICT_BY_WRITE = args.evict == "write"
     variants = [int(x) for x in args.variants.split(",") if x] or ([] if args.quick else VARIANTS)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
     formats = [f for f in args.formats.split(",") if f] or list(GOALS)
