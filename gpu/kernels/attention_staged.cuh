@@ -501,33 +501,27 @@ __global__ void __launch_bounds__(32 * NW, MB)
   const int64_t qi = blockIdx.x / a.kv_heads;
   const int kvh = static_cast<int>(blockIdx.x % a.kv_heads);
   const int split = blockIdx.y;
-  const GpuComponent& kc = a.k_comp[kvh];
-  const GpuComponent& vc = a.v_comp[kvh];
-  if (tid < (1 << KB)) cent[tid] = __ldg(kc.groups[0].centroids + tid);
-  if (tid < (1 << VB)) cent[16 + tid] = __ldg(vc.groups[0].centroids + tid);
-  // Folded query rotation: warp w takes heads w, w + NW, ...; their loads
-  // are in flight while the tables build.
+  // The prologue's small loads go out first (one memory latency each where
+  // the launch allows: the centroids from its host copy with uniform
+  // codebooks, the queries and signs with AttentionLaunch::k_signs), then
+  // the sequence's length, its first block-table entries and the warp's
+  // first tile; the tables and the query rotation overlap them (the first
+  // tile used to wait for the whole prologue).
+  float ck = 0.0f, cv = 0.0f;
+  if (a.uniform_codebooks) {
+    if (tid < (1 << KB)) ck = __ldg(a.host_k.groups[0].centroids + tid);
+    if (tid < (1 << VB)) cv = __ldg(a.host_v.groups[0].centroids + tid);
+  } else {
+    if (tid < (1 << KB)) ck = __ldg(a.k_comp[kvh].groups[0].centroids + tid);
+    if (tid < (1 << VB)) cv = __ldg(a.v_comp[kvh].groups[0].centroids + tid);
+  }
+  // Folded query rotation: warp w takes heads w, w + NW, ...
   constexpr int kHeadsPerWarp = (G + NW - 1) / NW;
   const bool fold = states == nullptr;
   float qy[kHeadsPerWarp][4];
   HadamardLane<4> qrot;
   if (fold) LoadFoldedQueries(a, qi, kvh, G, warp, NW, lane, qrot, qy);
-  __syncthreads();
-  BuildTokMTables<VB, kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(st_smem, cent, tid, blockDim.x);
-
-  if (fold) {
-#pragma unroll
-    for (int hw = 0; hw < kHeadsPerWarp; ++hw) {
-      const int h = warp + NW * hw;
-      if (h < G) {
-        qrot.Apply(qy[hw], lane);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) qbuf[h * 128 + lane + 32 * k] = qy[hw][k];
-      }
-    }
-  }
-  __syncthreads();  // tables and rotated queries complete
-
+  const int krow = a.host_k.row_bytes, vrow = a.host_v.row_bytes;  // every head's (the pages' layout)
   const int mis = 4 * (kvh & 3);
   const int seq = SeqOf(a, qi);
   const int limit = static_cast<int>(min(a.positions[qi] + 1, a.packed_tokens[seq]));
@@ -535,7 +529,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
   const int t1 = min(limit, t0 + static_cast<int>(d.chunk));
   const int ntiles = t1 > t0 ? (t1 - t0 + 15) / 16 : 0;
   const int nmine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
-  const int kstep = a.kv_heads * kc.row_bytes, vstep = a.kv_heads * vc.row_bytes;
+  const int kstep = a.kv_heads * krow, vstep = a.kv_heads * vrow;
   const int32_t* btab = a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
   const int bs_shift = __ffs(a.block_size) - 1;  // a power of two (eligibility)
   const uint32_t bs_mask = static_cast<uint32_t>(a.block_size) - 1u;
@@ -551,7 +545,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
   const int cps = kside ? 5 : L::kVChunks;
   const uint8_t* cbase = kside ? a.k_base : a.v_base;
   const int cstep = kside ? kstep : vstep;
-  const int chead = kvh * (kside ? kc.row_bytes : vc.row_bytes) - mis;
+  const int chead = kvh * (kside ? krow : vrow) - mis;
   uint32_t csrc[5];
 #pragma unroll
   for (int j = 0; j < 5; ++j) {
@@ -570,9 +564,11 @@ __global__ void __launch_bounds__(32 * NW, MB)
     cd[j] = Opaque(cst + (kside ? L::KSpan(c / cps) : L::VSpan(c / cps)) + 16u * (c % cps));
   }
 
+  // Pages of the warp's tiles, read without waiting for the sequence's
+  // length (entries past it are read but not used).
   PageStream pages([&](int n) -> int32_t {
-    const int tt = t0 + (warp + NW * n) * 16;
-    return tt < t1 ? __ldg(btab + (tt >> bs_shift)) : 0;
+    const int b = (t0 + (warp + NW * n) * 16) >> bs_shift;
+    return b < a.max_blocks ? __ldg(btab + b) : 0;
   }, lane);
   // Issue the copies of this warp's tile n into `stage`: cp.async (always
   // one commit group, empty past the end, so wait counts stay exact), or
@@ -588,8 +584,8 @@ __global__ void __launch_bounds__(32 * NW, MB)
           // The stage was last read through the generic proxy (LDS).
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
           const int c1 = static_cast<int>(static_cast<uint32_t>(tt) & bs_mask);
-          TmaLoad3d(kst + stage * L::kKStride, &maps.k, kvh * kc.row_bytes - mis, c1, static_cast<int>(page), mbar);
-          TmaLoad3d(vst + stage * L::kVStride, &maps.v, kvh * vc.row_bytes - mis, c1, static_cast<int>(page), mbar);
+          TmaLoad3d(kst + stage * L::kKStride, &maps.k, kvh * krow - mis, c1, static_cast<int>(page), mbar);
+          TmaLoad3d(vst + stage * L::kVStride, &maps.v, kvh * vrow - mis, c1, static_cast<int>(page), mbar);
         }
       } else {
         const uint8_t* src = cbase + page * stride + (static_cast<uint32_t>(tt) & bs_mask) * cstep;
@@ -601,6 +597,26 @@ __global__ void __launch_bounds__(32 * NW, MB)
     }
     if constexpr (!kTma) CpAsyncCommit();
   };
+
+  issue(0, 0);
+
+  if (tid < (1 << KB)) cent[tid] = ck;
+  if (tid < (1 << VB)) cent[16 + tid] = cv;
+  __syncthreads();
+  BuildTokMTables<VB, kSharedKV, L::kRowBytes, L::kKTable, L::kVTable>(st_smem, cent, tid, blockDim.x);
+
+  if (fold) {
+#pragma unroll
+    for (int hw = 0; hw < kHeadsPerWarp; ++hw) {
+      const int h = warp + NW * hw;
+      if (h < G) {
+        qrot.Apply(qy[hw], lane);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) qbuf[h * 128 + lane + 32 * k] = qy[hw][k];
+      }
+    }
+  }
+  __syncthreads();  // tables and rotated queries complete
 
   // Per-lane read bases within a stage (see the header comment).
   // Tokens t and t + 8 share t mod 4, so K / V token + 8 and the V token
@@ -633,7 +649,6 @@ __global__ void __launch_bounds__(32 * NW, MB)
     tiles.Tile(t0 + (warp + NW * n) * 16, stage * L::kKStride, stage * L::kVStride);
     __syncwarp();
   };
-  issue(0, 0);
   int n = 0;
   for (; n + 1 < nmine; n += 2) {
     step(n, 0);
