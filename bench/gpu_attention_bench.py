@@ -165,6 +165,23 @@ def encode_pages(lib, h, k, v, table, flag, stream):
     return kp, vp, stride
 
 
+def random_pages(lib, h, batch, ctx):
+    """Pages for the profiling scripts (bench/profiling/): random bytes, not
+    encoded rows, in randomly permuted pages of `batch` sequences of `ctx`
+    tokens, query i at sequence i's last position. Returns kp, vp (K and V
+    page regions at one stride), stride, table, packed, pos."""
+    dev = torch.device("cuda")
+    nb_per = ctx // BS
+    nblocks = batch * nb_per
+    stride = BS * KVH * max(lib.tqkv_gpu_row_bytes(h, 0), lib.tqkv_gpu_row_bytes(h, 1))
+    kp = torch.randint(0, 255, (nblocks * stride,), dtype=torch.uint8, device=dev)
+    vp = torch.randint(0, 255, (nblocks * stride,), dtype=torch.uint8, device=dev)
+    table = torch.randperm(nblocks, device=dev, dtype=torch.int64).reshape(batch, nb_per).to(torch.int32).contiguous()
+    packed = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
+    pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)
+    return kp, vp, stride, table, packed, pos
+
+
 def attention_call(lib, h, kp, vp, stride, table, packed, pos, q32, out, ws, stream):
     """call(fast=1, splits=0) -> rc: one decode call over the pages (query i
     is sequence i's; fast: AttentionLaunch's path flags and 10 + variant)."""

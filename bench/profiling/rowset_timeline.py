@@ -16,15 +16,8 @@ batch, ctx = int(sys.argv[3]), int(sys.argv[4]); fmt = sys.argv[5] if len(sys.ar
 QH, KVH, D, BS = 32, 8, 128, 16
 dev = torch.device("cuda"); stream = torch.cuda.current_stream().cuda_stream
 h = lib.tqkv_gpu_create(fmt.encode(), D, KVH, QH, BS, 7)
-nb_per = ctx // BS; nblocks = batch * nb_per
-kr, vr = lib.tqkv_gpu_row_bytes(h, 0), lib.tqkv_gpu_row_bytes(h, 1)
-stride = BS * KVH * max(kr, vr)
-kp = torch.randint(0, 255, (nblocks * stride,), dtype=torch.uint8, device=dev)
-vp = torch.randint(0, 255, (nblocks * stride,), dtype=torch.uint8, device=dev)
-table = torch.randperm(nblocks, device=dev, dtype=torch.int64).reshape(batch, nb_per).to(torch.int32).contiguous()
-packed = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
-qseq = torch.arange(batch, dtype=torch.int32, device=dev)
-pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)
+nb_per = ctx // BS
+kp, vp, stride, table, packed, pos = b.random_pages(lib, h, batch, ctx)
 q32 = torch.randn(batch, QH, D, dtype=torch.float32, device=dev)
 ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0)
 ws = torch.zeros(ws_bytes + (8 << 20), dtype=torch.uint8, device=dev)
