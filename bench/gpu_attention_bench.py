@@ -52,7 +52,7 @@ VARIANT_NAMES = {1: "lut", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256
                  7: "kreg-1buf-4cta", 8: "tokm", 13: "staged-s2-4cta",
                  14: "staged-holes", 15: "staged-8w-kholes", 16: "staged-s2-4cta-tma",
                  17: "rowset", 18: "rowset16w-s4", 19: "rowset16w-s8",
-                 20: "rowset16w-s8-2tiles"}
+                 20: "rowset16w-s8-2tiles", 23: "rowset-early-release", 24: "rowset-early-release-gated"}
 
 
 def timed(fn, iters):
@@ -282,7 +282,7 @@ def main():
                 var.append((vi, timed_device(lambda: call(10 + vi), args.iters),
                             lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, vi), err_v))
             var_line = ("\n        variants (v: ms @splits, TB/s, err): "
-                        + "  ".join(f"{VARIANT_NAMES[vi]}: {t:.3f}@{sp} {floor / (t * 1e-3) / 1e12:.2f} {e:.3f}"
+                        + "  ".join(f"{VARIANT_NAMES.get(vi, vi)}: {t:.3f}@{sp} {floor / (t * 1e-3) / 1e12:.2f} {e:.3f}"
                                     for vi, t, sp, e in var)) if var else ""
             if args.quick:
                 line += (f"\n    {f}: {t_tq:.3f} ms  ratio {t_tq / t_sdpa:.3f}x SDPA  "

@@ -111,6 +111,19 @@ int Run(int iters) {
                   cudaGetErrorName(cudaGetLastError()));
     }
     const bool enc_fast = EncodeUsesFastPath(e);
+    // The same launches with every slot skipped (negative): reads and
+    // compute without the packed rows' stores, same run.
+    if (enc_fast && std::string(format) == "k4v4") {
+      DeviceBuffer none = *DeviceBuffer::Allocate(tokens * 8);
+      cudaMemset(none.get(), 0xFF, tokens * 8);
+      EncodeLaunch n = e;
+      n.slots = none.as<int64_t>();
+      const float lane_none = MedianMs([&] { LaunchEncode(n, nullptr); }, iters);
+      n.encode_lane_rows = false;
+      const float eight_none = MedianMs([&] { LaunchEncode(n, nullptr); }, iters);
+      std::printf("%-5s encode without stores (every slot skipped): lane rows %.3f ms, 8 lanes %.3f ms\n", format,
+                  lane_none, eight_none);
+    }
     float enc_generic_ms = enc_ms;
     if (enc_fast) {
       EncodeLaunch g = e;
@@ -126,23 +139,32 @@ int Run(int iters) {
       std::printf("%-5s encode quantiser: tables %.3f ms, boundary search %.3f ms (search / tables = %.2f)\n",
                   format, enc_ms, search_ms, search_ms / enc_ms);
     }
-    // The specialised kernel's variants (EncodeLaunch::encode_transpose,
-    // encode_blocks_per_sm), same run: the FWHT's cross-lane stages and the
-    // norm's butterfly through shared-memory transposes or shuffles, with
-    // registers budgeted for 2 or 3 blocks of 256 threads per SM.
+    // The specialised kernel's variants, same run: two lanes per row
+    // (EncodeLaunch::encode_lane_rows) with registers for 2 or 3 blocks per
+    // SM, and the 8-lane kernel (the FWHT's cross-lane stages and the norm's
+    // butterfly through shared-memory transposes or shuffles, registers for
+    // 2 or 3 blocks of 256 threads per SM).
     if (enc_fast) {
+      float lane_ms[2] = {0, 0};  // [3 blocks/SM]
+      for (int b = 0; b < 2 && EncodeUsesLaneRows(e); ++b) {
+        EncodeLaunch s = e;
+        s.encode_blocks_per_sm = 2 + b;
+        lane_ms[b] = MedianMs([&] { LaunchEncode(s, nullptr); }, iters);
+      }
       float ms[2][2];  // [transpose][3 blocks/SM]
       for (int x = 0; x < 2; ++x)
         for (int b = 0; b < 2; ++b) {
           EncodeLaunch s = e;
+          s.encode_lane_rows = false;
           s.encode_transpose = x == 1;
           s.encode_blocks_per_sm = 2 + b;
           ms[x][b] = MedianMs([&] { LaunchEncode(s, nullptr); }, iters);
         }
       std::printf(
-          "%-5s encode exchange: 2 blocks/SM: transpose %.3f ms, shuffle %.3f ms (shuffle / transpose = %.2f); "
-          "3 blocks/SM: transpose %.3f ms, shuffle %.3f ms (2 / 3 blocks/SM with transposes = %.2f) [%s]\n",
-          format, ms[1][0], ms[0][0], ms[0][0] / ms[1][0], ms[1][1], ms[0][1], ms[1][0] / ms[1][1],
+          "%-5s encode kernels: lane rows %.3f ms (3 blocks/SM), %.3f ms (2); 8 lanes: 2 blocks/SM: transpose "
+          "%.3f ms, shuffle %.3f ms; 3 blocks/SM: transpose %.3f ms, shuffle %.3f ms (served 8-lane / lane rows = "
+          "%.2f) [%s]\n",
+          format, lane_ms[1], lane_ms[0], ms[1][0], ms[0][0], ms[1][1], ms[0][1], ms[0][1] / lane_ms[1],
           cudaGetErrorName(cudaGetLastError()));
     }
     const double packed = static_cast<double>(blocks) * (codec->k_page_bytes(0) + codec->v_page_bytes(0));
@@ -167,7 +189,8 @@ int Run(int iters) {
         "%-5s encode %.3f ms %.2f TB/s (%.2f of copy ceiling; goal >= 3.0 TB/s; %s kernel, generic %.3f ms)  "
         "decode %.3f ms %.2f TB/s  [%s]\n",
         format, enc_ms, (dense + packed) / (enc_ms * 1e-3) / 1e12, (dense + packed) / (enc_ms * 1e-3) / ceiling,
-        enc_fast ? "fast d128" : "generic", enc_generic_ms, dec_ms, (dense + packed) / (dec_ms * 1e-3) / 1e12,
+        enc_fast ? (EncodeUsesLaneRows(e) ? "lane rows" : "fast d128") : "generic", enc_generic_ms, dec_ms,
+        (dense + packed) / (dec_ms * 1e-3) / 1e12,
         cudaGetErrorName(err));
     // Re-encode the original data (decode overwrote k/v).
     cudaMemcpy(k.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice);

@@ -5,6 +5,8 @@
 
 #include "gpu/kernels/codec_kernels.cuh"
 #include "gpu/kernels/encode_fast.cuh"
+#include "gpu/kernels/encode_rows.cuh"
+#include "gpu/launch_util.h"
 
 namespace tqkv::gpu {
 namespace {
@@ -74,10 +76,31 @@ cudaError_t EncodeFastKV(const EncodeLaunch& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The variant the launch asks for (EncodeLaunch::encode_transpose,
-// encode_blocks_per_sm) from fp16 input, the default from the others.
+template <int KB, int VB, typename T, bool kLut, int kBufs>
+cudaError_t EncodeLaneRowsKV(const EncodeLaunch& a, cudaStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(EncodeLaneRowsKernel<KB, VB, T, kLut, kBufs>);
+  constexpr size_t smem = LaneRowSmemBytes(kBufs);
+  cudaError_t e = AllowDynamicSmem(kernel, smem);
+  if (e != cudaSuccess) return e;
+  const int64_t per_block = LaneRowBlockTokens(a.heads);
+  const int64_t blocks = a.heads / LaneRowBlockHeads(a.heads) * ((a.tokens + per_block - 1) / per_block);
+  const dim3 grid(static_cast<unsigned>(blocks), 2);
+  EncodeLaneRowsKernel<KB, VB, T, kLut, kBufs><<<grid, 32 * kLaneRowWarps, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// The variant the launch asks for: two lanes per row from 16-bit input
+// (EncodeUsesLaneRows; its input buffers from encode_blocks_per_sm),
+// else the 8-lane kernel, from fp16 input with encode_transpose and
+// encode_blocks_per_sm, the default from the others.
 template <int KB, int VB, typename T, bool kLut>
 cudaError_t EncodeFastKV(const EncodeLaunch& a, cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, float> && KB <= 4 && VB <= 4) {
+    if (EncodeUsesLaneRows(a)) {
+      return a.encode_blocks_per_sm == 3 ? EncodeLaneRowsKV<KB, VB, T, kLut, LaneRowBufs(3)>(a, stream)
+                                         : EncodeLaneRowsKV<KB, VB, T, kLut, LaneRowBufs(2)>(a, stream);
+    }
+  }
   if constexpr (std::is_same_v<T, __half>) {
     const bool three = a.encode_blocks_per_sm == 3;
     if (a.encode_transpose)
@@ -130,6 +153,14 @@ bool EncodeUsesFastPath(const EncodeLaunch& a) {
       a.k_pages.block_stride % 4 != 0 || a.v_pages.block_stride % 4 != 0)
     return false;
   return FastEncodePair(FastEncodeBits(a.host_k, a.heads), FastEncodeBits(a.host_v, a.heads));
+}
+
+bool EncodeUsesLaneRows(const EncodeLaunch& a) {
+  auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (!a.encode_lane_rows || (a.dtype != kGpuF16 && a.dtype != kGpuBF16) || !aligned16(a.k) || !aligned16(a.v) ||
+      !LaneRowHeadsFit(a.heads) || !EncodeUsesFastPath(a))
+    return false;
+  return FastEncodeBits(a.host_k, a.heads) <= 4 && FastEncodeBits(a.host_v, a.heads) <= 4;
 }
 
 bool EncodeUsesQuantLut(const EncodeLaunch& a) {

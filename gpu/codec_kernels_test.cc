@@ -159,34 +159,48 @@ TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(ToHost<unsigned long long>(flag, 1)[0], kNoBadSlot);
   std::vector<uint8_t> kp_gpu = ToHost<uint8_t>(kp, kg.total_bytes()), vp_gpu = ToHost<uint8_t>(vp, vg.total_bytes());
+  // Two lanes per row from 16-bit input to 2-, 3- and 4-bit rows where a
+  // block can take whole tokens (heads a multiple or a divisor of 8;
+  // served), else the 8-lane kernel.
+  EXPECT_EQ(EncodeUsesLaneRows(a), fast && c.dtype != DType::kF32 && c.format != "k8v8" &&
+                                       (heads % 8 == 0 || 8 % heads == 0));
   // Every other variant of the specialised encode writes the same bytes:
-  // the boundary search instead of the tables and, from fp16 input (the
-  // only one with variants), shuffles instead of the shared-memory
+  // the boundary search instead of the tables, the 2-blocks-per-SM register
+  // budget, and the 8-lane kernel from 16-bit input with, from fp16 input
+  // (the only one with variants), shuffles instead of the shared-memory
   // transposes and the 3-blocks-per-SM register budget.
-  for (bool lut : {true, false})
-    for (bool xpose : {true, false})
-      for (int blocks : {2, 3}) {
-        const bool served = xpose == kEncodeTransposeDefault &&
-                            blocks == ServedEncodeBlocksPerSm(static_cast<int32_t>(c.dtype));
-        if (!fast || (lut && served) || (!lut && !EncodeUsesQuantLut(a)) || (c.dtype != DType::kF16 && !served))
-          continue;
-        const std::string variant = std::string(lut ? "tables" : "search") + (xpose ? ", transpose, " : ", shuffle, ") +
-                                    std::to_string(blocks) + " blocks/SM";
-        DeviceBuffer kps = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
-        DeviceBuffer vps = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
-        EncodeLaunch s = a;
-        s.allow_quant_lut = lut;
-        s.encode_transpose = xpose;
-        s.encode_blocks_per_sm = blocks;
-        s.k_pages.base = kps.as<uint8_t>();
-        s.v_pages.base = vps.as<uint8_t>();
-        EXPECT_TRUE(EncodeUsesFastPath(s)) << variant;
-        EXPECT_EQ(EncodeUsesQuantLut(s), lut && EncodeUsesQuantLut(a)) << variant;
-        ASSERT_EQ(LaunchEncode(s, nullptr), cudaSuccess) << variant;
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << variant;
-        EXPECT_EQ(ToHost<uint8_t>(kps, kg.total_bytes()), kp_gpu) << "K: " << variant << " differs from the default";
-        EXPECT_EQ(ToHost<uint8_t>(vps, vg.total_bytes()), vp_gpu) << "V: " << variant << " differs from the default";
-      }
+  const bool lane_served = EncodeUsesLaneRows(a);
+  for (bool lane : {true, false})
+    for (bool lut : {true, false})
+      for (bool xpose : {true, false})
+        for (int blocks : {2, 3}) {
+          const bool served = lane == lane_served && xpose == kEncodeTransposeDefault &&
+                              blocks == ServedEncodeBlocksPerSm(static_cast<int32_t>(c.dtype));
+          if (!fast || (lut && served) || (!lut && !EncodeUsesQuantLut(a)) || (lane && !lane_served) ||
+              (lane && xpose != kEncodeTransposeDefault) ||
+              (!lane && c.dtype != DType::kF16 && xpose != kEncodeTransposeDefault) ||
+              (!lane && c.dtype != DType::kF16 && blocks != ServedEncodeBlocksPerSm(static_cast<int32_t>(c.dtype))))
+            continue;
+          const std::string variant = std::string(lane ? "lane rows, " : "8 lanes, ") + (lut ? "tables" : "search") +
+                                      (xpose ? ", transpose, " : ", shuffle, ") + std::to_string(blocks) +
+                                      " blocks/SM";
+          DeviceBuffer kps = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+          DeviceBuffer vps = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
+          EncodeLaunch s = a;
+          s.encode_lane_rows = lane;
+          s.allow_quant_lut = lut;
+          s.encode_transpose = xpose;
+          s.encode_blocks_per_sm = blocks;
+          s.k_pages.base = kps.as<uint8_t>();
+          s.v_pages.base = vps.as<uint8_t>();
+          EXPECT_TRUE(EncodeUsesFastPath(s)) << variant;
+          EXPECT_EQ(EncodeUsesLaneRows(s), lane) << variant;
+          EXPECT_EQ(EncodeUsesQuantLut(s), lut && EncodeUsesQuantLut(a)) << variant;
+          ASSERT_EQ(LaunchEncode(s, nullptr), cudaSuccess) << variant;
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << variant;
+          EXPECT_EQ(ToHost<uint8_t>(kps, kg.total_bytes()), kp_gpu) << "K: " << variant << " differs from the default";
+          EXPECT_EQ(ToHost<uint8_t>(vps, vg.total_bytes()), vp_gpu) << "V: " << variant << " differs from the default";
+        }
   int failures = 0;
   for (int comp = 0; comp < 2; ++comp) {
     const PageGeometry& g = comp == 0 ? kg : vg;
@@ -328,61 +342,68 @@ TEST_P(FastEncodeSpecialRows, MatchCpu) {
   PageGeometry kg = codec->k_geometry(0), vg = codec->v_geometry(0);
   kg.num_blocks = vg.num_blocks = num_blocks;
   DeviceBuffer ds = ToDevice(slots), flag = *DeviceBuffer::Allocate(8);
-  // fp32 input; fp16 input (infinities, fp16 denormals and zeros where fp32
-  // had huge and tiny values) also through every kernel variant.
-  for (DType dt : {DType::kF32, DType::kF16}) {
+  // fp32 input; fp16 and bf16 input (fp16: infinities, denormals and zeros
+  // where fp32 had huge and tiny values) also through every kernel variant.
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     const std::vector<uint8_t> kin = Convert(k, dt), vin = Convert(v, dt);
     std::vector<uint8_t> kp_cpu(kg.total_bytes(), 0xFF), vp_cpu(vg.total_bytes(), 0xFF);
     ASSERT_TRUE(EncodeToPages(codec->layer(0), {kin.data(), dt, tokens, heads, dim}, {vin.data(), dt, tokens, heads, dim},
                               slots.data(), {kp_cpu.data(), kg}, {vp_cpu.data(), vg}, nullptr)
                     .ok());
     DeviceBuffer dk = ToDevice(kin), dv = ToDevice(vin);
-    for (bool lut : {true, false})
-      for (bool xpose : {true, false})
-        for (int blocks : {2, 3}) {
-          if (dt != DType::kF16 &&
-              (xpose != kEncodeTransposeDefault || blocks != ServedEncodeBlocksPerSm(static_cast<int32_t>(dt))))
-            continue;
-          const std::string variant = std::string(DTypeName(dt)) + (lut ? " tables" : " search") +
-                                      (xpose ? ", transpose, " : ", shuffle, ") + std::to_string(blocks) + " blocks/SM";
-          DeviceBuffer kp = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
-          DeviceBuffer vp = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
-          EncodeLaunch a;
-          a.k = dk.get();
-          a.v = dv.get();
-          a.dtype = static_cast<int32_t>(dt);
-          a.tokens = tokens;
-          SetLayerPages(*codec, *tables, 0, kp.as<uint8_t>(), vp.as<uint8_t>(), num_blocks, ds.as<int64_t>(),
-                        flag.as<unsigned long long>(), &a);
-          a.host_k = &tables->host(0, 0, Component::kKey);
-          a.host_v = &tables->host(0, 0, Component::kValue);
-          a.allow_quant_lut = lut;
-          a.encode_transpose = xpose;
-          a.encode_blocks_per_sm = blocks;
-          ASSERT_TRUE(EncodeUsesFastPath(a)) << variant;
-          EXPECT_EQ(EncodeUsesQuantLut(a), lut && GetParam() != "k2v2") << variant;
-          ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess) << variant;
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << variant;
-          int failures = 0;
-          for (int comp = 0; comp < 2; ++comp) {
-            const PageGeometry& g = comp ? vg : kg;
-            const std::vector<uint8_t> gpu = ToHost<uint8_t>(comp ? vp : kp, g.total_bytes());
-            const std::vector<uint8_t>& cpu = comp ? vp_cpu : kp_cpu;
-            const size_t index_bytes = g.row_bytes - 4;  // fp32 norm after the indices
-            for (int64_t t = 0; t < tokens; ++t)
-              for (int h = 0; h < heads; ++h) {
-                const size_t off = g.offset(slots[t], h);
-                float ng, nc;
-                std::memcpy(&ng, gpu.data() + off + index_bytes, 4);
-                std::memcpy(&nc, cpu.data() + off + index_bytes, 4);
-                const bool same_norm = std::memcmp(&ng, &nc, 4) == 0 || (std::isnan(ng) && std::isnan(nc));
-                if ((std::memcmp(gpu.data() + off, cpu.data() + off, index_bytes) != 0 || !same_norm) && failures++ < 5)
-                  ADD_FAILURE() << variant << (comp ? " V" : " K") << " row " << t * heads + h
-                                << " differs from the CPU codec (norm " << ng << " vs " << nc << ")";
-              }
+    for (bool lane : {true, false})
+      for (bool lut : {true, false})
+        for (bool xpose : {true, false})
+          for (int blocks : {2, 3}) {
+            // One row per lane from 16-bit input (its budgets 2 and 3); the
+            // 8-lane kernel's variants from fp16, its served one otherwise.
+            if (lane ? (dt == DType::kF32 || GetParam() == "k8v8" || xpose != kEncodeTransposeDefault)
+                     : (dt != DType::kF16 &&
+                        (xpose != kEncodeTransposeDefault || blocks != ServedEncodeBlocksPerSm(static_cast<int32_t>(dt)))))
+              continue;
+            const std::string variant = std::string(DTypeName(dt)) + (lane ? " lane rows," : " 8 lanes,") +
+                                        (lut ? " tables" : " search") + (xpose ? ", transpose, " : ", shuffle, ") +
+                                        std::to_string(blocks) + " blocks/SM";
+            DeviceBuffer kp = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+            DeviceBuffer vp = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
+            EncodeLaunch a;
+            a.k = dk.get();
+            a.v = dv.get();
+            a.dtype = static_cast<int32_t>(dt);
+            a.tokens = tokens;
+            SetLayerPages(*codec, *tables, 0, kp.as<uint8_t>(), vp.as<uint8_t>(), num_blocks, ds.as<int64_t>(),
+                          flag.as<unsigned long long>(), &a);
+            a.host_k = &tables->host(0, 0, Component::kKey);
+            a.host_v = &tables->host(0, 0, Component::kValue);
+            a.encode_lane_rows = lane;
+            a.allow_quant_lut = lut;
+            a.encode_transpose = xpose;
+            a.encode_blocks_per_sm = blocks;
+            ASSERT_TRUE(EncodeUsesFastPath(a)) << variant;
+            EXPECT_EQ(EncodeUsesLaneRows(a), lane) << variant;
+            EXPECT_EQ(EncodeUsesQuantLut(a), lut && GetParam() != "k2v2") << variant;
+            ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess) << variant;
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << variant;
+            int failures = 0;
+            for (int comp = 0; comp < 2; ++comp) {
+              const PageGeometry& g = comp ? vg : kg;
+              const std::vector<uint8_t> gpu = ToHost<uint8_t>(comp ? vp : kp, g.total_bytes());
+              const std::vector<uint8_t>& cpu = comp ? vp_cpu : kp_cpu;
+              const size_t index_bytes = g.row_bytes - 4;  // fp32 norm after the indices
+              for (int64_t t = 0; t < tokens; ++t)
+                for (int h = 0; h < heads; ++h) {
+                  const size_t off = g.offset(slots[t], h);
+                  float ng, nc;
+                  std::memcpy(&ng, gpu.data() + off + index_bytes, 4);
+                  std::memcpy(&nc, cpu.data() + off + index_bytes, 4);
+                  const bool same_norm = std::memcmp(&ng, &nc, 4) == 0 || (std::isnan(ng) && std::isnan(nc));
+                  if ((std::memcmp(gpu.data() + off, cpu.data() + off, index_bytes) != 0 || !same_norm) && failures++ < 5)
+                    ADD_FAILURE() << variant << (comp ? " V" : " K") << " row " << t * heads + h
+                                  << " differs from the CPU codec (norm " << ng << " vs " << nc << ")";
+                }
+            }
+            EXPECT_EQ(failures, 0) << variant;
           }
-          EXPECT_EQ(failures, 0) << variant;
-        }
   }
 }
 

@@ -84,9 +84,17 @@ struct EncodeLaunch {
   // only ones instantiated).
   bool encode_transpose = kEncodeTransposeDefault;
   int32_t encode_blocks_per_sm = kEncodeBlocksPerSmDefault;
+  // fp16 / bf16 input (16-byte aligned) to the specialised kernel's 2-, 3-
+  // and 4-bit formats with heads a multiple or a divisor of 8: two lanes per
+  // row (gpu/kernels/encode_rows.cuh; encode_blocks_per_sm 3 gives it two
+  // input buffers per warp, 2 three; encode_transpose does not apply),
+  // else the 8-lane kernel. Same bytes either way.
+  bool encode_lane_rows = true;
 };
 // True when LaunchEncode(a) uses the specialised d = 128 kernel.
 bool EncodeUsesFastPath(const EncodeLaunch& a);
+// True when it does with two lanes per row (EncodeLaunch::encode_lane_rows).
+bool EncodeUsesLaneRows(const EncodeLaunch& a);
 // True when it does and quantises through the tables (never for k2v2,
 // whose rows always compare against the three boundaries).
 bool EncodeUsesQuantLut(const EncodeLaunch& a);
