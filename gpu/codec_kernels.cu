@@ -5,6 +5,7 @@
 
 #include "gpu/kernels/codec_kernels.cuh"
 #include "gpu/kernels/encode_fast.cuh"
+#include "gpu/kernels/decode_rows.cuh"
 #include "gpu/kernels/encode_rows.cuh"
 #include "gpu/launch_util.h"
 
@@ -141,6 +142,27 @@ cudaError_t EncodeFastWith(const EncodeLaunch& a, cudaStream_t stream) {
   return EncodeUsesQuantLut(a) ? EncodeFastWith<T, true>(a, stream) : EncodeFastWith<T, false>(a, stream);
 }
 
+template <int KB, int VB, typename T>
+cudaError_t DecodeFastKV(const DecodeLaunch& a, cudaStream_t stream) {
+  const int64_t per_block = DecodeRowBlockTokens(a.heads);
+  const int64_t blocks = a.heads / LaneRowBlockHeads(a.heads) * ((a.tokens + per_block - 1) / per_block);
+  DecodeLaneRowsKernel<KB, VB, T><<<dim3(static_cast<unsigned>(blocks), 2), 32 * kLaneRowWarps, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t DecodeFastWith(const DecodeLaunch& a, cudaStream_t stream) {
+  switch (FastEncodeBits(a.host_k, a.heads) * 10 + FastEncodeBits(a.host_v, a.heads)) {
+    case 22: return DecodeFastKV<2, 2, T>(a, stream);
+    case 33: return DecodeFastKV<3, 3, T>(a, stream);
+    case 44: return DecodeFastKV<4, 4, T>(a, stream);
+    case 88: return DecodeFastKV<8, 8, T>(a, stream);
+    case 42: return DecodeFastKV<4, 2, T>(a, stream);
+    case 24: return DecodeFastKV<2, 4, T>(a, stream);
+    default: return cudaErrorNotSupported;
+  }
+}
+
 }  // namespace
 
 bool EncodeUsesFastPath(const EncodeLaunch& a) {
@@ -199,11 +221,28 @@ cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream) {
   }
 }
 
+bool DecodeUsesFastPath(const DecodeLaunch& a) {
+  auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (!a.allow_fast_path || a.host_k == nullptr || a.host_v == nullptr || a.dim != 128 || !LaneRowHeadsFit(a.heads) ||
+      (a.dtype != kGpuF16 && a.dtype != kGpuBF16 && a.dtype != kGpuF32) || !aligned16(a.k) || !aligned16(a.v) ||
+      (reinterpret_cast<uintptr_t>(a.k_pages.base) & 3) != 0 || (reinterpret_cast<uintptr_t>(a.v_pages.base) & 3) != 0 ||
+      a.k_pages.block_stride % 4 != 0 || a.v_pages.block_stride % 4 != 0)
+    return false;
+  return FastEncodePair(FastEncodeBits(a.host_k, a.heads), FastEncodeBits(a.host_v, a.heads));
+}
+
 cudaError_t LaunchDecode(const DecodeLaunch& a, cudaStream_t stream) {
   if (a.bad_slot == nullptr || a.tokens < 0 || a.heads <= 0) return cudaErrorInvalidValue;
   const int64_t limit = a.k_pages.num_slots < a.v_pages.num_slots ? a.k_pages.num_slots : a.v_pages.num_slots;
   cudaError_t e = CheckSlots(a.slots, a.tokens, limit, a.bad_slot, stream);
   if (e != cudaSuccess || a.tokens == 0) return e;
+  if (DecodeUsesFastPath(a)) {
+    switch (a.dtype) {
+      case kGpuF16: return DecodeFastWith<__half>(a, stream);
+      case kGpuBF16: return DecodeFastWith<__nv_bfloat16>(a, stream);
+      default: return DecodeFastWith<float>(a, stream);
+    }
+  }
   switch ((a.max_group_channels + 31) / 32) {
     case 0:
     case 1: return DecodeWith<1>(a, stream);

@@ -36,10 +36,12 @@ struct Case {
   int dim;
   DType dtype;
   bool qr = false;
+  int heads = 3;  // 3: neither a multiple nor a divisor of 8 (no lane-row kernels)
 };
 
 std::string Name(const Case& c) {
-  return c.format + "_d" + std::to_string(c.dim) + "_" + std::string(DTypeName(c.dtype)) + (c.qr ? "_qr" : "");
+  return c.format + "_d" + std::to_string(c.dim) + "_" + std::string(DTypeName(c.dtype)) + (c.qr ? "_qr" : "") +
+         (c.heads != 3 ? "_h" + std::to_string(c.heads) : "");
 }
 
 std::vector<uint8_t> Convert(const std::vector<float>& x, DType t) {
@@ -94,7 +96,7 @@ class CodecKernels : public ::testing::TestWithParam<Case> {};
 TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
   TQ_SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
-  const int heads = 3, bs = 16, num_blocks = 5, dim = c.dim;
+  const int heads = c.heads, bs = 16, num_blocks = 5, dim = c.dim;
   const int64_t tokens = 37;  // odd; with gaps: blocks partly used
   auto fmt = *ParseFormat(c.format);
   RecipeMetadata meta;
@@ -254,9 +256,32 @@ TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
   d.v_comp = a.v_comp;
   d.max_group_channels = a.max_group_channels;
   d.bad_slot = a.bad_slot;
+  d.host_k = a.host_k;
+  d.host_v = a.host_v;
+  // The specialised decode (two lanes per row) where the specialised encode
+  // runs and the heads are a multiple or a divisor of 8: the same values as
+  // the generic kernel, fp32 and fp16 out.
+  EXPECT_EQ(DecodeUsesFastPath(d), fast && (heads % 8 == 0 || 8 % heads == 0));
   ASSERT_EQ(LaunchDecode(d, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> kout = ToHost<float>(ko, tokens * heads * dim), vout = ToHost<float>(vo, tokens * heads * dim);
+  if (DecodeUsesFastPath(d)) {
+    DecodeLaunch gd = d;
+    gd.allow_fast_path = false;
+    for (int32_t dt : {kGpuF32, kGpuF16}) {
+      const size_t bytes = tokens * heads * dim * (dt == kGpuF32 ? 4 : 2);
+      DeviceBuffer fk = *DeviceBuffer::Allocate(bytes), fv = *DeviceBuffer::Allocate(bytes);
+      DeviceBuffer gk = *DeviceBuffer::Allocate(bytes), gv = *DeviceBuffer::Allocate(bytes);
+      DecodeLaunch f = d;
+      f.dtype = gd.dtype = dt;
+      f.k = fk.get(), f.v = fv.get(), gd.k = gk.get(), gd.v = gv.get();
+      ASSERT_EQ(LaunchDecode(f, nullptr), cudaSuccess);
+      ASSERT_EQ(LaunchDecode(gd, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(ToHost<uint8_t>(fk, bytes), ToHost<uint8_t>(gk, bytes)) << "K, dtype " << dt;
+      EXPECT_EQ(ToHost<uint8_t>(fv, bytes), ToHost<uint8_t>(gv, bytes)) << "V, dtype " << dt;
+    }
+  }
   double worst = 0;
   double energy = 0;
   std::vector<float> ref(dim);
@@ -301,6 +326,15 @@ std::vector<Case> Cases() {
   cases.push_back({"k2v2", 128, DType::kBF16});
   cases.push_back({"k2v4", 128, DType::kF32});
   cases.push_back({"k8v4", 128, DType::kF16});  // not a served pair: generic kernel
+  // Heads a multiple or a divisor of 8: the lane-row encode (16-bit input to
+  // 2-, 3-, 4-bit rows) and decode (every served pair).
+  for (const char* f : {"k4v4", "k4v2", "k3v3", "k2v2", "k2v4", "k8v8"}) cases.push_back({f, 128, DType::kF16, false, 8});
+  cases.push_back({"k4v2", 128, DType::kBF16, false, 8});
+  cases.push_back({"k4v4", 128, DType::kF32, false, 8});
+  cases.push_back({"k4v4", 128, DType::kF16, false, 16});
+  cases.push_back({"k3v3", 128, DType::kBF16, false, 4});
+  cases.push_back({"k2v2", 128, DType::kF16, false, 2});
+  cases.push_back({"k4v4", 128, DType::kF16, false, 1});
   return cases;
 }
 

@@ -72,7 +72,8 @@ class DeviceCodecTables {
 
 // Sets the fields EncodeLaunch and DecodeLaunch share for layer `l`: K and
 // V page regions of `num_blocks` pages each at k_pages / v_pages, the flat
-// slot list, the layer's device codec tables and the bad-slot flag.
+// slot list, the layer's device codec tables (and their host copies, which
+// select the specialised kernels) and the bad-slot flag.
 template <typename Launch>
 void SetLayerPages(const ModelCodec& codec, const DeviceCodecTables& tables, int l, uint8_t* k_pages,
                    uint8_t* v_pages, int64_t num_blocks, const int64_t* slots,
@@ -89,6 +90,8 @@ void SetLayerPages(const ModelCodec& codec, const DeviceCodecTables& tables, int
   a->v_comp = tables.device(l, Component::kValue);
   a->max_group_channels = tables.max_group_channels(l);
   a->bad_slot = bad_slot;
+  a->host_k = &tables.host(l, 0, Component::kKey);
+  a->host_v = &tables.host(l, 0, Component::kValue);
 }
 
 }  // namespace tqkv::gpu

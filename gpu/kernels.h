@@ -116,7 +116,17 @@ struct DecodeLaunch {
   const GpuComponent* v_comp = nullptr;
   int32_t max_group_channels = 0;
   unsigned long long* bad_slot = nullptr;
+  // Optional host copies of k_comp / v_comp ([heads] each). With them, the
+  // formats of the specialised encode (2-, 3-, 4- or 8-bit mse rows at
+  // d = 128) decode with two lanes per row (gpu/kernels/decode_rows.cuh)
+  // where the heads are a multiple or a divisor of 8 and the outputs are
+  // 16-byte aligned; same values as the generic kernel.
+  const GpuComponent* host_k = nullptr;
+  const GpuComponent* host_v = nullptr;
+  bool allow_fast_path = true;
 };
+// True when LaunchDecode(a) uses the specialised d = 128 kernel.
+bool DecodeUsesFastPath(const DecodeLaunch& a);
 cudaError_t LaunchDecode(const DecodeLaunch& a, cudaStream_t stream);
 
 // Paged attention over packed K/V (decode: one query per sequence; prefill /
