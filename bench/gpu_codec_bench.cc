@@ -140,8 +140,8 @@ int Run(int iters) {
                   format, enc_ms, search_ms, search_ms / enc_ms);
     }
     // The specialised kernel's variants, same run: two lanes per row
-    // (EncodeLaunch::encode_lane_rows) with registers for 2 or 3 blocks per
-    // SM, and the 8-lane kernel (the FWHT's cross-lane stages and the norm's
+    // (EncodeLaunch::encode_lane_rows) with two or three input buffers per
+    // warp (encode_blocks_per_sm 3 / 2), and the 8-lane kernel (the FWHT's cross-lane stages and the norm's
     // butterfly through shared-memory transposes or shuffles, registers for
     // 2 or 3 blocks of 256 threads per SM).
     if (enc_fast) {
@@ -160,12 +160,14 @@ int Run(int iters) {
           s.encode_blocks_per_sm = 2 + b;
           ms[x][b] = MedianMs([&] { LaunchEncode(s, nullptr); }, iters);
         }
+      char lane[128] = "lane rows n/a (8-bit rows)";
+      if (EncodeUsesLaneRows(e))
+        std::snprintf(lane, sizeof(lane), "lane rows %.3f ms (2 buffers), %.3f ms (3); served 8-lane / lane rows = %.2f",
+                      lane_ms[1], lane_ms[0], ms[0][1] / lane_ms[1]);
       std::printf(
-          "%-5s encode kernels: lane rows %.3f ms (3 blocks/SM), %.3f ms (2); 8 lanes: 2 blocks/SM: transpose "
-          "%.3f ms, shuffle %.3f ms; 3 blocks/SM: transpose %.3f ms, shuffle %.3f ms (served 8-lane / lane rows = "
-          "%.2f) [%s]\n",
-          format, lane_ms[1], lane_ms[0], ms[1][0], ms[0][0], ms[1][1], ms[0][1], ms[0][1] / lane_ms[1],
-          cudaGetErrorName(cudaGetLastError()));
+          "%-5s encode kernels: %s; 8 lanes: 2 blocks/SM: transpose %.3f ms, shuffle %.3f ms; 3 blocks/SM: "
+          "transpose %.3f ms, shuffle %.3f ms [%s]\n",
+          format, lane, ms[1][0], ms[0][0], ms[1][1], ms[0][1], cudaGetErrorName(cudaGetLastError()));
     }
     const double packed = static_cast<double>(blocks) * (codec->k_page_bytes(0) + codec->v_page_bytes(0));
     const double dense = 2.0 * host.size() * 2;
