@@ -40,6 +40,8 @@ cudaError_t DecodeWith(const DecodeLaunch& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+bool Aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
+
 // Bits of the specialised encode if every head's component qualifies, else 0.
 int FastEncodeBits(const GpuComponent* comps, int heads) {
   int bits = 0;
@@ -114,27 +116,33 @@ cudaError_t EncodeFastKV(const EncodeLaunch& a, cudaStream_t stream) {
   }
 }
 
-// Served (K bits, V bits) pairs of the specialised encode.
-bool FastEncodePair(int kb, int vb) {
+// The served (K bits, V bits) pairs of the specialised encode and decode:
+// f.template operator()<KB, VB>() for the pair, cudaErrorNotSupported for
+// any other.
+template <typename F>
+cudaError_t ByFastPair(int kb, int vb, F&& f) {
   switch (kb * 10 + vb) {
-    case 22: case 33: case 44: case 88: case 42: case 24: return true;
-    default: return false;
+    case 22: return f.template operator()<2, 2>();
+    case 33: return f.template operator()<3, 3>();
+    case 44: return f.template operator()<4, 4>();
+    case 88: return f.template operator()<8, 8>();
+    case 42: return f.template operator()<4, 2>();
+    case 24: return f.template operator()<2, 4>();
+    default: return cudaErrorNotSupported;
   }
+}
+
+bool FastEncodePair(int kb, int vb) {
+  return ByFastPair(kb, vb, []<int, int>() { return cudaSuccess; }) == cudaSuccess;
 }
 
 // kLut: quantise 3-, 4- and 8-bit rows through the tables (2-bit rows
 // always compare: no table variant of k2v2).
 template <typename T, bool kLut>
 cudaError_t EncodeFastWith(const EncodeLaunch& a, cudaStream_t stream) {
-  switch (FastEncodeBits(a.host_k, a.heads) * 10 + FastEncodeBits(a.host_v, a.heads)) {
-    case 22: return EncodeFastKV<2, 2, T, false>(a, stream);
-    case 33: return EncodeFastKV<3, 3, T, kLut>(a, stream);
-    case 44: return EncodeFastKV<4, 4, T, kLut>(a, stream);
-    case 88: return EncodeFastKV<8, 8, T, kLut>(a, stream);
-    case 42: return EncodeFastKV<4, 2, T, kLut>(a, stream);
-    case 24: return EncodeFastKV<2, 4, T, kLut>(a, stream);
-    default: return cudaErrorNotSupported;
-  }
+  return ByFastPair(FastEncodeBits(a.host_k, a.heads), FastEncodeBits(a.host_v, a.heads), [&]<int KB, int VB>() {
+    return EncodeFastKV<KB, VB, T, kLut && !(KB == 2 && VB == 2)>(a, stream);
+  });
 }
 
 template <typename T>
@@ -152,15 +160,8 @@ cudaError_t DecodeFastKV(const DecodeLaunch& a, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t DecodeFastWith(const DecodeLaunch& a, cudaStream_t stream) {
-  switch (FastEncodeBits(a.host_k, a.heads) * 10 + FastEncodeBits(a.host_v, a.heads)) {
-    case 22: return DecodeFastKV<2, 2, T>(a, stream);
-    case 33: return DecodeFastKV<3, 3, T>(a, stream);
-    case 44: return DecodeFastKV<4, 4, T>(a, stream);
-    case 88: return DecodeFastKV<8, 8, T>(a, stream);
-    case 42: return DecodeFastKV<4, 2, T>(a, stream);
-    case 24: return DecodeFastKV<2, 4, T>(a, stream);
-    default: return cudaErrorNotSupported;
-  }
+  return ByFastPair(FastEncodeBits(a.host_k, a.heads), FastEncodeBits(a.host_v, a.heads),
+                    [&]<int KB, int VB>() { return DecodeFastKV<KB, VB, T>(a, stream); });
 }
 
 }  // namespace
@@ -169,17 +170,15 @@ bool EncodeUsesFastPath(const EncodeLaunch& a) {
   if (!a.allow_fast_path || a.host_k == nullptr || a.host_v == nullptr || a.dim != 128 || a.heads <= 0 ||
       (a.dtype != kGpuF16 && a.dtype != kGpuBF16 && a.dtype != kGpuF32))
     return false;
-  auto aligned = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
   const uintptr_t in_align = a.dtype == kGpuF32 ? 16 : 8;  // four channels per load
-  if (!aligned(a.k, in_align) || !aligned(a.v, in_align) || !aligned(a.k_pages.base, 4) || !aligned(a.v_pages.base, 4) ||
+  if (!Aligned(a.k, in_align) || !Aligned(a.v, in_align) || !Aligned(a.k_pages.base, 4) || !Aligned(a.v_pages.base, 4) ||
       a.k_pages.block_stride % 4 != 0 || a.v_pages.block_stride % 4 != 0)
     return false;
   return FastEncodePair(FastEncodeBits(a.host_k, a.heads), FastEncodeBits(a.host_v, a.heads));
 }
 
 bool EncodeUsesLaneRows(const EncodeLaunch& a) {
-  auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  if (!a.encode_lane_rows || (a.dtype != kGpuF16 && a.dtype != kGpuBF16) || !aligned16(a.k) || !aligned16(a.v) ||
+  if (!a.encode_lane_rows || (a.dtype != kGpuF16 && a.dtype != kGpuBF16) || !Aligned(a.k, 16) || !Aligned(a.v, 16) ||
       !LaneRowHeadsFit(a.heads) || !EncodeUsesFastPath(a))
     return false;
   return FastEncodeBits(a.host_k, a.heads) <= 4 && FastEncodeBits(a.host_v, a.heads) <= 4;
@@ -222,11 +221,10 @@ cudaError_t LaunchEncode(const EncodeLaunch& a, cudaStream_t stream) {
 }
 
 bool DecodeUsesFastPath(const DecodeLaunch& a) {
-  auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   if (!a.allow_fast_path || a.host_k == nullptr || a.host_v == nullptr || a.dim != 128 || !LaneRowHeadsFit(a.heads) ||
-      (a.dtype != kGpuF16 && a.dtype != kGpuBF16 && a.dtype != kGpuF32) || !aligned16(a.k) || !aligned16(a.v) ||
-      (reinterpret_cast<uintptr_t>(a.k_pages.base) & 3) != 0 || (reinterpret_cast<uintptr_t>(a.v_pages.base) & 3) != 0 ||
-      a.k_pages.block_stride % 4 != 0 || a.v_pages.block_stride % 4 != 0)
+      (a.dtype != kGpuF16 && a.dtype != kGpuBF16 && a.dtype != kGpuF32) || !Aligned(a.k, 16) || !Aligned(a.v, 16) ||
+      !Aligned(a.k_pages.base, 4) || !Aligned(a.v_pages.base, 4) || a.k_pages.block_stride % 4 != 0 ||
+      a.v_pages.block_stride % 4 != 0)
     return false;
   return FastEncodePair(FastEncodeBits(a.host_k, a.heads), FastEncodeBits(a.host_v, a.heads));
 }

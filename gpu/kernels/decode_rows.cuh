@@ -133,24 +133,7 @@ __device__ __forceinline__ void DecodeLaneRows(const DecodeLaunch& a, int h0, in
         x[16 * m + 4 * q4 + 2] = __fmul_rn(x[16 * m + 4 * q4 + 2], s.z);
         x[16 * m + 4 * q4 + 3] = __fmul_rn(x[16 * m + 4 * q4 + 3], s.w);
       }
-    auto stage = [&](int xb) {
-#pragma unroll
-      for (int j = 0; j < 64; ++j)
-        if ((j & xb) == 0) {
-          const float p = x[j], q = x[j + xb];
-          x[j] = __fadd_rn(p, q);
-          x[j + xb] = __fsub_rn(p, q);
-        }
-    };
-    stage(1);
-    stage(2);
-    stage(4);
-    stage(8);
-    const float sg = u ? -1.0f : 1.0f;
-#pragma unroll
-    for (int j = 0; j < 64; ++j) x[j] = __fmaf_rn(sg, x[j], __shfl_xor_sync(kFullMask, x[j], 16));
-    stage(16);
-    stage(32);
+    FwhtHalfRow(x, u);
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       float v[16];

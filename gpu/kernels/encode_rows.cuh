@@ -71,6 +71,32 @@ struct LaneRowTables {
   uint32_t lut[kLaneRowWarps][2 * kCap];  // bnd, then base (gpu/quant_lut.h)
 };
 
+// The FWHT of a row held as two half rows (lane half u: channels 32m + 16u
+// + q as x[16m + q]): stages h = 1, 2, 4, 8 (x index bits 0-3), 16 (u: the
+// partner lane l ^ 16), 32, 64 (x index bits 4, 5), each pair as a + b /
+// a − b in the reference's order (codec/rotation.cc); the cross-lane stage
+// as fma(±1, x, other), which rounds exactly like other ± x.
+__device__ __forceinline__ void FwhtHalfRow(float (&x)[64], int u) {
+  auto stage = [&](int xb) {
+#pragma unroll
+    for (int j = 0; j < 64; ++j)
+      if ((j & xb) == 0) {
+        const float p = x[j], q = x[j + xb];
+        x[j] = __fadd_rn(p, q);
+        x[j + xb] = __fsub_rn(p, q);
+      }
+  };
+  stage(1);
+  stage(2);
+  stage(4);
+  stage(8);
+  const float sg = u ? -1.0f : 1.0f;  // u = 0: x + other, u = 1: other − x
+#pragma unroll
+  for (int j = 0; j < 64; ++j) x[j] = __fmaf_rn(sg, x[j], __shfl_xor_sync(kFullMask, x[j], 16));
+  stage(16);
+  stage(32);
+}
+
 template <int B, typename T, bool kLut, bool kIsK, int kBufs>
 __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, int64_t tok0, LaneRowTables& tb,
                                                uint8_t* bufs) {
@@ -202,26 +228,7 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
     const float inv = norm > 0.0f ? __fdiv_rn(1.0f, norm) : 0.0f;
 #pragma unroll
     for (int j = 0; j < 64; ++j) x[j] = __fmul_rn(x[j], inv);
-    // FWHT, h = 1, 2, 4, 8 (x index bits 0-3), 16 (u: the partner), 32, 64
-    // (x index bits 4, 5).
-    auto stage = [&](int xb) {
-#pragma unroll
-      for (int j = 0; j < 64; ++j)
-        if ((j & xb) == 0) {
-          const float p = x[j], q = x[j + xb];
-          x[j] = __fadd_rn(p, q);
-          x[j + xb] = __fsub_rn(p, q);
-        }
-    };
-    stage(1);
-    stage(2);
-    stage(4);
-    stage(8);
-    const float sg = u ? -1.0f : 1.0f;  // u = 0: x + other, u = 1: other − x
-#pragma unroll
-    for (int j = 0; j < 64; ++j) x[j] = __fmaf_rn(sg, x[j], __shfl_xor_sync(kFullMask, x[j], 16));
-    stage(16);
-    stage(32);
+    FwhtHalfRow(x, u);
     // Scale and signs, quantise, pack; stage the packed rows over this
     // pass's buffer (every lane's half row is in registers): group m, bits
     // [16B(2m + u), + 16B) of row r, as B 16-bit units at unit B(2m + u) of
