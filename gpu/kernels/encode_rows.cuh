@@ -15,9 +15,10 @@
 //  * quantisation and packing are per value (the uniform-cell tables of
 //    gpu/quant_lut.h, or the boundaries); group m of a lane is bits
 //    [16B(2m + u), 16B(2m + u) + 16B) of the row: whole 16-bit units.
-// One row per lane (128 values per lane) needed ~168 registers, 12 warps
-// per SM, and stalled on its dependency chains (no faster than the 8-lane
-// kernel, bench/RESULTS.md); two lanes per row halve the registers.
+// One row per lane (128 values per lane) needed ~168 registers (12 warps
+// per SM) and was no faster than the 8-lane kernel (bench/RESULTS.md); two
+// lanes per row halve the registers. Both are bound by instruction issue
+// (~118 warp instructions per row here, Nsight Compute).
 //
 // Memory: a block is kLaneRowWarps warps of one component, a warp per head
 // (and token group, LaneRowBlockHeads), each taking 16 consecutive tokens
@@ -43,9 +44,8 @@ inline constexpr uint32_t kLaneRowBufBytes = kLaneRowTokens * 256;  // one pass:
 // head w) where heads % 8 == 0, else all heads (1, 2 or 4; warp w: head
 // w mod heads, token group w / heads), so that a pass reads whole tokens'
 // rows, which are contiguous in the input (H·256 bytes each): 16 tokens
-// of 8 heads are 32 KiB. (With one head per block the reads were 256-byte
-// pieces H·256 bytes apart: ~1.3 ms for 8.4 M rows whatever the kernel's
-// arithmetic, bench/RESULTS.md.)
+// of 8 heads are 32 KiB. (k4v4 on the H200: 1.36-1.38 ms for 8.4 M rows,
+// 1.41 ms with one head per block of 4 warps; bench/RESULTS.md.)
 __host__ __device__ constexpr bool LaneRowHeadsFit(int heads) {
   return heads > 0 && (heads % kLaneRowWarps == 0 || kLaneRowWarps % heads == 0);
 }
