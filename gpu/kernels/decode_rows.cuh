@@ -83,43 +83,65 @@ __device__ __forceinline__ void DecodeLaneRows(const DecodeLaunch& a, int h0, in
   const float* const s2 = tb.s2[hw];
   const float* const ss1 = tb.ss1[hw];
   const int r = lane & 15, u = lane >> 4;
+  // A pass's loads: the lane's index words (group m: bits [16B(2m + u),
+  // + 16B), from word 16B(2m + u) / 32) and the norm at its slot. The slots
+  // load two passes ahead and the words one pass ahead, so no pass waits on
+  // a global load (two dependent loads per pass stalled every warp twice).
+  struct Loaded {
+    int64_t slot;
+    uint32_t gw[4][kGroupWords];
+    float norm;
+  };
+  auto slot_of = [&](int pass) -> int64_t {
+    const int64_t t = tok0 + kLaneRowTokens * (groups * pass + tg) + r;
+    return pass < kDecodeRowPasses && t < a.tokens ? __ldg(a.slots + t) : -1;
+  };
+  auto fetch = [&](int64_t slot, Loaded& f) {
+    f.slot = slot;
+    f.norm = 0.0f;
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int k = 0; k < kGroupWords; ++k) f.gw[m][k] = 0u;
+    if (slot < 0) return;
+    const uint8_t* row = RowAddress(pr, slot, a.heads, h, c.row_bytes);
+    const uint32_t* rw = reinterpret_cast<const uint32_t*>(row);
+    f.norm = __ldg(reinterpret_cast<const float*>(row + 16 * B));
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int k = 0; k < kGroupWords; ++k) {
+        const int wi = ((16 * B * (2 * m + u)) >> 5) + k;
+        if (wi < 4 * B) f.gw[m][k] = __ldg(rw + wi);
+      }
+  };
+  Loaded cur, nxt;
+  fetch(slot_of(0), cur);
+  int64_t slot1 = slot_of(1);  // the next pass's slot
 #pragma unroll 1
   for (int pass = 0; pass < kDecodeRowPasses; ++pass) {
     const int64_t t0 = tok0 + kLaneRowTokens * (groups * pass + tg);
     if (t0 >= a.tokens) break;  // warp-uniform: later passes are past the end too
     const int64_t t = t0 + r;
     const bool live = t < a.tokens;  // else no store (the partner shuffles need every lane)
-    const int64_t slot = live ? __ldg(a.slots + t) : -1;
+    fetch(slot1, nxt);
+    slot1 = slot_of(pass + 2);
+    const int64_t slot = cur.slot;
+    const float norm = cur.norm;
     T* const orow = out + (t * a.heads + h) * 128;
     float x[64];
-    float norm = 0.0f;
-    if (slot >= 0) {
-      const uint8_t* row = RowAddress(pr, slot, a.heads, h, c.row_bytes);
-      const uint32_t* rw = reinterpret_cast<const uint32_t*>(row);
-      norm = __ldg(reinterpret_cast<const float*>(row + 16 * B));
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        // Group m: bits [16B(2m + u), + 16B), from word 16B(2m + u) / 32.
-        const int first_bit = 16 * B * (2 * m + u);
-        uint32_t gw[kGroupWords];
+    for (int m = 0; m < 4; ++m) {
+      const int off = (16 * B * (2 * m + u)) & 31;  // 0, or 16 for odd B and u = 1
 #pragma unroll
-        for (int k = 0; k < kGroupWords; ++k) {
-          const int wi = (first_bit >> 5) + k;
-          gw[k] = wi < 4 * B ? __ldg(rw + wi) : 0u;
-        }
-        const int off = first_bit & 31;  // 0 or 16
-#pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          // Field at bit off + B·q of gw (a 64-bit window where it straddles).
-          const int bit = B * q;  // + off at run time
-          const uint64_t win = (static_cast<uint64_t>(gw[(bit >> 5) + 1]) << 32) | gw[bit >> 5];
-          const uint32_t idx = static_cast<uint32_t>(win >> ((bit & 31) + off)) & ((1u << B) - 1u);
-          x[16 * m + q] = cent[idx];
-        }
+      for (int q = 0; q < 16; ++q) {
+        // Field at bit off + B·q of the group's words (a 64-bit window where
+        // it straddles); a skipped slot's words are zero.
+        const int bit = B * q;
+        const uint64_t win = (static_cast<uint64_t>(cur.gw[m][(bit >> 5) + 1]) << 32) | cur.gw[m][bit >> 5];
+        const uint32_t idx = static_cast<uint32_t>(win >> ((bit & 31) + off)) & ((1u << B) - 1u);
+        x[16 * m + q] = cent[idx];
       }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 64; ++j) x[j] = 0.0f;
     }
     // × s2, FWHT (h = 1, 2, 4, 8; 16 with the partner; 32, 64), × scale·s1,
     // × norm: RotateStrided(forward = false)'s order.
@@ -151,6 +173,7 @@ __device__ __forceinline__ void DecodeLaneRows(const DecodeLaunch& a, int h0, in
       }
       if (live) StoreRow16(orow + 32 * m + 16 * u, v);
     }
+    cur = nxt;
   }
 }
 
