@@ -260,7 +260,7 @@ TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
   d.host_v = a.host_v;
   // The specialised decode (two lanes per row) where the specialised encode
   // runs and the heads are a multiple or a divisor of 8: the same values as
-  // the generic kernel, fp32 and fp16 out.
+  // the generic kernel, fp32, fp16 and bf16 out.
   EXPECT_EQ(DecodeUsesFastPath(d), fast && (heads % 8 == 0 || 8 % heads == 0));
   ASSERT_EQ(LaunchDecode(d, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -268,7 +268,7 @@ TEST_P(CodecKernels, EncodeMatchesCpuAndDecodeRoundTrips) {
   if (DecodeUsesFastPath(d)) {
     DecodeLaunch gd = d;
     gd.allow_fast_path = false;
-    for (int32_t dt : {kGpuF32, kGpuF16}) {
+    for (int32_t dt : {kGpuF32, kGpuF16, kGpuBF16}) {
       const size_t bytes = tokens * heads * dim * (dt == kGpuF32 ? 4 : 2);
       DeviceBuffer fk = *DeviceBuffer::Allocate(bytes), fv = *DeviceBuffer::Allocate(bytes);
       DeviceBuffer gk = *DeviceBuffer::Allocate(bytes), gv = *DeviceBuffer::Allocate(bytes);

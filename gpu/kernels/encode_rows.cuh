@@ -38,7 +38,7 @@ namespace tqkv::gpu {
 
 inline constexpr int kLaneRowWarps = 8;
 inline constexpr int kLaneRowTokens = 16;  // per warp and pass: 16 rows, two lanes each
-inline constexpr int kLaneRowPasses = 16;  // per warp
+inline constexpr int kLaneRowPasses = 32;  // per warp
 inline constexpr uint32_t kLaneRowBufBytes = kLaneRowTokens * 256;  // one pass: 16 rows of 128 16-bit values
 // A block takes kLaneRowWarps warps of its heads' tokens: 8 heads (warp w:
 // head w) where heads % 8 == 0, else all heads (1, 2 or 4; warp w: head
@@ -121,20 +121,22 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
   const uint32_t wbuf_s = static_cast<uint32_t>(__cvta_generic_to_shared(wbuf));
   auto first_token = [&](int pass) { return tok0 + kLaneRowTokens * (groups * pass + tg); };
   // Pass `pass`'s 16 rows into buffer pass mod kBufs: lane l copies chunk
-  // l & 15 of rows 2j + (l >> 4), j = 0..7 (two whole rows per
-  // instruction). The first passes load while the block sets up its tables.
+  // r = l & 15 of rows 2j + u, j = 0..7 (two whole rows per instruction),
+  // 2j·H·128 elements past its first row, into the swizzled chunk
+  // r ^ ((2j + u) mod 8) = r ^ u ^ (2j mod 8). The first passes load while
+  // the block sets up its tables.
+  const T* const lane_src = src + (static_cast<int64_t>(u) * a.heads + h) * 128 + 8 * r;
+  const int64_t row_pair = 2 * static_cast<int64_t>(a.heads) * 128;
+  const uint32_t lane_dst = wbuf_s + 256u * u;
   auto load = [&](int pass) {
     const int64_t t0 = first_token(pass);
-    const uint32_t dst = wbuf_s + static_cast<uint32_t>(pass % kBufs) * kLaneRowBufBytes;
-    const int ch = lane & 15;
+    const int64_t rows = a.tokens - t0;  // rows of the pass that exist (may be <= 0 or > 16)
+    const uint32_t dst = lane_dst + static_cast<uint32_t>(pass % kBufs) * kLaneRowBufBytes;
+    const T* const p = lane_src + t0 * a.heads * 128;
 #pragma unroll
-    for (int j = 0; j < kLaneRowTokens / 2; ++j) {
-      const int row = 2 * j + (lane >> 4);
-      const int64_t t = t0 + row;
-      if (t < a.tokens)
-        CpAsync16(dst + 256u * row + 16u * static_cast<uint32_t>(ch ^ (row & 7)),
-                  src + (t * a.heads + h) * 128 + 8 * ch);
-    }
+    for (int j = 0; j < kLaneRowTokens / 2; ++j)
+      if (2 * j + u < rows)
+        CpAsync16(dst + 512u * j + 16u * static_cast<uint32_t>(r ^ u ^ ((2 * j) & 7)), p + j * row_pair);
   };
   auto slot_of = [&](int pass) -> int64_t {
     const int64_t t = first_token(pass) + r;
