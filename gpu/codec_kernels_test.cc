@@ -506,6 +506,86 @@ TEST(FastEncodeDispatch, TablesOrSearch) {
   EXPECT_FALSE(EncodeUsesQuantLut(launch(k2v2)));
 }
 
+// Which launches take the two-lanes-per-row kernels (host only, runs
+// without a GPU): encode from fp16 / bf16 to 2-, 3- and 4-bit rows, decode
+// of every specialised format to fp16 / bf16 / fp32; heads a multiple or a
+// divisor of 8; 16-byte aligned dense buffers.
+TEST(FastEncodeDispatch, LaneRows) {
+  auto describe = [](const std::string& format, int heads) {
+    auto codec = *ModelCodec::Create({1, heads, heads, 128, 16}, {.format = format}, nullptr);
+    std::vector<GpuComponent> comps;
+    for (int c = 0; c < 2; ++c)
+      for (int h = 0; h < heads; ++h)
+        comps.push_back(DescribeComponent(c == 0 ? codec->layer(0).k(h) : codec->layer(0).v(h)));
+    return comps;
+  };
+  void* const aligned = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  void* const off8 = reinterpret_cast<void*>((uintptr_t{1} << 20) + 8);
+  for (const char* format : {"k2v2", "k3v3", "k4v4", "k8v8", "k4v2", "k2v4"})
+    for (int heads : {1, 2, 3, 4, 8, 12, 16}) {
+      const std::vector<GpuComponent> comps = describe(format, heads);
+      const bool fits = heads % 8 == 0 || 8 % heads == 0;
+      const std::string what = std::string(format) + ", " + std::to_string(heads) + " heads";
+      EncodeLaunch e;
+      e.k = e.v = aligned;
+      e.dtype = kGpuF16;
+      e.tokens = 1;
+      e.heads = heads;
+      e.dim = 128;
+      e.host_k = comps.data();
+      e.host_v = comps.data() + heads;
+      ASSERT_TRUE(EncodeUsesFastPath(e)) << what;
+      EXPECT_EQ(EncodeUsesLaneRows(e), fits && std::string(format) != "k8v8") << what;
+      EncodeLaunch o = e;
+      o.dtype = kGpuBF16;
+      EXPECT_EQ(EncodeUsesLaneRows(o), EncodeUsesLaneRows(e)) << what << ", bf16";
+      o.dtype = kGpuF32;
+      EXPECT_FALSE(EncodeUsesLaneRows(o)) << what << ", fp32";
+      o = e;
+      o.v = off8;  // 8-byte aligned: the 8-lane kernel still takes it
+      EXPECT_TRUE(EncodeUsesFastPath(o)) << what;
+      EXPECT_FALSE(EncodeUsesLaneRows(o)) << what << ", 8-byte aligned input";
+      o = e;
+      o.encode_lane_rows = false;
+      EXPECT_FALSE(EncodeUsesLaneRows(o)) << what;
+
+      DecodeLaunch d;
+      d.k = d.v = aligned;
+      d.dtype = kGpuF16;
+      d.tokens = 1;
+      d.heads = heads;
+      d.dim = 128;
+      d.host_k = e.host_k;
+      d.host_v = e.host_v;
+      EXPECT_EQ(DecodeUsesFastPath(d), fits) << what;
+      for (int32_t dt : {kGpuBF16, kGpuF32}) {
+        DecodeLaunch x = d;
+        x.dtype = dt;
+        EXPECT_EQ(DecodeUsesFastPath(x), fits) << what << ", dtype " << dt;
+      }
+      DecodeLaunch x = d;
+      x.k = off8;
+      EXPECT_FALSE(DecodeUsesFastPath(x)) << what << ", 8-byte aligned output";
+      x = d;
+      x.allow_fast_path = false;
+      EXPECT_FALSE(DecodeUsesFastPath(x)) << what;
+      x = d;
+      x.host_v = nullptr;  // no host descriptors: the generic kernel
+      EXPECT_FALSE(DecodeUsesFastPath(x)) << what;
+    }
+  // Formats without the specialised kernels decode generically.
+  for (const char* format : {"k5v5", "k3v4", "fp16"}) {
+    const std::vector<GpuComponent> comps = describe(format, 8);
+    DecodeLaunch d;
+    d.dtype = kGpuF16;
+    d.heads = 8;
+    d.dim = 128;
+    d.host_k = comps.data();
+    d.host_v = comps.data() + 8;
+    EXPECT_FALSE(DecodeUsesFastPath(d)) << format;
+  }
+}
+
 // Register budgets the specialised encode is not compiled for are refused
 // before anything is enqueued (runs without a GPU).
 TEST(FastEncodeDispatch, RejectsOtherBlocksPerSm) {
