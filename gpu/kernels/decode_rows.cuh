@@ -11,9 +11,9 @@
 //
 // A block is kLaneRowWarps warps of one component, a warp per head (and
 // token group, LaneRowBlockHeads), 16 tokens per pass: a row's index words
-// load straight from its page (a lane its 4 groups of 16B bits), a group's
-// 16 outputs leave as 16-byte stores (32 contiguous bytes of fp16 / bf16,
-// 64 of fp32).
+// load straight from its page (a lane its 4 groups of 16B bits; the slots
+// two passes ahead, the words one pass ahead), a group's 16 outputs leave
+// as 16-byte stores (32 contiguous bytes of fp16 / bf16, 64 of fp32).
 #ifndef TQKV_GPU_KERNELS_DECODE_ROWS_CUH_
 #define TQKV_GPU_KERNELS_DECODE_ROWS_CUH_
 
