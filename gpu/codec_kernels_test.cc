@@ -526,14 +526,17 @@ TEST(FastEncodeDispatch, LaneRows) {
       const std::vector<GpuComponent> comps = describe(format, heads);
       const bool fits = heads % 8 == 0 || 8 % heads == 0;
       const std::string what = std::string(format) + ", " + std::to_string(heads) + " heads";
+      auto fill = [&](auto& l) {  // the fields EncodeLaunch and DecodeLaunch share
+        l.k = l.v = aligned;
+        l.dtype = kGpuF16;
+        l.tokens = 1;
+        l.heads = heads;
+        l.dim = 128;
+        l.host_k = comps.data();
+        l.host_v = comps.data() + heads;
+      };
       EncodeLaunch e;
-      e.k = e.v = aligned;
-      e.dtype = kGpuF16;
-      e.tokens = 1;
-      e.heads = heads;
-      e.dim = 128;
-      e.host_k = comps.data();
-      e.host_v = comps.data() + heads;
+      fill(e);
       ASSERT_TRUE(EncodeUsesFastPath(e)) << what;
       EXPECT_EQ(EncodeUsesLaneRows(e), fits && std::string(format) != "k8v8") << what;
       EncodeLaunch o = e;
@@ -550,13 +553,7 @@ TEST(FastEncodeDispatch, LaneRows) {
       EXPECT_FALSE(EncodeUsesLaneRows(o)) << what;
 
       DecodeLaunch d;
-      d.k = d.v = aligned;
-      d.dtype = kGpuF16;
-      d.tokens = 1;
-      d.heads = heads;
-      d.dim = 128;
-      d.host_k = e.host_k;
-      d.host_v = e.host_v;
+      fill(d);
       EXPECT_EQ(DecodeUsesFastPath(d), fits) << what;
       for (int32_t dt : {kGpuBF16, kGpuF32}) {
         DecodeLaunch x = d;
