@@ -182,6 +182,26 @@ def random_pages(lib, h, batch, ctx):
     return kp, vp, stride, table, packed, pos
 
 
+def random_decode(lib, h, batch, ctx, ws_extra=0):
+    """random_pages() plus random queries, an output and a workspace
+    (ws_extra bytes more than the call needs) for one decode call over them.
+    Returns kp, vp, stride, ws and args(nq=batch, stream=None): the argument
+    tuple of tqkv_gpu_attention (served path, planned splits; stream None:
+    the current one), so a caller can time the C call alone."""
+    dev = torch.device("cuda")
+    kp, vp, stride, table, packed, pos = random_pages(lib, h, batch, ctx)
+    q32 = torch.randn(batch, QH, D, dtype=torch.float32, device=dev)
+    ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0)
+    ws = torch.zeros(ws_bytes + ws_extra, dtype=torch.uint8, device=dev)
+    out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
+
+    def args(nq=batch, stream=None):
+        st = stream if stream is not None else torch.cuda.current_stream().cuda_stream
+        return (h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), ctx // BS, packed.data_ptr(), None,
+                pos.data_ptr(), nq, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(), ws_bytes, 0, 1, st)
+    return kp, vp, stride, ws, args
+
+
 def attention_call(lib, h, kp, vp, stride, table, packed, pos, q32, out, ws, stream):
     """call(fast=1, splits=0) -> rc: one decode call over the pages (query i
     is sequence i's; fast: AttentionLaunch's path flags and 10 + variant)."""

@@ -22,16 +22,9 @@ for fmt in sys.argv[4].split(","):
     batch, ctx = map(int, shp.split("x"))
     stream = torch.cuda.current_stream().cuda_stream
     h = lib.tqkv_gpu_create(fmt.encode(), D, KVH, QH, BS, 7)
-    nb_per = ctx // BS
-    kp, vp, stride, table, packed, pos = b.random_pages(lib, h, batch, ctx)
-    q32 = torch.randn(batch, QH, D, dtype=torch.float32, device=dev)
-    ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0)
-    ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=dev)
-    out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
+    kp, vp, stride, ws, args = b.random_decode(lib, h, batch, ctx)
     def call(s=None):
-        rc = lib.tqkv_gpu_attention(h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nb_per, packed.data_ptr(),
-                                    None, pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
-                                    ws_bytes, 0, 1, s if s is not None else torch.cuda.current_stream().cuda_stream)
+        rc = lib.tqkv_gpu_attention(*args(batch, s))
         assert rc == 0, lib.tqkv_gpu_last_error()
     t, hs = evt(call)
     h0 = time.perf_counter()
@@ -58,5 +51,5 @@ for fmt in sys.argv[4].split(","):
     tsg, _ = evt(lambda: g2.replay())
     print(f"{fmt} {batch}x{ctx}: tqkv event {t:.1f} us (host submit {hs:.1f}, planning {plan:.1f}), graph replay {tg:.1f} us;"
           f" SDPA event {ts:.1f} us (host {hss:.1f}), graph {tsg:.1f} us; ratio event {t/ts:.3f} graph {tg/tsg:.3f}")
-    del kp, vp, k, v, g, g2
+    del kp, vp, args, k, v, g, g2
     lib.tqkv_gpu_destroy(h)

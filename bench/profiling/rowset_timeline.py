@@ -14,14 +14,9 @@ spec = importlib.util.spec_from_file_location("b", sys.argv[2]); b = importlib.u
 lib = b.load(sys.argv[1])
 batch, ctx = int(sys.argv[3]), int(sys.argv[4]); fmt = sys.argv[5] if len(sys.argv) > 5 else "k4v4"
 QH, KVH, D, BS = 32, 8, 128, 16
-dev = torch.device("cuda"); stream = torch.cuda.current_stream().cuda_stream
+stream = torch.cuda.current_stream().cuda_stream
 h = lib.tqkv_gpu_create(fmt.encode(), D, KVH, QH, BS, 7)
-nb_per = ctx // BS
-kp, vp, stride, table, packed, pos = b.random_pages(lib, h, batch, ctx)
-q32 = torch.randn(batch, QH, D, dtype=torch.float32, device=dev)
-ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0)
-ws = torch.zeros(ws_bytes + (8 << 20), dtype=torch.uint8, device=dev)
-out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
+kp, vp, stride, ws, args = b.random_decode(lib, h, batch, ctx, ws_extra=8 << 20)  # the stamps past the records
 splits = lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, 0)
 states = (batch * QH * 128 * 4 + 255) // 256 * 256
 nrec = batch * QH * splits * 258
@@ -30,9 +25,7 @@ nblk = batch * splits
 ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
 for it in range(int(sys.argv[6]) if len(sys.argv) > 6 else 3):
     ev[0].record()
-    rc = lib.tqkv_gpu_attention(h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nb_per, packed.data_ptr(),
-                                None, pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
-                                ws_bytes, 0, 1, stream)
+    rc = lib.tqkv_gpu_attention(*args(batch, stream))
     ev[1].record()
     assert rc == 0, lib.tqkv_gpu_last_error()
     torch.cuda.synchronize()
