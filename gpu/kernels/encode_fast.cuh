@@ -62,29 +62,33 @@ inline constexpr bool kBoundsInRegs = B <= 4;
 template <int B>
 inline constexpr int kRegBounds = kBoundsInRegs<B> ? (1 << B) - 1 : 1;
 
-// Number of boundaries strictly below y through the uniform-cell table
-// (gpu/quant_lut.h; QuantLutIndex bit for bit): the saturating FFMA maps
-// every float into [0, 1] (NaN → +0, so NaN → cell 0 → index 0), the
-// second puts the cell c in the low mantissa bits of t = 2 + c·2^-22, and
-// c − bits(2) folds away in 32-bit address arithmetic (bits(2)·4 = 2^32):
-// one LEA addresses bnd (lut[c]) and base (lut[kCap + c]). `step` =
-// (cells − 1)·2^-22. About 9 SASS instructions per value with the packing,
-// two of them LDS.
-template <int kCap>
-__device__ __forceinline__ uint32_t QuantizeLut(float y, float scale, float offset, float step,
-                                                const uint32_t* lut) {
-  float u;
-  asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(u) : "f"(y), "f"(scale), "f"(offset));
-  const uint32_t c = __float_as_uint(__fmaf_rn(u, step, kLutMagic)) - kLutMagicBits;
-  return lut[kCap + c] + (y > __uint_as_float(lut[c]) ? 1u : 0u);
-}
-
 // 0xffffffff if a > b, else 0 (NaN: 0). Written as PTX set: nvcc turns the
 // C++ (a > b) sums of QuantizeFast<2> into longer select chains.
 __device__ __forceinline__ uint32_t GreaterMask(float a, float b) {
   uint32_t r;
   asm("set.gt.u32.f32 %0, %1, %2;" : "=r"(r) : "f"(a), "f"(b));
   return r;
+}
+
+// Number of boundaries strictly below y through the uniform-cell table
+// (gpu/quant_lut.h; QuantLutIndex bit for bit): the saturating FFMA maps
+// every float into [0, 1] (NaN → +0, so NaN → cell 0 → index 0), the
+// second puts the cell c in the low mantissa bits of t = 2 + c·2^-22, and
+// c − bits(2) folds away in 32-bit address arithmetic (bits(2)·4 = 2^32):
+// one LEA addresses bnd (lut[c]) and base (lut[kCap + c]). `step` =
+// (cells − 1)·2^-22. 8 SASS instructions per value with the packing, two
+// of them LDS.
+template <int kCap>
+__device__ __forceinline__ uint32_t QuantizeLut(float y, float scale, float offset, float step,
+                                                const uint32_t* lut) {
+  float u;
+  asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(u) : "f"(y), "f"(scale), "f"(offset));
+  const uint32_t c = __float_as_uint(__fmaf_rn(u, step, kLutMagic)) - kLutMagicBits;
+  // base + (y > bnd) as FSETP and a predicated increment: ptxas turns the
+  // C++ sum (or base − set.gt.u32 mask) into FSETP, SEL and IADD3.
+  uint32_t idx = lut[kCap + c];
+  asm("{\n .reg .pred p;\n setp.gt.f32 p, %1, %2;\n @p add.u32 %0, %0, 1;\n}" : "+r"(idx) : "f"(y), "f"(__uint_as_float(lut[c])));
+  return idx;
 }
 
 // Number of boundaries strictly below y by comparing / searching

@@ -106,6 +106,8 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
   constexpr int kCap = LutMaxCells(B);
   static_assert(kCap <= LaneRowTables::kCap);
   constexpr int W = 4 * B + 1;  // packed row words: indices, then the fp32 norm
+  constexpr uint32_t kAddrBytes = 2048;  // a pass buffer: staged rows (16·W words), then 16 row addresses
+  static_assert(kLaneRowTokens * W * 4 <= kAddrBytes && kAddrBytes + kLaneRowTokens * 8 <= kLaneRowBufBytes);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
   const int hb = LaneRowBlockHeads(a.heads), groups = kLaneRowWarps / hb;
   const int hw = warp % hb, tg = warp / hb;  // the warp's head in the block, token group
@@ -127,16 +129,30 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
   // the block sets up its tables.
   const T* const lane_src = src + (static_cast<int64_t>(u) * a.heads + h) * 128 + 8 * r;
   const int64_t row_pair = 2 * static_cast<int64_t>(a.heads) * 128;
+  // A row's page address: RowAddress, without its division where the
+  // block size is a power of two (as it always is in the service).
+  auto row_address = [&](int64_t slot) -> uint32_t* {
+    const uint32_t bs = static_cast<uint32_t>(pr.block_size);
+    if ((bs & (bs - 1)) != 0) return reinterpret_cast<uint32_t*>(RowAddress(pr, slot, a.heads, h, 4 * W));
+    const int off = static_cast<int>(static_cast<uint32_t>(slot) & (bs - 1u));
+    return reinterpret_cast<uint32_t*>(pr.base + (slot >> (__ffs(bs) - 1)) * pr.block_stride +
+                                       static_cast<int64_t>(off * a.heads + h) * (4 * W));
+  };
   const uint32_t lane_dst = wbuf_s + 256u * u;
   auto load = [&](int pass) {
     const int64_t t0 = first_token(pass);
     const int64_t rows = a.tokens - t0;  // rows of the pass that exist (may be <= 0 or > 16)
     const uint32_t dst = lane_dst + static_cast<uint32_t>(pass % kBufs) * kLaneRowBufBytes;
-    const T* const p = lane_src + t0 * a.heads * 128;
+    const T* p = lane_src + t0 * a.heads * 128;
+    auto copy = [&](int j) { CpAsync16(dst + 512u * j + 16u * static_cast<uint32_t>(r ^ u ^ ((2 * j) & 7)), p); };
+    if (rows >= kLaneRowTokens) {  // the warp's whole pass: no per-copy bounds (64-bit compares)
 #pragma unroll
-    for (int j = 0; j < kLaneRowTokens / 2; ++j)
-      if (2 * j + u < rows)
-        CpAsync16(dst + 512u * j + 16u * static_cast<uint32_t>(r ^ u ^ ((2 * j) & 7)), p + j * row_pair);
+      for (int j = 0; j < kLaneRowTokens / 2; ++j, p += row_pair) copy(j);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kLaneRowTokens / 2; ++j, p += row_pair)
+        if (2 * j + u < rows) copy(j);
+    }
   };
   auto slot_of = [&](int pass) -> int64_t {
     const int64_t t = first_token(pass) + r;
@@ -268,18 +284,24 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
         for (int k = 0; k < B; ++k) dh[k] = static_cast<uint16_t>(gw[k / 2] >> (16 * (k % 2)));
       }
     }
-    if (u == 0) buf[W * r + W - 1] = __float_as_uint(norm);
-    uint8_t* dst = slot >= 0 ? RowAddress(pr, slot, a.heads, h, c.row_bytes) : nullptr;
-    const uint64_t dst_bits = reinterpret_cast<uint64_t>(dst);
+    // The rows' page addresses (null: skipped slot) go past the staged
+    // rows, at byte kAddrBytes of the buffer.
+    uint32_t** const addrs = reinterpret_cast<uint32_t**>(wbuf + (pass % kBufs) * kLaneRowBufBytes + kAddrBytes);
+    if (u == 0) {
+      buf[W * r + W - 1] = __float_as_uint(norm);
+      addrs[r] = slot < 0 ? nullptr : row_address(slot);
+    }
+    const bool every = __all_sync(kFullMask, slot >= 0);  // no skipped slot in the pass (the usual case)
     __syncwarp();
     // Whole rows out: staged word W·row + k to word k of the row's page
     // address, by lane (W·row + k) mod 32.
 #pragma unroll
     for (int k = 0; k < (kLaneRowTokens * W + 31) / 32; ++k) {
       const int idx = lane + 32 * k;
+      if (32 * (k + 1) > kLaneRowTokens * W && idx >= kLaneRowTokens * W) continue;
       const int row = idx / W;
-      const uint64_t rb = __shfl_sync(kFullMask, dst_bits, row & 15);
-      if (idx < kLaneRowTokens * W && rb != 0) reinterpret_cast<uint32_t*>(rb)[idx - W * row] = buf[idx];
+      uint32_t* const rb = addrs[row];
+      if (every || rb != nullptr) rb[idx - W * row] = buf[idx];
     }
     __syncwarp();  // the buffer is pass + kBufs's next
   }
