@@ -36,8 +36,12 @@ def q(xs):
     xs = sorted(xs); n = len(xs)
     return " ".join(f"{xs[int(f * (n - 1))] / 1e3:7.2f}" for f in (0, 0.1, 0.5, 0.9, 0.99, 1.0))
 print(f"{batch} x {ctx} {fmt}: splits {splits}, {nblk} blocks; quantiles 0/10/50/90/99/100% in us (from each block's start)")
-for name, k in (("tid0 TMAs issued", 2), ("sync1", 3), ("tables stored", 4), ("query frags", 6), ("sync2", 5), ("first tile landed", 7), ("loop done (all)", 8), ("block end", 9)):
+for name, k in (("tid0 at tile block", 10), ("tid0 first pages in", 11), ("tid0 barriers init", 12),
+                ("tid0 TMAs issued", 2), ("sync1", 3), ("tables stored", 4), ("query frags", 6), ("sync2", 5), ("first tile landed", 7), ("loop done (all)", 8), ("block end", 9)):
     print(f"  {name:20s}", q([r[k] - r[1] for r in st]))
+for name, k in (("probe: seq length", 13), ("probe: +table entry", 14), ("probe: +other row", 15)):
+    print(f"  {name:20s}", q([r[k] for r in st]))
+print("  block start (global)", q([r[1] - t0 for r in st]))
 print("  block end (global)  ", q([r[9] - t0 for r in st]))
 print("  merge start         ", q([m[0] - t0 for m in mg]))
 print("  merge wait released ", q([m[1] - t0 for m in mg]))
