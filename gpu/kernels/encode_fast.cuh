@@ -62,14 +62,6 @@ inline constexpr bool kBoundsInRegs = B <= 4;
 template <int B>
 inline constexpr int kRegBounds = kBoundsInRegs<B> ? (1 << B) - 1 : 1;
 
-// 0xffffffff if a > b, else 0 (NaN: 0). Written as PTX set: nvcc turns the
-// C++ (a > b) sums of QuantizeFast<2> into longer select chains.
-__device__ __forceinline__ uint32_t GreaterMask(float a, float b) {
-  uint32_t r;
-  asm("set.gt.u32.f32 %0, %1, %2;" : "=r"(r) : "f"(a), "f"(b));
-  return r;
-}
-
 // Number of boundaries strictly below y through the uniform-cell table
 // (gpu/quant_lut.h; QuantLutIndex bit for bit): the saturating FFMA maps
 // every float into [0, 1] (NaN → +0, so NaN → cell 0 → index 0), the
@@ -89,6 +81,14 @@ __device__ __forceinline__ uint32_t QuantizeLut(float y, float scale, float offs
   uint32_t idx = lut[kCap + c];
   asm("{\n .reg .pred p;\n setp.gt.f32 p, %1, %2;\n @p add.u32 %0, %0, 1;\n}" : "+r"(idx) : "f"(y), "f"(__uint_as_float(lut[c])));
   return idx;
+}
+
+// 0xffffffff if a > b, else 0 (NaN: 0). Written as PTX set: nvcc turns the
+// C++ (a > b) sums of QuantizeFast<2> into longer select chains.
+__device__ __forceinline__ uint32_t GreaterMask(float a, float b) {
+  uint32_t r;
+  asm("set.gt.u32.f32 %0, %1, %2;" : "=r"(r) : "f"(a), "f"(b));
+  return r;
 }
 
 // Number of boundaries strictly below y by comparing / searching

@@ -129,15 +129,6 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
   // the block sets up its tables.
   const T* const lane_src = src + (static_cast<int64_t>(u) * a.heads + h) * 128 + 8 * r;
   const int64_t row_pair = 2 * static_cast<int64_t>(a.heads) * 128;
-  // A row's page address: RowAddress, without its division where the
-  // block size is a power of two (as it always is in the service).
-  auto row_address = [&](int64_t slot) -> uint32_t* {
-    const uint32_t bs = static_cast<uint32_t>(pr.block_size);
-    if ((bs & (bs - 1)) != 0) return reinterpret_cast<uint32_t*>(RowAddress(pr, slot, a.heads, h, 4 * W));
-    const int off = static_cast<int>(static_cast<uint32_t>(slot) & (bs - 1u));
-    return reinterpret_cast<uint32_t*>(pr.base + (slot >> (__ffs(bs) - 1)) * pr.block_stride +
-                                       static_cast<int64_t>(off * a.heads + h) * (4 * W));
-  };
   const uint32_t lane_dst = wbuf_s + 256u * u;
   auto load = [&](int pass) {
     const int64_t t0 = first_token(pass);
@@ -284,12 +275,13 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
         for (int k = 0; k < B; ++k) dh[k] = static_cast<uint16_t>(gw[k / 2] >> (16 * (k % 2)));
       }
     }
-    // The rows' page addresses (null: skipped slot) go past the staged
-    // rows, at byte kAddrBytes of the buffer.
+    // The rows' page addresses (null: skipped slot; 4·W is the row's bytes,
+    // as the lane-row formats have) go past the staged rows, at byte
+    // kAddrBytes of the buffer.
     uint32_t** const addrs = reinterpret_cast<uint32_t**>(wbuf + (pass % kBufs) * kLaneRowBufBytes + kAddrBytes);
     if (u == 0) {
       buf[W * r + W - 1] = __float_as_uint(norm);
-      addrs[r] = slot < 0 ? nullptr : row_address(slot);
+      addrs[r] = slot < 0 ? nullptr : reinterpret_cast<uint32_t*>(RowAddress(pr, slot, a.heads, h, 4 * W));
     }
     const bool every = __all_sync(kFullMask, slot >= 0);  // no skipped slot in the pass (the usual case)
     __syncwarp();
