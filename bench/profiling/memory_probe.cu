@@ -15,6 +15,8 @@
 #include <random>
 #include <vector>
 
+#include "gpu/kernels/attention_staged.cuh"  // MbarInit, MbarArriveExpectTx, MbarWait
+
 namespace {
 
 __device__ __forceinline__ uint64_t Now() {
@@ -77,16 +79,6 @@ __global__ void ColdLoads(const __grid_constant__ ProbeParams p, unsigned iter) 
 
 constexpr int kTile = 8704, kStages = 8;
 
-__device__ __forceinline__ void MbarInit(uint32_t bar) {
-  asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bar));
-}
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t phase) {
-  asm volatile(
-      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
-      "r"(phase)
-      : "memory");
-}
-
 // Block b streams pages [b·per, (b + 1)·per) of `order`: the K and V tile of
 // each into stage j mod 8 (one mbarrier per stage), thread 0 refilling a
 // stage once the block has touched it.
@@ -98,14 +90,14 @@ __global__ void __launch_bounds__(256) StreamPages(const uint8_t* k, const uint8
   const int per = (npages + gridDim.x - 1) / gridDim.x;
   const int p0 = blockIdx.x * per, n = max(0, min(npages, p0 + per) - p0);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) MbarInit(bars + 8 * s);
+    for (int s = 0; s < kStages; ++s) tqkv::gpu::MbarInit(bars + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   auto issue = [&](int j) {
     const uint32_t s = j % kStages, bar = bars + 8 * s, dst = base + s * 2 * kTile;
     const size_t page = static_cast<size_t>(order[p0 + j]);
-    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * kTile) : "memory");
+    tqkv::gpu::MbarArriveExpectTx(bar, 2 * kTile);
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                  "l"(k + page * kTile), "r"(kTile), "r"(bar)
                  : "memory");
@@ -118,7 +110,7 @@ __global__ void __launch_bounds__(256) StreamPages(const uint8_t* k, const uint8
     for (int j = 0; j < min(n, kStages); ++j) issue(j);
   int acc = 0;
   for (int j = 0; j < n; ++j) {
-    MbarWait(bars + 8 * (j % kStages), (j / kStages) & 1);
+    tqkv::gpu::MbarWait(bars + 8 * (j % kStages), (j / kStages) & 1);
     acc ^= sm[(j % kStages) * 2 * kTile + threadIdx.x * 64];
     __syncthreads();
     if (threadIdx.x == 0 && j + kStages < n) issue(j + kStages);
