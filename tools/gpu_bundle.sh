@@ -2,7 +2,7 @@
 # Builds the GPU tests and benchmarks here and bundles them, with their
 # non-glibc shared libraries, into a directory that runs on the GPU machine
 # (no Bazel there): kernel tests, kernel benchmarks (vs torch SDPA and the
-# copy ceiling), the memory probe (bench/profiling/memory_probe.cu), and
+# copy ceiling), the memory probe and the decode floor (bench/profiling/), and
 # tqkv-server with the end-to-end Attend benchmark.
 # Usage: tools/gpu_bundle.sh [out_dir=dist/gpu]
 # On the GPU machine: dist/gpu/run_all.sh  (logs to $OUT, or ./logs;
@@ -18,16 +18,17 @@ DEST="${1:-dist/gpu}"
 TESTS=(codec_kernels_test attention_test cuda_backend_test)
 bazel build -c opt //gpu:codec_kernels_test //gpu:attention_test //gpu:cuda_backend_test \
   //gpu:libtqkv_gpu_capi.so //bench:gpu_codec_bench //service:tqkv-server //bench:attend_e2e_bench \
-  //bench/profiling:memory_probe
+  //bench/profiling:memory_probe //bench/profiling:decode_floor
 rm -rf "$DEST"
 mkdir -p "$DEST/lib"
 BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
 for t in "${TESTS[@]}"; do cp "$BIN/gpu/$t" "$DEST/"; done
 cp "$BIN/bench/gpu_codec_bench" "$BIN/gpu/libtqkv_gpu_capi.so" "$DEST/"
-cp "$BIN/service/tqkv-server" "$BIN/bench/attend_e2e_bench" "$BIN/bench/profiling/memory_probe" "$DEST/"
+cp "$BIN/service/tqkv-server" "$BIN/bench/attend_e2e_bench" "$BIN/bench/profiling/memory_probe" \
+  "$BIN/bench/profiling/decode_floor" "$DEST/"
 cp bench/gpu_attention_bench.py "$DEST/"
 chmod u+w "$DEST"/*
-strip "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/attend_e2e_bench" "$DEST/memory_probe"
+strip "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/attend_e2e_bench" "$DEST/memory_probe" "$DEST/decode_floor"
 strip --strip-unneeded "$DEST/libtqkv_gpu_capi.so"
 bundle_copy_libs "$DEST" "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/libtqkv_gpu_capi.so" \
   "$DEST/tqkv-server" "$DEST/attend_e2e_bench"
@@ -48,6 +49,7 @@ done
 if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
   timeout 180 "$HERE/gpu_codec_bench" 50 > "$LOGS/gpu_codec_bench.log" 2>&1; echo "gpu_codec_bench rc=$?" | tee -a "$LOGS/summary.txt"
   timeout 120 "$HERE/memory_probe" > "$LOGS/memory_probe.log" 2>&1; echo "memory_probe rc=$?" | tee -a "$LOGS/summary.txt"
+  timeout 120 "$HERE/decode_floor" > "$LOGS/decode_floor.log" 2>&1; echo "decode_floor rc=$?" | tee -a "$LOGS/summary.txt"
   if [ -z "${SKIP_ATTENTION_BENCH:-}" ]; then
     timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 --variants 8,13,14,15,16,17,18,19,20 \
       > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
