@@ -36,32 +36,25 @@
 #include <random>
 #include <vector>
 
-#include "gpu/kernels/attention_staged.cuh"  // MbarInit, MbarArriveExpectTx, MbarWait
+#include "bench/profiling/probe_util.cuh"
+#include "gpu/kernels/attention_staged.cuh"  // MbarInit, MbarArriveExpectTx, MbarWait, TmaLoad3d
 
 namespace {
+
+using tqkv::probe::BulkLoad;
+using tqkv::probe::Check;
+using tqkv::probe::Evict;
+using tqkv::probe::g_sink;
 
 constexpr int kKvHeads = 8, kQHeads = 32, kDim = 128, kPageTokens = 16, kRecord = kDim + 2;
 constexpr int kBlocks = 128;  // the served row-set plan at every goal shape
 constexpr int kIters = 50;
-
-__device__ int g_sink;
 
 // Holds the stream for `cycles` SM clocks (the host queues meanwhile).
 __global__ void Spin(long long cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
   }
-}
-
-// Reads n int4 through L2, evicting what the next call reads.
-__global__ void Evict(const int4* p, size_t n) {
-  int acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int4 v = __ldcg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678) g_sink = acc;
 }
 
 struct StreamArgs {
@@ -109,13 +102,8 @@ __global__ void __launch_bounds__(256) FloorStream(StreamArgs a, const __grid_co
       tqkv::gpu::TmaLoad3d(dst + kpart, &maps.v, 0, 0, static_cast<int>(page), bar);
       return;
     }
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(a.k + page * a.ktile), "r"(a.ktile), "r"(bar)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     dst + a.ktile),
-                 "l"(a.v + page * a.vtile), "r"(a.vtile), "r"(bar)
-                 : "memory");
+    BulkLoad(dst, a.k + page * a.ktile, a.ktile, bar);
+    BulkLoad(dst + a.ktile, a.v + page * a.vtile, a.vtile, bar);
   };
   if (threadIdx.x == 0)
     for (int j = 0; j < min(per, S); ++j) issue(j);
@@ -179,11 +167,6 @@ __global__ void __launch_bounds__(kMergeGroups * kDim) FloorMerge(const float* r
     for (int k = 1; k < groups; ++k) o += part[k][c];
     out[static_cast<int64_t>(blockIdx.x) * kDim + c] = o / l;
   }
-}
-
-bool Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  return e == cudaSuccess;
 }
 
 template <int S>
@@ -281,11 +264,7 @@ double TimeCalls(const StreamArgs& a, int sequences, float* out, const int4* evi
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device\n");
-    return 0;
-  }
+  if (!tqkv::probe::HaveDevice()) return 0;
   struct Shape {
     int batch, context;
   };

@@ -15,16 +15,21 @@
 #include <random>
 #include <vector>
 
+#include "bench/profiling/probe_util.cuh"
 #include "gpu/kernels/attention_staged.cuh"  // MbarInit, MbarArriveExpectTx, MbarWait
 
 namespace {
+
+using tqkv::probe::BulkLoad;
+using tqkv::probe::Check;
+using tqkv::probe::Evict;
+using tqkv::probe::g_sink;
 
 __device__ __forceinline__ uint64_t Now() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
   return t;
 }
-__device__ int g_sink;
 // A stamp taken once v has arrived: v feeds an add whose result is kept.
 __device__ __forceinline__ uint64_t NowAfter(int v) {
   uint64_t t;
@@ -32,17 +37,6 @@ __device__ __forceinline__ uint64_t NowAfter(int v) {
   asm volatile("add.s32 %1, %2, 1;\n\tmov.u64 %0, %%globaltimer;" : "=l"(t), "=r"(d) : "r"(v) : "memory");
   if (d == 0x7fffffff) g_sink = d;
   return t;
-}
-
-// Reads n int4 through L2 (evicting what the probe reads next).
-__global__ void Evict(const int4* p, size_t n) {
-  int acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int4 v = __ldcg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678) g_sink = acc;
 }
 
 // Kernel parameters of the decode kernel's size (its AttentionLaunch is
@@ -98,13 +92,8 @@ __global__ void __launch_bounds__(256) StreamPages(const uint8_t* k, const uint8
     const uint32_t s = j % kStages, bar = bars + 8 * s, dst = base + s * 2 * kTile;
     const size_t page = static_cast<size_t>(order[p0 + j]);
     tqkv::gpu::MbarArriveExpectTx(bar, 2 * kTile);
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(k + page * kTile), "r"(kTile), "r"(bar)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     dst + kTile),
-                 "l"(v + page * kTile), "r"(kTile), "r"(bar)
-                 : "memory");
+    BulkLoad(dst, k + page * kTile, kTile, bar);
+    BulkLoad(dst + kTile, v + page * kTile, kTile, bar);
   };
   if (threadIdx.x == 0)
     for (int j = 0; j < min(n, kStages); ++j) issue(j);
@@ -116,11 +105,6 @@ __global__ void __launch_bounds__(256) StreamPages(const uint8_t* k, const uint8
     if (threadIdx.x == 0 && j + kStages < n) issue(j + kStages);
   }
   if (acc == 0x7fffffff) g_sink = acc;
-}
-
-bool Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  return e == cudaSuccess;
 }
 
 int Median(std::vector<int>& v, double f) {
@@ -208,11 +192,7 @@ int RunStream() {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device\n");
-    return 0;
-  }
+  if (!tqkv::probe::HaveDevice()) return 0;
   const size_t evict_bytes = size_t{256} << 20;
   int4* evict = nullptr;
   if (!Check(cudaMalloc(&evict, evict_bytes), "evict buffer")) return 1;
