@@ -18,11 +18,19 @@
 // stage's last reader and issues tile (k + 1)S + s into it (no warp waits
 // for a producer or for the other warps except through the full barriers).
 //
-// In a stage, token t's row set sits at kTok·t with kTok = 8 · row bytes +
-// 16 (the tensor box takes 16 bytes more than the row set, so that the
-// per-lane reads of TokMTiles' fragment layout hit 32 different banks:
-// token stride 140 words ≡ 12 mod 32 for 68-byte rows, 76 ≡ 12 for 36-byte
-// rows). Scores, softmax and value mmas: TokMTiles.
+// In a stage, token t's K row set sits at kKTok·t with kKTok = 8 · 68 +
+// 16: the tensor box takes 16 bytes more than the row set, so that the
+// per-lane reads of TokMTiles' score fragments (tokens g, 8 lanes at a
+// time) hit 32 different banks (token stride 140 words ≡ 12 mod 32). 4-bit
+// V row sets are dense (kVTok = 8 · 68: 136 words ≡ 8 mod 32), read
+// conflict-free by the value fragments' spread token pairs (TokMTiles'
+// kSpreadV: lanes i = 0..3 read tokens i, i + 4, ...), since a box with an
+// out-of-bounds gap streams 4-7% slower than a dense one at 32 × 32K
+// (bench/profiling/decode_floor): TQ4 1-3% faster (bench/RESULTS.md
+// "Tenth session"). 2-bit V rows keep the gap (+16 bytes, 76 words ≡ 12):
+// dense ones were 0.5-1% slower for K4/V2 at 32 × 32K. Dense K rows would
+// put tokens g and g + 4 in one bank. Scores, softmax and value mmas:
+// TokMTiles.
 #ifndef TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 #define TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 
@@ -44,7 +52,8 @@ struct RowSetLayout {
   static_assert(P == 1 || (P == 2 && S % 2 == 0), "two tile parities need an even stage count");
   static constexpr bool kSharedKV = VB == 4;
   static constexpr uint32_t kKRow = 68, kVRow = 16 * VB + 4;  // packed row bytes
-  static constexpr uint32_t kKTok = kRowSetHeads * kKRow + 16, kVTok = kRowSetHeads * kVRow + 16;
+  static constexpr bool kSpreadV = VB == 4;  // dense V row sets, spread value token pairs
+  static constexpr uint32_t kKTok = kRowSetHeads * kKRow + 16, kVTok = kRowSetHeads * kVRow + (kSpreadV ? 0 : 16);
   // Tables (StagedLayout's rows): K (or the one K/V table) at 0; for 2-bit
   // V the token-pair table of TokMTiles' kV2Pairs in the K rows' upper
   // halves (the K entries take 128 of each row's 256 bytes).
@@ -176,12 +185,14 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   // row-set token strides. The query fragments need no other warp's work
   // but the parity-0 warp's: they are ready before the tables' barrier (a
   // parity-1 warp reads its copy after it).
-  constexpr uint32_t kK8 = 8 * L::kKTok, kV8 = 8 * L::kVTok, kV1 = L::kVTok;
+  // Lane (g, i)'s value token pairs: (i, i + 4) spread, else (2i, 2i + 1).
+  constexpr uint32_t kV8 = 8 * L::kVTok, kV1 = (L::kSpreadV ? 4 : 1) * L::kVTok, kVLane = L::kSpreadV ? 1 : 2;
+  constexpr uint32_t kK8 = 8 * L::kKTok;
   const uint32_t pbase = L::kStage * static_cast<uint32_t>(par);
-  TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1, !L::kSharedKV> tiles;
+  TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1, !L::kSharedKV, L::kSpreadV> tiles;
   tiles.Begin(Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 4u * i),
               Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 64u),
-              Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * 2 * i + L::kVRow * head + 4u * g),
+              Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * kVLane * i + L::kVRow * head + 4u * g),
               Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * g + L::kVRow * head + 16u * VB), lane, t1);
   uint32_t* qa_copy = rs_smem + L::kQa / 4 + head * 16 * 32 + lane;
   if (rotates) {

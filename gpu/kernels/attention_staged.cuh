@@ -169,9 +169,13 @@ __device__ __forceinline__ uint32_t LdsWord(uint32_t addr) {
 // entries are bytes of four 2-bit fields, a channel pair of a token pair,
 // 8 bytes (both A registers) per entry and half-warp lane at 256·e + 8·(l
 // mod 16) from kVTable (BuildTokMTables): one 64-bit lookup per two A
-// registers.
+// registers. kSpreadV: the value mma's token pairs are (i, i + 4) and (i +
+// 8, i + 12) instead of (2i, 2i + 1) and (2i + 8, 2i + 9) (the caller's V
+// read base and kV1 say where lane (g, i)'s tokens are), so that V rows at
+// a token stride ≡ 8 words mod 32 (dense row sets) are read without bank
+// conflicts.
 template <int VB, bool kRow256, uint32_t kKTable, uint32_t kVTable, uint32_t kK8, uint32_t kV8, uint32_t kV1,
-          bool kV2Pairs = false>
+          bool kV2Pairs = false, bool kSpreadV = false>
 struct TokMTiles {
   static_assert(!kV2Pairs || (VB == 2 && kRow256), "pair lookups: 2-bit V, 256-byte rows");
   uint32_t qa[8][2];  // B of the score mma: head g at channels StagedKChannel(kk, h, 0/1, i)
@@ -338,7 +342,7 @@ struct TokMTiles {
         nv = tt + g + 8 * nt >= t1 ? 0.0f : nv;  // rows past the end: NaN norms possible
         x[nt] = PackHalf2(p[2 * nt] * nv, p[2 * nt + 1] * nv);
       }
-      TokMProbFragment(x, g, i, o.pb0, o.pb1);
+      TokMProbFragment<kSpreadV>(x, g, i, o.pb0, o.pb1);
     }
     if constexpr (kV2Pairs) {
       // Lane word: row word g (channels 16g .. 16g + 15, 2 bits each);

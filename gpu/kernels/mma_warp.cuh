@@ -186,11 +186,15 @@ __device__ __forceinline__ void TokMSoftmax(float (&s)[TPS][4], float (&mh)[2], 
 // P's B fragment of the value mma (head g; tokens 2i, 2i + 1 and 2i + 8,
 // 2i + 9) from x[nt] = fp16 (p·n_v) of token g + 8·nt for heads 2i, 2i + 1:
 // lanes 8i + g/2 and 8i + 4 + g/2 hold them, half g mod 2 (4 shuffles, 2 prmts).
+// kSpread: tokens i, i + 4 and i + 8, i + 12 instead (lanes 4i + g/2 and
+// 4i + 16 + g/2), for V rows read with a token stride ≡ 8 words mod 32
+// (TokMTiles' kSpreadV).
+template <bool kSpread = false>
 __device__ __forceinline__ void TokMProbFragment(const uint32_t (&x)[2], int g, int i, uint32_t& pb0, uint32_t& pb1) {
-  const int sa = 8 * i + (g >> 1);
+  const int sa = (kSpread ? 4 : 8) * i + (g >> 1), sb = sa + (kSpread ? 16 : 4);
   const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
-  pb0 = Prmt(__shfl_sync(kFullMask, x[0], sa), __shfl_sync(kFullMask, x[0], sa + 4), sel);
-  pb1 = Prmt(__shfl_sync(kFullMask, x[1], sa), __shfl_sync(kFullMask, x[1], sa + 4), sel);
+  pb0 = Prmt(__shfl_sync(kFullMask, x[0], sa), __shfl_sync(kFullMask, x[0], sb), sel);
+  pb1 = Prmt(__shfl_sync(kFullMask, x[1], sa), __shfl_sync(kFullMask, x[1], sb), sel);
 }
 
 // 4-bit V words of two consecutive tokens → token-pair index words: byte k
