@@ -14,13 +14,15 @@
 //                  a merge kernel launched as a programmatic dependent that
 //                  combines them (no rotation): the served call's
 //                  two-kernel structure without its arithmetic;
-//   tensor:        the stream alone with the served kernel's tile loads:
+//   tensor:        the stream alone with the row-set kernel's tile loads:
 //                  a TMA tensor load per tile and component, 16 token rows
 //                  of 8 heads into a shared stride 16 bytes longer than
-//                  the row set (the row-set kernel's bank-conflict-free
-//                  layout): the padding out of bounds (zero-filled, as
-//                  served), or read from the next token (the map's rows
-//                  as long as the box, overlapping); and without padding;
+//                  the row set (the bank-conflict-free layout of its K
+//                  rows; until the tenth session of its V rows too): the
+//                  padding out of bounds (zero-filled, as served), or read
+//                  from the next token (the map's rows as long as the box,
+//                  overlapping); and without padding (dense, as TQ4's V
+//                  rows are served now);
 //   fp16:          SDPA's bytes (fp16 K and V, contiguous per sequence)
 //                  streamed the same way, 32 KiB tiles through 3 stages.
 // bench/RESULTS.md ("Tenth session") sets these against the goals.
