@@ -61,3 +61,16 @@ def cuda_library(name, srcs, hdrs = [], nvcc_srcs = [], deps = [], copts = [], *
         alwayslink = True,
         **kwargs
     )
+
+def cuda_binary(name, srcs, nvcc_srcs = [], deps = [], **kwargs):
+    """A cc_binary whose main() is in .cu files (cuda_library `name`_main).
+
+    Args:
+      name: target name.
+      srcs: .cu files, one of them with main().
+      nvcc_srcs: extra files the .cu files include (see cuda_library).
+      deps: cc_library deps the objects need at link time.
+      **kwargs: passed to the cc_binary.
+    """
+    cuda_library(name = name + "_main", srcs = srcs, nvcc_srcs = nvcc_srcs, deps = deps)
+    native.cc_binary(name = name, deps = [":%s_main" % name], **kwargs)
