@@ -72,6 +72,11 @@ struct StreamArgs {
   bool overlap;         // the maps' rows as long as the box (reading into the next token)
 };
 
+// Bytes of one stage: a K and a V tile (tensor boxes, or bulk tiles).
+__host__ __device__ inline uint32_t StageBytes(const StreamArgs& a) {
+  return a.tensor ? a.kbox + a.vbox : a.ktile + a.vtile;
+}
+
 // The served kernel's maps (gpu/attention.cu TileMaps): uint32 elements,
 // dims (row-set words, 16 tokens, pages), box (row-set words + 4, 16, 1).
 struct FloorMaps {
@@ -84,7 +89,7 @@ struct FloorMaps {
 template <int S>
 __global__ void __launch_bounds__(256) FloorStream(StreamArgs a, const __grid_constant__ FloorMaps maps) {
   extern __shared__ __align__(128) uint8_t sm[];
-  const uint32_t kpart = a.tensor ? a.kbox : a.ktile, stride = kpart + (a.tensor ? a.vbox : a.vtile);
+  const uint32_t kpart = a.tensor ? a.kbox : a.ktile, stride = StageBytes(a);
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
   const uint32_t bars = base + S * stride;
   const int seq = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
@@ -173,7 +178,7 @@ __global__ void __launch_bounds__(kMergeGroups * kDim) FloorMerge(const float* r
 
 template <int S>
 size_t SmemOf(const StreamArgs& a) {
-  return S * static_cast<size_t>(a.tensor ? a.kbox + a.vbox : a.ktile + a.vtile) + 8 * S;
+  return S * static_cast<size_t>(StageBytes(a)) + 8 * S;
 }
 
 // The tensor maps of the served kernel over the floor's K and V arenas
