@@ -23,8 +23,12 @@
 //                  from the next token (the map's rows as long as the box,
 //                  overlapping); and without padding (dense, as TQ4's V
 //                  rows are served now);
+//   in order:      the stream with each sequence's pages contiguous and in
+//                  order (as SDPA's K/V are), to tell the cost of random
+//                  page placement from that of the tile size;
 //   fp16:          SDPA's bytes (fp16 K and V, contiguous per sequence)
-//                  streamed the same way, 32 KiB tiles through 3 stages.
+//                  streamed the same way, 32 KiB tiles through 3 stages,
+//                  and (random) with its pages in random order.
 // bench/RESULTS.md ("Tenth session") sets these against the goals.
 // Run on the GPU machine: decode_floor (from the GPU bundle).
 #include <cuda.h>
@@ -291,8 +295,8 @@ int main() {
   cudaMemset(k, 1, max_pages * fp16_tile), cudaMemset(v, 2, max_pages * fp16_tile);
   cudaMemset(evict, 3, evict_bytes);
   std::printf("decode floor: device time, L2 evicted before each call, median of %d; %d blocks\n", kIters, kBlocks);
-  std::printf("  %-10s %-6s %9s %9s %8s %10s %10s %10s %10s\n", "shape", "format", "MB", "stream us", "TB/s",
-              "+merge us", "tensor us", "(overlap)", "(no pad)");
+  std::printf("  %-10s %-6s %9s %9s %8s %10s %10s %10s %10s %10s\n", "shape", "format", "MB", "stream us", "TB/s",
+              "+merge us", "tensor us", "(overlap)", "(no pad)", "in order");
   std::mt19937 rng(7);
   int rc = 0;
   for (const Shape& sh : shapes) {
@@ -323,9 +327,12 @@ int main() {
       a.kbox = a.ktile, a.vbox = a.vtile;
       const double tn = TimeCalls<8>(a, sh.batch, out, evict, evict_bytes / 16);
       a.tensor = false;
-      if (t < 0 || tm < 0 || tt < 0 || to < 0 || tn < 0) rc = 1;
-      std::printf("  %-10s %-6s %9.1f %9.1f %8.2f %10.1f %10.1f %10.1f %10.1f\n", name, vrow == 68 ? "TQ4" : "K4/V2",
-                  mb, t, mb / t, tm, tt, to, tn);
+      cudaMemcpy(table, order.data(), pages * 4, cudaMemcpyHostToDevice);
+      const double ti = TimeCalls<8>(a, sh.batch, out, evict, evict_bytes / 16);
+      cudaMemcpy(table, random.data(), pages * 4, cudaMemcpyHostToDevice);
+      if (t < 0 || tm < 0 || tt < 0 || to < 0 || tn < 0 || ti < 0) rc = 1;
+      std::printf("  %-10s %-6s %9.1f %9.1f %8.2f %10.1f %10.1f %10.1f %10.1f %10.1f\n", name,
+                  vrow == 68 ? "TQ4" : "K4/V2", mb, t, mb / t, tm, tt, to, tn, ti);
     }
     // SDPA's bytes: fp16 K and V, each sequence's pages contiguous.
     cudaMemcpy(table, order.data(), pages * 4, cudaMemcpyHostToDevice);
@@ -333,9 +340,13 @@ int main() {
     a.records = nullptr;
     const double mb = static_cast<double>(pages) * 2 * fp16_tile / 1e6;
     const double t = TimeCalls<3>(a, sh.batch, out, evict, evict_bytes / 16);
-    if (t < 0) rc = 1;
-    std::printf("  %-10s %-6s %9.1f %9.1f %8.2f %10s %10s %10s %10s\n", name, "fp16", mb, t, mb / t, "-", "-", "-",
-                "-");
+    cudaMemcpy(table, random.data(), pages * 4, cudaMemcpyHostToDevice);
+    const double tr = TimeCalls<3>(a, sh.batch, out, evict, evict_bytes / 16);
+    if (t < 0 || tr < 0) rc = 1;
+    std::printf("  %-10s %-6s %9.1f %9.1f %8.2f %10s %10s %10s %10s %10s\n", name, "fp16", mb, t, mb / t, "-", "-",
+                "-", "-", "-");
+    std::printf("  %-10s %-6s %9.1f %9.1f %8.2f %10s %10s %10s %10s %10s\n", name, "(rand)", mb, tr, mb / tr, "-",
+                "-", "-", "-", "-");
     std::fflush(stdout);
   }
   cudaFree(k), cudaFree(v), cudaFree(evict), cudaFree(table), cudaFree(records), cudaFree(out);
