@@ -29,7 +29,8 @@
 //   fp16:          SDPA's bytes (fp16 K and V, contiguous per sequence)
 //                  streamed the same way, 32 KiB tiles through 3 stages,
 //                  and (random) with its pages in random order.
-// bench/RESULTS.md ("Tenth session") sets these against the goals.
+// bench/RESULTS.md ("Tenth session") sets these against the goals; its
+// "Eleventh session" has the page-order columns.
 // Run on the GPU machine: decode_floor (from the GPU bundle).
 #include <cuda.h>
 #include <cudaTypedefs.h>
