@@ -29,8 +29,9 @@
 // (bench/profiling/decode_floor): TQ4 1-3% faster (bench/RESULTS.md
 // "Tenth session"). 2-bit V rows keep the gap (+16 bytes, 76 words ≡ 12):
 // dense ones were 0.5-1% slower for K4/V2 at 32 × 32K. Dense K rows would
-// put tokens g and g + 4 in one bank. Scores, softmax and value mmas:
-// TokMTiles.
+// put tokens g and g + 4 in one bank; TMA's 32-byte swizzle avoids that,
+// but its 4-D loads and per-read address XOR made the kernel 3-5% slower
+// ("Eleventh session"). Scores, softmax and value mmas: TokMTiles.
 #ifndef TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 #define TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 
