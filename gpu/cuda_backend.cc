@@ -185,12 +185,10 @@ class CudaBackend : public ComputeBackend {
     int32_t max_blocks = 1;
     int64_t tail_tokens = 0;
     bool all_f16 = true;
-    size_t blocks_total = 0;
     for (const AttendSequence& q : b.sequences) {
       max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(q.blocks.size()));
       tail_tokens += q.tail_k.tokens;
       all_f16 = all_f16 && (q.tail_k.tokens == 0 || (q.tail_k.dtype == DType::kF16 && q.tail_v.dtype == DType::kF16));
-      blocks_total += q.blocks.size();
     }
     std::vector<int32_t> table(nseq * max_blocks, 0);
     std::vector<std::pair<int32_t, const uint8_t*>> uploads;
@@ -330,7 +328,6 @@ class CudaBackend : public ComputeBackend {
                             "download outputs");
     TQ_RETURN_IF_ERROR(stream_.Synchronize("attention"));
     std::memcpy(b.out, h + out_off, nq * qrow * sizeof(float));
-    (void)blocks_total;
     return absl::OkStatus();
   }
 
