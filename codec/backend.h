@@ -3,9 +3,11 @@
 // codec/ (CpuBackend) and on the GPU in gpu/ (CudaBackend).
 //
 // All pointers passed in and out are HOST memory. A backend may keep device
-// copies of blocks: BlockRef::id identifies a stored block's immutable bytes
-// for the life of the process (a new put of the same key gets a new id), so
-// a backend can cache it and must call nothing back into storage.
+// copies of blocks and tails: BlockRef::id identifies a block's bytes for
+// the life of the process (a new put of the same key gets a new id), and
+// AttendSequence::tail_id a dense tail's rows, so a backend can cache them
+// and must call nothing back into storage. Block ids, tail ids and
+// sequence keys are distinct.
 #ifndef TQKV_CODEC_BACKEND_H_
 #define TQKV_CODEC_BACKEND_H_
 
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "codec/attention.h"
 #include "codec/model_codec.h"
 #include "codec/tensor.h"
@@ -21,15 +24,29 @@
 namespace tqkv {
 
 struct BlockRef {
-  uint64_t id = 0;                  // unique per stored block version
+  uint64_t id = 0;                  // unique per block version
   const uint8_t* payload = nullptr; // ModelCodec::block_bytes() bytes
+  // True: every layer's bytes are final (a stored block). False: a block
+  // a sequence fills layer by layer as its tails pack; an Attend at layer l
+  // lists it only once layer l is final, and its other layers may still
+  // change, so a caching backend copies it layer by layer.
+  bool complete = true;
 };
 
 // One stored sequence seen by one layer's attention.
 struct AttendSequence {
-  std::vector<BlockRef> blocks;  // in order; the last may be partially used
+  absl::Span<const BlockRef> blocks;  // in order; the last may be partially used (valid for the call)
   int64_t packed_tokens = 0;     // tokens in blocks
   DenseView tail_k, tail_v;      // dense recent tokens after them (this layer)
+  // Optional (0: none) identity of the tail's rows: under one tail_id the
+  // rows only grow (rows once given never change), so a caching backend
+  // copies only the rows it has not seen. Retired through Forget(tail_id).
+  uint64_t tail_id = 0;
+  // Optional (0: none) identity of the sequence across calls: under one
+  // key, the block lists of any two calls (at any layers) agree on their
+  // common prefix, so a backend may keep the list's device slots and look
+  // up only blocks past them. Retired through Forget(sequence_key).
+  uint64_t sequence_key = 0;
 };
 
 // A batch of attention work on one layer. Queries of sequence i are rows
@@ -43,6 +60,9 @@ struct AttendBatch {
   const float* q = nullptr;            // [total queries, q_heads, d] fp32
   std::vector<int64_t> positions;      // per query
   float* out = nullptr;                // [total queries, q_heads, d] fp32
+  // Optional: receives the device time of the attention kernels in
+  // microseconds (GPU events); 0 where the backend has no device.
+  double* device_micros = nullptr;
 };
 
 struct BackendStats {
@@ -78,8 +98,10 @@ class ComputeBackend {
   // Attention over stored sequences for one layer.
   virtual absl::Status Attend(const ModelCodec& codec, const AttendBatch& batch) = 0;
 
-  // Tells a caching backend that a block id will never be used again.
-  virtual void Forget(uint64_t block_id) { (void)block_id; }
+  // Tells a caching backend that a block id, tail id or sequence key will
+  // never be used again, or (for a block being filled layer by layer) that
+  // its cached copy may be stale: a later use uploads it anew.
+  virtual void Forget(uint64_t id) { (void)id; }
 
   virtual BackendStats Stats() const { return {}; }
 };

@@ -48,7 +48,9 @@ TEST(CpuBackend, EncodeDecodeAttendBlocks) {
   batch.layer = 0;
   batch.shape = {4, 2, 64, 0};
   AttendSequence seq;
-  for (int b = 0; b < blocks; ++b) seq.blocks.push_back({uint64_t(b + 1), payloads[b].data()});
+  std::vector<BlockRef> refs;
+  for (int b = 0; b < blocks; ++b) refs.push_back({uint64_t(b + 1), payloads[b].data()});
+  seq.blocks = refs;
   seq.packed_tokens = 40;
   batch.sequences = {seq};
   batch.query_offsets = {0, 1};

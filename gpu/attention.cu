@@ -26,10 +26,19 @@ constexpr int64_t kRowSetMinTokens = 65536;  // served row sets: (query, head gr
 int StateSize(const GpuComponent& c, int dim) { return c.kind == kGpuDense ? dim : c.state_size; }
 int Vpl(const GpuComponent& c) { return (std::max(c.max_group_channels, 1) + 31) / 32; }
 
+// The fast merge's V layout: one group of <= 128 state channels at offset
+// 0 (it applies Πᵀ with one warp's strided registers).
+bool FastMergeFits(const GpuComponent& v) {
+  return v.num_groups == 1 && v.groups[0].channels <= 128 && v.groups[0].state_offset == 0 && v.state_size <= 128;
+}
+
+// Launches with a dense tail take the fast path only where the fast merge
+// runs, since that merge attends the tail (TailState).
 bool FastEligible(const AttentionLaunch& a) {
   const GpuComponent& k = a.host_k;
   const GpuComponent& v = a.host_v;
-  if (!a.allow_fast_path || a.has_tail || a.dim != 128) return false;
+  if (!a.allow_fast_path || a.dim != 128) return false;
+  if (a.has_tail && !FastMergeFits(v)) return false;
   if (k.kind != kGpuMse || v.kind != kGpuMse || k.groups[0].qjl || v.groups[0].qjl) return false;
   const int kb = k.groups[0].mse_bits, vb = v.groups[0].mse_bits;
   if ((kb != 2 && kb != 4) || (vb != 2 && vb != 4)) return false;
@@ -320,10 +329,7 @@ bool StagedFoldsQuery(const AttentionLaunch& a) {
 }
 
 // Merge kernel of the specialised paths: one group of <= 128 channels.
-bool FastMergeEligible(const AttentionLaunch& a) {
-  return FastEligible(a) && a.host_v.num_groups == 1 && a.host_v.groups[0].channels <= 128 &&
-         a.host_v.groups[0].state_offset == 0 && a.host_v.state_size <= 128;
-}
+bool FastMergeEligible(const AttentionLaunch& a) { return FastEligible(a) && FastMergeFits(a.host_v); }
 
 AttnDims Dims(const AttentionLaunch& a) {
   AttnDims d;

@@ -14,6 +14,7 @@
 
 #include "codec/attention.h"
 #include "codec/codebook.h"
+#include "codec/dtype.h"
 #include "codec/page_codec.h"
 #include "codec/quality.h"
 #include "codec/test_util.h"
@@ -38,6 +39,7 @@ struct Case {
   int splits = 0;
   bool expect_fast = false;
   bool qr = false;  // QR rotation (the staged kernel then reads prepared queries)
+  int tail_dtype = kGpuF16;  // the tail rows as the launch reads them (kGpuF32: the fp16 values widened)
 };
 
 std::string Name(const Case& c) {
@@ -47,6 +49,7 @@ std::string Name(const Case& c) {
   bool tail = false;
   for (int64_t t : c.tail) tail = tail || t > 0;
   if (c.qr) n += "_qr";
+  if (c.tail_dtype == kGpuF32) n += "_f32";
   return tail ? n + "_tail" : n;
 }
 
@@ -137,7 +140,15 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   }
   const int64_t nq = static_cast<int64_t>(positions.size());
   DeviceBuffer dkp = ToDevice(kp), dvp = ToDevice(vp), dt = ToDevice(table), dpk = ToDevice(c.packed);
-  DeviceBuffer dtk = ToDevice(tk_all), dtv = ToDevice(tv_all), dto = ToDevice(tail_offset);
+  auto widen = [](const std::vector<uint16_t>& h) {
+    std::vector<float> f(h.size());
+    ToFloat(DType::kF16, h.data(), f.data(), h.size());
+    return f;
+  };
+  const bool f32_tail = c.tail_dtype == kGpuF32;
+  DeviceBuffer dtk = f32_tail ? ToDevice(widen(tk_all)) : ToDevice(tk_all);
+  DeviceBuffer dtv = f32_tail ? ToDevice(widen(tv_all)) : ToDevice(tv_all);
+  DeviceBuffer dto = ToDevice(tail_offset);
   DeviceBuffer dqs = ToDevice(qseq), dpos = ToDevice(positions), dq = ToDevice(q_all);
   DeviceBuffer dout = ToDevice(std::vector<float>(nq * QH * dim, NAN));
   AttentionLaunch a;
@@ -177,7 +188,7 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.packed_tokens = dpk.as<int64_t>();
   a.tail_k = dtk.get();
   a.tail_v = dtv.get();
-  a.tail_dtype = kGpuF16;
+  a.tail_dtype = c.tail_dtype;
   a.tail_offset = dto.as<int64_t>();
   a.has_tail = false;
   for (int64_t i = 0; i < nq; ++i) a.has_tail = a.has_tail || positions[i] >= c.packed[qseq[i]];
@@ -314,8 +325,24 @@ std::vector<Case> Cases() {
   // instead of rotating its own (block Hadamard only).
   c.push_back({"k4v4", 128, 32, 8, {700, 45}, {}, 1, 0, true, true});
   c.push_back({"k4v2", 128, 16, 4, {333}, {}, 1, 0, true, true});
+  // Dense tails on the fast path (the fast merge attends them): every tail
+  // length 0..15 in mixed batches of different lengths (a sequence of tail
+  // tokens only; row sets, staged and register kernels through the variant
+  // runs), GQA 1 / 2 / 4 / 8, the CUDA-core kernel (kv_heads % 4 != 0),
+  // fp32 tail rows (as the server stages them), a QR rotation and prefill.
+  const std::vector<int64_t> mixed = {4096, 0, 16, 33, 160, 1000, 2048, 17, 512, 64, 4000, 1, 256, 3000, 80, 700};
+  const std::vector<int64_t> tails = {1, 7, 2, 3, 4, 5, 6, 0, 8, 9, 10, 11, 12, 13, 14, 15};
+  c.push_back({"k4v4", 128, 32, 8, mixed, tails, 1, 0, true});
+  c.push_back({"k4v2", 128, 16, 4, mixed, tails, 1, 0, true});
+  c.push_back({"k2v2", 128, 8, 8, {300, 16, 45, 1024}, {15, 3, 0, 9}, 1, 0, true});
+  c.push_back({"k2v4", 128, 16, 8, {77, 512}, {14, 1}, 1, 0, true});
+  c.push_back({"k4v4", 128, 64, 8, {9008}, {15}, 1, 0, true, false, kGpuF32});
+  c.push_back({"k4v2", 128, 32, 8, {4096, 48}, {11, 6}, 1, 0, true, false, kGpuF32});
+  c.push_back({"k4v2", 128, 8, 2, {48, 160}, {5, 15}, 1, 0, true});
+  c.push_back({"k4v4", 128, 32, 8, {700, 45}, {9, 3}, 1, 0, true, true});
+  c.push_back({"k4v4", 128, 32, 8, {100, 48}, {12, 3}, 23, 0, true});
+  c.push_back({"k4v4", 128, 32, 8, {40, 7}, {5, 0}, 1, 0, true});
   // Generic kernel: other bits, dims, recipes, dense layers, tails, G = 3 / 12.
-  c.push_back({"k4v4", 128, 32, 8, {40, 7}, {5, 0}, 1, 0, false});
   c.push_back({"k3v5", 96, 12, 4, {33, 100}, {}, 1, 0, false});
   c.push_back({"k8v3", 64, 12, 1, {19}, {2}, 1, 2, false});
   c.push_back({"k4v2", 256, 8, 2, {70}, {}, 1, 0, false});
@@ -326,7 +353,7 @@ std::vector<Case> Cases() {
   c.push_back({"fp16", 128, 8, 4, {30}, {4}, 1, 0, false});
   // Prefill / chunked prefill: many causal queries.
   c.push_back({"k4v4", 128, 8, 2, {100, 45}, {}, 23, 0, true});
-  c.push_back({"k4v2", 128, 8, 2, {64}, {20}, 30, 0, false});
+  c.push_back({"k4v2", 128, 8, 2, {64}, {20}, 30, 0, true});
   c.push_back({"turboquant35", 128, 4, 2, {48}, {}, 17, 3, false});
   return c;
 }

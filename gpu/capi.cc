@@ -147,13 +147,17 @@ int tqkv_gpu_attention_splits(void* hp, int64_t num_queries, int64_t max_context
   return tqkv::gpu::PlanAttentionSplits(a);
 }
 
-// Paged attention, no dense tail. K page p at k_base + p·block_stride, V
-// page at v_base + p·block_stride. q/out fp32 [nq, q_heads, dim].
-int tqkv_gpu_attention(void* hp, const uint8_t* k_base, const uint8_t* v_base, int64_t block_stride,
-                       const int32_t* block_table, int max_blocks, const int64_t* packed_tokens,
-                       const int32_t* query_seq, const int64_t* positions, int64_t num_queries,
-                       int64_t max_context, const float* q, float* out, void* workspace, uint64_t workspace_bytes,
-                       int splits, int allow_fast, void* stream) {
+// Paged attention with dense tails: tokens at and past packed_tokens[s] of
+// sequence s are rows tail_k/v[tail_offset[s] + i] ([rows, kv_heads, dim]
+// of tail_dtype); has_tail: some query reaches them. Otherwise as
+// tqkv_gpu_attention.
+int tqkv_gpu_attention_tail(void* hp, const uint8_t* k_base, const uint8_t* v_base, int64_t block_stride,
+                            const int32_t* block_table, int max_blocks, const int64_t* packed_tokens,
+                            const int32_t* query_seq, const int64_t* positions, int64_t num_queries,
+                            int64_t max_context, const float* q, float* out, void* workspace,
+                            uint64_t workspace_bytes, int splits, int allow_fast, const void* tail_k,
+                            const void* tail_v, int tail_dtype, const int64_t* tail_offset, int has_tail,
+                            void* stream) {
   auto* h = static_cast<Handle*>(hp);
   tqkv::gpu::AttentionLaunch a = MakeLaunch(h);
   a.k_base = k_base;
@@ -174,9 +178,26 @@ int tqkv_gpu_attention(void* hp, const uint8_t* k_base, const uint8_t* v_base, i
   a.allow_fast_path = allow_fast != 0;
   a.allow_mma_path = allow_fast != 2;  // 2: the CUDA-core fast kernel (comparison)
   a.mma_variant = allow_fast >= 10 ? allow_fast - 10 : 0;  // 10 + v: tensor-core variant v (benchmarks)
+  a.tail_k = tail_k;
+  a.tail_v = tail_v;
+  a.tail_dtype = tail_dtype;
+  a.tail_offset = tail_offset;
+  a.has_tail = has_tail != 0;
   cudaError_t e = tqkv::gpu::LaunchAttention(a, static_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) g_error = cudaGetErrorString(e);
   return static_cast<int>(e);
+}
+
+// Paged attention, no dense tail. K page p at k_base + p·block_stride, V
+// page at v_base + p·block_stride. q/out fp32 [nq, q_heads, dim].
+int tqkv_gpu_attention(void* hp, const uint8_t* k_base, const uint8_t* v_base, int64_t block_stride,
+                       const int32_t* block_table, int max_blocks, const int64_t* packed_tokens,
+                       const int32_t* query_seq, const int64_t* positions, int64_t num_queries,
+                       int64_t max_context, const float* q, float* out, void* workspace, uint64_t workspace_bytes,
+                       int splits, int allow_fast, void* stream) {
+  return tqkv_gpu_attention_tail(hp, k_base, v_base, block_stride, block_table, max_blocks, packed_tokens, query_seq,
+                                 positions, num_queries, max_context, q, out, workspace, workspace_bytes, splits,
+                                 allow_fast, nullptr, nullptr, tqkv::gpu::kGpuF16, nullptr, 0, stream);
 }
 
 int tqkv_gpu_attention_uses_fast_path(void* hp, int64_t block_stride) {

@@ -13,6 +13,7 @@
 #include "gpu/codec_tables.h"
 #include "gpu/cuda_util.h"
 #include "gpu/kernels.h"
+#include "gpu/scatter.h"
 
 namespace tqkv::gpu {
 namespace {
@@ -36,9 +37,15 @@ class Staging {
 
 class CudaBackend : public ComputeBackend {
  public:
-  CudaBackend(const CudaBackendOptions& o, CudaStream stream, std::unique_ptr<DeviceBlockCache> cache,
-              int sms)
-      : options_(o), stream_(std::move(stream)), cache_(std::move(cache)), sms_(sms) {}
+  CudaBackend(const CudaBackendOptions& o, CudaStream stream, CudaEvent attend_start, CudaEvent attend_stop,
+              std::unique_ptr<DeviceBlockCache> cache, std::unique_ptr<DeviceBlockCache> tail_cache, int sms)
+      : options_(o),
+        stream_(std::move(stream)),
+        attend_start_(std::move(attend_start)),
+        attend_stop_(std::move(attend_stop)),
+        cache_(std::move(cache)),
+        sms_(sms),
+        tail_cache_(std::move(tail_cache)) {}
 
   std::string name() const override { return "cuda"; }
 
@@ -180,54 +187,17 @@ class CudaBackend : public ComputeBackend {
     if (nq == 0) return absl::OkStatus();
     const size_t nseq = b.sequences.size();
     ++epoch_;
-    // Residency: upload missing blocks straight from the caller's memory
-    // through the pinned staging buffer.
     int32_t max_blocks = 1;
-    int64_t tail_tokens = 0;
-    bool all_f16 = true;
-    for (const AttendSequence& q : b.sequences) {
+    for (const AttendSequence& q : b.sequences)
       max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(q.blocks.size()));
-      tail_tokens += q.tail_k.tokens;
-      all_f16 = all_f16 && (q.tail_k.tokens == 0 || (q.tail_k.dtype == DType::kF16 && q.tail_v.dtype == DType::kF16));
-    }
     std::vector<int32_t> table(nseq * max_blocks, 0);
-    std::vector<std::pair<int32_t, const uint8_t*>> uploads;
-    // A decode step attends the same blocks layer after layer: a sequence
-    // whose block ids match a remembered slot list, taken while the arena's
-    // generation is unchanged, reuses it instead of 1 Acquire per block. If
-    // this call's own Acquires evict anything, reused lists are re-acquired.
-    const uint64_t gen0 = cache_->generation();
-    std::vector<size_t> reused;
-    auto acquire = [&](size_t i) -> absl::Status {
-      const AttendSequence& q = b.sequences[i];
-      for (size_t j = 0; j < q.blocks.size(); ++j) {
-        bool miss = false;
-        TQ_ASSIGN_OR_RETURN(int32_t slot, cache_->Acquire(q.blocks[j].id, epoch_, codec.block_bytes(), &miss));
-        table[i * max_blocks + j] = slot;
-        if (miss) uploads.emplace_back(slot, q.blocks[j].payload);
-      }
-      return absl::OkStatus();
-    };
-    for (size_t i = 0; i < nseq; ++i) {
-      const SlotList* known = FindSlotList(b.sequences[i], gen0);
-      if (known != nullptr) {
-        std::copy(known->slots.begin(), known->slots.end(), table.begin() + i * max_blocks);
-        reused.push_back(i);
-      } else {
-        TQ_RETURN_IF_ERROR(acquire(i));
-      }
-    }
-    if (cache_->generation() != gen0) {
-      for (size_t i : reused) TQ_RETURN_IF_ERROR(acquire(i));
-      reused.clear();
-    }
-    for (size_t i = 0; i < nseq; ++i)
-      if (std::find(reused.begin(), reused.end(), i) == reused.end())
-        RememberSlotList(b.sequences[i], &table[i * max_blocks]);
-    const int tail_dtype = all_f16 ? kGpuF16 : kGpuF32;
-    const size_t tail_elem = all_f16 ? 2 : 4;
+    Uploads up;
+    TQ_RETURN_IF_ERROR(BlockSlots(codec, b, max_blocks, &table, &up));
     const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
     const size_t qrow = static_cast<size_t>(b.shape.q_heads) * s.head_dim;
+    std::vector<int64_t> tail_offset(nseq, 0);
+    const TailPlan tails = PlanTails(b, row, &tail_offset, &up);
+
     Staging st;
     const size_t table_off = st.Add(table.size() * sizeof(int32_t));
     const size_t packed_off = st.Add(nseq * sizeof(int64_t));
@@ -235,44 +205,41 @@ class CudaBackend : public ComputeBackend {
     const size_t qseq_off = st.Add(nq * sizeof(int32_t));
     const size_t pos_off = st.Add(nq * sizeof(int64_t));
     const size_t q_off = st.Add(nq * qrow * sizeof(float));
-    const size_t tk_off = st.Add(tail_tokens * row * tail_elem);
-    const size_t tv_off = st.Add(tail_tokens * row * tail_elem);
+    const size_t tk_off = st.Add(tails.staged_tokens * row * tails.elem_bytes);
+    const size_t tv_off = st.Add(tails.staged_tokens * row * tails.elem_bytes);
+    std::vector<size_t> piece_src(up.pieces.size());
+    for (size_t i = 0; i < up.pieces.size(); ++i) piece_src[i] = st.Add(up.pieces[i].bytes);
+    const size_t pieces_off = st.Add(up.pieces.size() * sizeof(ScatterPiece));
     const size_t in_bytes = st.size();
     const size_t out_off = st.Add(nq * qrow * sizeof(float));
-    const size_t up_off = st.Add(uploads.size() * codec.block_bytes());
+    const size_t up_off = st.Add(up.blocks.size() * codec.block_bytes());
     TQ_RETURN_IF_ERROR(host_.Reserve(st.size()));
     uint8_t* h = host_.as<uint8_t>();
     std::memcpy(h + table_off, table.data(), table.size() * sizeof(int32_t));
     auto* packed = reinterpret_cast<int64_t*>(h + packed_off);
-    auto* tailoff = reinterpret_cast<int64_t*>(h + tailoff_off);
-    int64_t toff = 0;
     int64_t max_ctx = 1;
+    bool has_tail = false;
     for (size_t i = 0; i < nseq; ++i) {
       const AttendSequence& q = b.sequences[i];
       packed[i] = q.packed_tokens;
-      tailoff[i] = toff;
-      const size_t n = static_cast<size_t>(q.tail_k.tokens) * row;
-      for (int c = 0; c < 2; ++c) {
-        const DenseView& t = c == 0 ? q.tail_k : q.tail_v;
-        uint8_t* dst = h + (c == 0 ? tk_off : tv_off) + toff * row * tail_elem;
-        if (n == 0) continue;
-        if (all_f16) std::memcpy(dst, t.data, n * 2);
-        else ToFloat(t.dtype, t.data, reinterpret_cast<float*>(dst), n);
-      }
-      toff += q.tail_k.tokens;
       for (int64_t qi = b.query_offsets[i]; qi < b.query_offsets[i + 1]; ++qi) {
         reinterpret_cast<int32_t*>(h + qseq_off)[qi] = static_cast<int32_t>(i);
         max_ctx = std::max<int64_t>(max_ctx, b.positions[qi] + 1);
+        has_tail = has_tail || b.positions[qi] >= q.packed_tokens;
       }
     }
+    std::memcpy(h + tailoff_off, tail_offset.data(), nseq * sizeof(int64_t));
+    if (!tails.cached) StageTails(b, row, tails, h + tk_off, h + tv_off);
     std::memcpy(h + pos_off, b.positions.data(), nq * sizeof(int64_t));
     std::memcpy(h + q_off, b.q, nq * qrow * sizeof(float));
-    for (size_t u = 0; u < uploads.size(); ++u)
-      std::memcpy(h + up_off + u * codec.block_bytes(), uploads[u].second, codec.block_bytes());
-    bool has_tail = false;
-    for (size_t i = 0; i < nseq; ++i)
-      for (int64_t qi = b.query_offsets[i]; qi < b.query_offsets[i + 1]; ++qi)
-        has_tail = has_tail || b.positions[qi] >= b.sequences[i].packed_tokens;
+    uint8_t* d0 = nullptr;  // the device staging buffer, known after its Reserve below
+    std::vector<ScatterPiece> pieces(up.pieces.size());
+    for (size_t i = 0; i < up.pieces.size(); ++i) {
+      std::memcpy(h + piece_src[i], up.pieces[i].src, up.pieces[i].bytes);
+      pieces[i] = {up.pieces[i].dst, piece_src[i], up.pieces[i].bytes};
+    }
+    for (size_t u = 0; u < up.blocks.size(); ++u)
+      std::memcpy(h + up_off + u * codec.block_bytes(), up.blocks[u].second, codec.block_bytes());
 
     AttentionLaunch a;
     a.k_comp = tables->device(l, Component::kKey);
@@ -286,7 +253,7 @@ class CudaBackend : public ComputeBackend {
     a.block_stride = static_cast<int64_t>(cache_->slot_bytes());
     a.block_size = s.block_size;
     a.max_blocks = max_blocks;
-    a.tail_dtype = tail_dtype;
+    a.tail_dtype = tails.dtype;
     a.has_tail = has_tail;
     a.num_queries = nq;
     a.q_heads = b.shape.q_heads;
@@ -299,12 +266,12 @@ class CudaBackend : public ComputeBackend {
     const size_t ws = AttentionWorkspaceBytes(a);
     const size_t ws_off = Align(st.size());
     TQ_RETURN_IF_ERROR(dev_.Reserve(ws_off + ws));
-    uint8_t* d = dev_.as<uint8_t>();
+    uint8_t* d = d0 = dev_.as<uint8_t>();
     a.block_table = reinterpret_cast<const int32_t*>(d + table_off);
     a.packed_tokens = reinterpret_cast<const int64_t*>(d + packed_off);
     a.tail_offset = reinterpret_cast<const int64_t*>(d + tailoff_off);
-    a.tail_k = d + tk_off;
-    a.tail_v = d + tv_off;
+    a.tail_k = tails.cached ? tail_cache_->base() : d + tk_off;
+    a.tail_v = tails.cached ? tail_cache_->base() + tails.v_offset : d + tv_off;
     // One query per sequence, in order (decode): the kernels take query i
     // as sequence i without loading query_seq.
     bool one_per_seq = static_cast<size_t>(nq) == nseq;
@@ -315,25 +282,37 @@ class CudaBackend : public ComputeBackend {
     a.out = reinterpret_cast<float*>(d + out_off);
     a.workspace = d + ws_off;
     a.workspace_bytes = ws;
+    std::memcpy(h + pieces_off, pieces.data(), pieces.size() * sizeof(ScatterPiece));
     cudaStream_t sm = stream_.get();
-    for (size_t u = 0; u < uploads.size(); ++u)
+    for (size_t u = 0; u < up.blocks.size(); ++u)
       TQ_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(cache_->base() + static_cast<size_t>(uploads[u].first) * cache_->slot_bytes(),
+          cudaMemcpyAsync(cache_->base() + static_cast<size_t>(up.blocks[u].first) * cache_->slot_bytes(),
                           h + up_off + u * codec.block_bytes(), codec.block_bytes(), cudaMemcpyHostToDevice, sm),
           "upload block");
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, in_bytes, cudaMemcpyHostToDevice, sm), "upload batch");
+    TQ_CUDA_RETURN_IF_ERROR(LaunchScatter(reinterpret_cast<const ScatterPiece*>(d0 + pieces_off),
+                                          static_cast<int>(pieces.size()), d0, sm),
+                            "scatter layers and tail rows");
+    TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_start_.get(), sm), "cudaEventRecord");
     TQ_CUDA_RETURN_IF_ERROR(LaunchAttention(a, sm), "attention");
+    TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_stop_.get(), sm), "cudaEventRecord");
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out_off, d + out_off, nq * qrow * sizeof(float),
                                             cudaMemcpyDeviceToHost, sm),
                             "download outputs");
     TQ_RETURN_IF_ERROR(stream_.Synchronize("attention"));
     std::memcpy(b.out, h + out_off, nq * qrow * sizeof(float));
+    if (b.device_micros != nullptr)
+      *b.device_micros = 1e3 * std::max(0.0f, CudaEvent::ElapsedMs(attend_start_, attend_stop_));
     return absl::OkStatus();
   }
 
   void Forget(uint64_t id) override {
     absl::MutexLock lock(&mu_);
     cache_->Forget(id);
+    layers_.erase(id);
+    tail_cache_->Forget(id);
+    tail_rows_.erase(id);
+    seq_slots_.erase(id);
   }
 
   BackendStats Stats() const override {
@@ -357,47 +336,213 @@ class CudaBackend : public ComputeBackend {
     return p;
   }
 
-  // The slots of one sequence's blocks, valid while the arena generation is
-  // `generation` (see DeviceBlockCache::generation()).
-  struct SlotList {
+  // What a call copies to the device besides its staging: whole blocks
+  // (arena slot, payload) and pieces (layers of blocks being filled, new
+  // tail rows) that the scatter kernel places.
+  struct Piece {
+    uint8_t* dst;
+    const uint8_t* src;
+    size_t bytes;
+  };
+  struct Uploads {
+    std::vector<std::pair<int32_t, const uint8_t*>> blocks;
+    std::vector<Piece> pieces;
+  };
+
+  // Fills `table` (row i: sequence i's arena slots) and the uploads the
+  // call needs. A sequence with a key keeps its slots between calls while
+  // the arena's generation is unchanged: only blocks past the remembered
+  // prefix are acquired. If this call's own Acquires evict anything, the
+  // reused prefixes are acquired again. Blocks being filled
+  // (BlockRef::complete false) copy only this call's layer, once.
+  absl::Status BlockSlots(const ModelCodec& codec, const AttendBatch& b, int32_t max_blocks,
+                          std::vector<int32_t>* table, Uploads* up) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int l = b.layer;
+    const size_t nseq = b.sequences.size();
+    const uint64_t gen0 = cache_->generation();
+    std::vector<size_t> reused(nseq, 0);  // slots of sequence i taken from its remembered list
+    auto acquire = [&](size_t i, size_t from) -> absl::Status {
+      const AttendSequence& q = b.sequences[i];
+      for (size_t j = from; j < q.blocks.size(); ++j) {
+        const BlockRef& r = q.blocks[j];
+        bool miss = false;
+        TQ_ASSIGN_OR_RETURN(int32_t slot, cache_->Acquire(r.id, epoch_, codec.block_bytes(), &miss));
+        (*table)[i * max_blocks + j] = slot;
+        if (r.complete) {
+          if (miss) up->blocks.emplace_back(slot, r.payload);
+          continue;
+        }
+        std::vector<bool>& have = layers_[r.id];
+        if (miss) have.assign(codec.shape().num_layers, false);
+        if (!have[l]) {
+          const size_t off = codec.layer_offset(l), bytes = codec.layer_range_bytes(l, l + 1);
+          if (off % 16 == 0 && bytes % 16 == 0) {
+            up->pieces.push_back({cache_->base() + static_cast<size_t>(slot) * cache_->slot_bytes() + off,
+                                  r.payload + off, bytes});
+          } else {
+            up->blocks.emplace_back(slot, r.payload);  // the scatter kernel's 16-byte words do not fit
+          }
+          have[l] = true;
+        }
+      }
+      return absl::OkStatus();
+    };
+    for (size_t i = 0; i < nseq; ++i) {
+      const AttendSequence& q = b.sequences[i];
+      size_t from = 0;
+      if (q.sequence_key != 0) {
+        auto it = seq_slots_.find(q.sequence_key);
+        if (it != seq_slots_.end() && it->second.generation == gen0) {
+          const SeqSlots& known = it->second;
+          const size_t n = std::min(known.ids.size(), q.blocks.size());
+          while (from < n && known.ids[from] == q.blocks[from].id) ++from;
+          std::copy(known.slots.begin(), known.slots.begin() + from, table->begin() + i * max_blocks);
+        }
+      }
+      reused[i] = from;
+      TQ_RETURN_IF_ERROR(acquire(i, from));
+    }
+    if (cache_->generation() != gen0) {
+      for (size_t i = 0; i < nseq; ++i) {
+        if (reused[i] == 0) continue;
+        TQ_RETURN_IF_ERROR(acquire(i, 0));
+      }
+    }
+    // Remember each keyed sequence's longest list (lists of other layers
+    // share its prefix).
+    for (size_t i = 0; i < nseq; ++i) {
+      const AttendSequence& q = b.sequences[i];
+      if (q.sequence_key == 0 || q.blocks.empty()) continue;
+      if (seq_slots_.size() >= kMaxSeqSlots && !seq_slots_.contains(q.sequence_key)) seq_slots_.clear();
+      SeqSlots& known = seq_slots_[q.sequence_key];
+      const int32_t* slots = table->data() + i * max_blocks;
+      if (known.generation != cache_->generation()) known = {{}, {}, cache_->generation()};
+      size_t keep = 0;
+      const size_t n = std::min(known.ids.size(), q.blocks.size());
+      while (keep < n && known.ids[keep] == q.blocks[keep].id) ++keep;
+      if (keep == q.blocks.size() && known.ids.size() >= q.blocks.size()) continue;  // a prefix of what is known
+      known.ids.resize(keep);
+      known.slots.resize(keep);
+      for (size_t j = keep; j < q.blocks.size(); ++j) {
+        known.ids.push_back(q.blocks[j].id);
+        known.slots.push_back(slots[j]);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Where a call's tails come from: the tail cache (every tail has an id,
+  // fp32 rows of 16-byte multiples, at most a slot's rows), or staged in
+  // this call (tail_dtype kGpuF16 when every tail is fp16, else fp32).
+  struct TailPlan {
+    bool cached = false;
+    int64_t staged_tokens = 0;
+    size_t elem_bytes = 4;
+    int32_t dtype = kGpuF32;
+    size_t v_offset = 0;  // cached: V rows' offset in a slot, bytes
+  };
+  TailPlan PlanTails(const AttendBatch& b, size_t row, std::vector<int64_t>* tail_offset, Uploads* up)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    TailPlan p;
+    const size_t row_bytes = row * sizeof(float);
+    const int64_t rows = b.sequences.empty() ? 0 : kTailSlotRows;
+    bool cacheable = row_bytes % 16 == 0 && tail_cache_->EnsureSlotBytes(2 * rows * row_bytes).ok() &&
+                     tail_cache_->slot_bytes() % (2 * row_bytes) == 0;
+    bool all_f16 = true;
+    for (const AttendSequence& q : b.sequences) {
+      if (q.tail_k.tokens == 0) continue;
+      p.staged_tokens += q.tail_k.tokens;
+      all_f16 = all_f16 && q.tail_k.dtype == DType::kF16 && q.tail_v.dtype == DType::kF16;
+      cacheable = cacheable && q.tail_id != 0 && q.tail_k.dtype == DType::kF32 && q.tail_v.dtype == DType::kF32 &&
+                  q.tail_k.tokens <= rows;
+    }
+    // The tail cache's slots: K rows, then V rows.
+    const int64_t slot_rows = cacheable ? static_cast<int64_t>(tail_cache_->slot_bytes() / row_bytes) : 0;
+    struct TailSlot {
+      size_t seq;
+      int32_t slot;
+      bool miss;
+    };
+    std::vector<TailSlot> slots;
+    for (size_t i = 0; cacheable && i < b.sequences.size(); ++i) {
+      const AttendSequence& q = b.sequences[i];
+      if (q.tail_k.tokens == 0) continue;
+      bool miss = false;
+      absl::StatusOr<int32_t> slot = tail_cache_->Acquire(q.tail_id, epoch_, 2 * rows * row_bytes, &miss);
+      if (!slot.ok()) {
+        cacheable = false;  // more tails than slots in one call: stage them
+        break;
+      }
+      slots.push_back({i, *slot, miss});
+    }
+    if (!cacheable) {
+      int64_t off = 0;
+      for (size_t i = 0; i < b.sequences.size(); ++i) {
+        (*tail_offset)[i] = off;
+        off += b.sequences[i].tail_k.tokens;
+      }
+      p.dtype = all_f16 ? kGpuF16 : kGpuF32;
+      p.elem_bytes = all_f16 ? 2 : 4;
+      return p;
+    }
+    p.cached = true;
+    p.staged_tokens = 0;
+    p.v_offset = static_cast<size_t>(slot_rows / 2) * row_bytes;
+    for (const TailSlot& t : slots) {
+      const AttendSequence& q = b.sequences[t.seq];
+      const int32_t slot = t.slot;
+      (*tail_offset)[t.seq] = static_cast<int64_t>(slot) * slot_rows;
+      int64_t& held = tail_rows_[q.tail_id];
+      if (t.miss || held > q.tail_k.tokens) held = 0;
+      const int64_t n = q.tail_k.tokens - held;
+      if (n == 0) continue;
+      uint8_t* base = tail_cache_->base() + static_cast<size_t>(slot) * tail_cache_->slot_bytes();
+      const size_t from = static_cast<size_t>(held) * row_bytes, bytes = static_cast<size_t>(n) * row_bytes;
+      up->pieces.push_back({base + from, static_cast<const uint8_t*>(q.tail_k.data) + from, bytes});
+      up->pieces.push_back({base + p.v_offset + from, static_cast<const uint8_t*>(q.tail_v.data) + from, bytes});
+      held = q.tail_k.tokens;
+    }
+    return p;
+  }
+
+  // The tails of an uncached call, back to back in `k` and `v`.
+  static void StageTails(const AttendBatch& b, size_t row, const TailPlan& p, uint8_t* k, uint8_t* v) {
+    size_t at = 0;
+    for (const AttendSequence& q : b.sequences) {
+      const size_t n = static_cast<size_t>(q.tail_k.tokens) * row;
+      if (n == 0) continue;
+      for (int c = 0; c < 2; ++c) {
+        const DenseView& t = c == 0 ? q.tail_k : q.tail_v;
+        uint8_t* dst = (c == 0 ? k : v) + at * p.elem_bytes;
+        if (p.dtype == kGpuF16) std::memcpy(dst, t.data, n * 2);
+        else ToFloat(t.dtype, t.data, reinterpret_cast<float*>(dst), n);
+      }
+      at += n;
+    }
+  }
+
+  // A keyed sequence's remembered slots, valid while the arena generation
+  // is `generation` (see DeviceBlockCache::generation()).
+  struct SeqSlots {
     std::vector<uint64_t> ids;
     std::vector<int32_t> slots;
     uint64_t generation = 0;
   };
-  static uint64_t IdsKey(const AttendSequence& q) {
-    uint64_t h = 0x9e3779b97f4a7c15ULL ^ q.blocks.size();
-    for (const BlockRef& r : q.blocks) h = (h ^ r.id) * 0x100000001b3ULL;
-    return h;
-  }
-  const SlotList* FindSlotList(const AttendSequence& q, uint64_t generation)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (q.blocks.empty()) return nullptr;
-    auto it = slot_lists_.find(IdsKey(q));
-    if (it == slot_lists_.end() || it->second.generation != generation ||
-        it->second.ids.size() != q.blocks.size())
-      return nullptr;
-    for (size_t j = 0; j < q.blocks.size(); ++j)
-      if (it->second.ids[j] != q.blocks[j].id) return nullptr;
-    return &it->second;
-  }
-  void RememberSlotList(const AttendSequence& q, const int32_t* slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (q.blocks.empty()) return;
-    if (slot_lists_.size() >= 256) slot_lists_.clear();  // bounded; rebuilt on demand
-    SlotList& l = slot_lists_[IdsKey(q)];
-    l.ids.resize(q.blocks.size());
-    for (size_t j = 0; j < q.blocks.size(); ++j) l.ids[j] = q.blocks[j].id;
-    l.slots.assign(slots, slots + q.blocks.size());
-    l.generation = cache_->generation();
-  }
+  static constexpr size_t kMaxSeqSlots = 16384;  // bounded; rebuilt on demand
+  static constexpr int64_t kTailSlotRows = 16;   // tails longer than this are staged per call
 
   const CudaBackendOptions options_;
   mutable absl::Mutex mu_;
   CudaStream stream_ ABSL_GUARDED_BY(mu_);
+  CudaEvent attend_start_ ABSL_GUARDED_BY(mu_), attend_stop_ ABSL_GUARDED_BY(mu_);  // around the kernels
   std::unique_ptr<DeviceBlockCache> cache_ ABSL_GUARDED_BY(mu_);
   const int sms_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<const ModelCodec*, std::unique_ptr<DeviceCodecTables>> tables_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, SlotList> slot_lists_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, SeqSlots> seq_slots_ ABSL_GUARDED_BY(mu_);         // by sequence key
+  std::unordered_map<uint64_t, std::vector<bool>> layers_ ABSL_GUARDED_BY(mu_);   // filling blocks' copied layers
+  std::unique_ptr<DeviceBlockCache> tail_cache_ ABSL_GUARDED_BY(mu_);             // tail rows by tail id
+  std::unordered_map<uint64_t, int64_t> tail_rows_ ABSL_GUARDED_BY(mu_);          // rows a tail slot holds
   PinnedBuffer host_ ABSL_GUARDED_BY(mu_);
   DeviceBuffer dev_ ABSL_GUARDED_BY(mu_);  // staging + workspace, grows to the largest call
 };
@@ -423,8 +568,13 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const CudaBack
       return absl::InvalidArgumentError("arena_fraction must be in (0, 1)");
     arena = static_cast<size_t>(static_cast<double>(free_bytes) * options.arena_fraction);
   }
+  TQ_ASSIGN_OR_RETURN(CudaEvent attend_start, CudaEvent::Create());
+  TQ_ASSIGN_OR_RETURN(CudaEvent attend_stop, CudaEvent::Create());
   TQ_ASSIGN_OR_RETURN(auto cache, DeviceBlockCache::Create(arena));
-  return std::unique_ptr<ComputeBackend>(new CudaBackend(options, std::move(stream), std::move(cache), sms));
+  TQ_ASSIGN_OR_RETURN(auto tail_cache, DeviceBlockCache::Create(options.tail_arena_bytes));
+  return std::unique_ptr<ComputeBackend>(new CudaBackend(options, std::move(stream), std::move(attend_start),
+                                                         std::move(attend_stop), std::move(cache),
+                                                         std::move(tail_cache), sms));
 }
 
 }  // namespace tqkv::gpu

@@ -1,7 +1,10 @@
 // CudaBackend: ComputeBackend on one NVIDIA GPU (plain C++ header; no CUDA
 // types). Encode/decode stage host tensors through pinned buffers; Attend
 // keeps stored blocks resident in a device arena keyed by BlockRef::id
-// (upload on miss, LRU eviction, Forget frees) and runs the fused paged
+// (upload on miss, LRU eviction, Forget frees; blocks being filled copy
+// layer by layer), dense tails in a second arena keyed by
+// AttendSequence::tail_id (only rows not yet copied cross the bus), a
+// keyed sequence's arena slots between calls, and runs the fused paged
 // attention kernels.
 #ifndef TQKV_GPU_CUDA_BACKEND_H_
 #define TQKV_GPU_CUDA_BACKEND_H_
@@ -23,6 +26,11 @@ struct CudaBackendOptions {
   double arena_fraction = 0.6;
   // Allow the specialised d=128 mse decode kernel. Default true.
   bool fast_path = true;
+  // Bytes of the dense-tail arena (fp32 rows of up to 16 tokens per tail:
+  // 128 KiB a tail at 8 kv heads × d 128, so the default holds 4,096 live
+  // (sequence, layer) tails; beyond it the least recently used are copied
+  // again when next used). Default 512 MiB.
+  size_t tail_arena_bytes = size_t{512} << 20;
 };
 
 // A CudaBackend, or UNAVAILABLE (with the CUDA error) when no GPU/driver is

@@ -3,6 +3,7 @@
 #include "gpu/cuda_backend.h"
 
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -79,9 +80,11 @@ TEST(CudaBackend, MatchesCpuBackend) {
       batch.layer = layer;
       batch.shape = {QH, H, dim, 0};
       AttendSequence s0, s1;
-      s0.blocks = {{1, payloads[0].data()}, {2, payloads[1].data()}};
+      const std::vector<BlockRef> r0 = {{1, payloads[0].data()}, {2, payloads[1].data()}};
+      const std::vector<BlockRef> r1 = {{3, payloads[2].data()}, {5, payloads[4].data()}};
+      s0.blocks = r0;
       s0.packed_tokens = 29;
-      s1.blocks = {{3, payloads[2].data()}, {5, payloads[4].data()}};
+      s1.blocks = r1;
       s1.packed_tokens = 25;
       s1.tail_k = {tail.data(), DType::kF32, 3, H, dim};
       s1.tail_v = {tail.data(), DType::kF32, 3, H, dim};
@@ -111,7 +114,9 @@ TEST(CudaBackend, MatchesCpuBackend) {
       big.layer = 0;
       big.shape = {QH, H, dim, 0};
       AttendSequence all;
-      for (int b = 0; b < n; ++b) all.blocks.push_back({uint64_t(first_id + b), payloads[b].data()});
+      std::vector<BlockRef> refs;
+      for (int b = 0; b < n; ++b) refs.push_back({uint64_t(first_id + b), payloads[b].data()});
+      all.blocks = refs;
       all.packed_tokens = 16 * (n - 1) + 9;
       big.sequences = {all};
       big.query_offsets = {0, 1};
@@ -130,8 +135,8 @@ TEST(CudaBackend, MatchesCpuBackend) {
   }
 }
 
-// Remembered slot lists: a sequence attended again reuses its slots while
-// the arena is unchanged; when another sequence of the same batch evicts one
+// Remembered slot lists: a keyed sequence attended again reuses its slots
+// while the arena is unchanged; when another sequence of the same batch evicts one
 // of its blocks, it is re-acquired (re-uploaded) and results stay exact.
 TEST(CudaBackend, ReusedSlotListsSurviveEvictionInTheSameBatch) {
   TQ_SKIP_WITHOUT_GPU();
@@ -149,9 +154,13 @@ TEST(CudaBackend, ReusedSlotListsSurviveEvictionInTheSameBatch) {
                                 {{hv.data(), DType::kF16, bs, H, dim}}, payloads[b].data())
                     .ok());
   }
+  std::deque<std::vector<BlockRef>> refs;  // the sequences' block lists, alive for the test
   auto seq = [&](std::vector<int> ids) {
     AttendSequence s;
-    for (int id : ids) s.blocks.push_back({uint64_t(id), payloads[id - 1].data()});
+    std::vector<BlockRef>& r = refs.emplace_back();
+    for (int id : ids) r.push_back({uint64_t(id), payloads[id - 1].data()});
+    s.blocks = r;
+    s.sequence_key = 1000 + static_cast<uint64_t>(ids[0]);
     s.packed_tokens = bs * static_cast<int64_t>(ids.size());
     return s;
   };

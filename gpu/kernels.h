@@ -216,7 +216,8 @@ struct AttentionLaunch {
 int PlanAttentionSplits(const AttentionLaunch& a);
 size_t AttentionWorkspaceBytes(const AttentionLaunch& a);
 // True when a specialised kernel (mse K/V at d = 128, bits 2 or 4, GQA
-// group 1..8 with power-of-two size, no dense tail) serves this launch: the
+// group 1..8 with power-of-two size; a dense tail is attended by its merge)
+// serves this launch: the
 // tensor-core kernel when kv_heads % 4 == 0, pages are 16-byte aligned and
 // hold whole 16-token tiles, else the CUDA-core one.
 bool AttentionUsesFastPath(const AttentionLaunch& a);

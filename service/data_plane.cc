@@ -336,6 +336,7 @@ class DataPlaneServer::Loop {
   void Serve(Conn* c, const v1::DataPlaneRequest& req) {
     const auto start = std::chrono::steady_clock::now();
     const bool attend = req.op_case() == v1::DataPlaneRequest::kAttend;
+    const bool append = req.op_case() == v1::DataPlaneRequest::kAppend;
     absl::Status status;
     v1::DataPlaneReply head;
     GetPlan plan;
@@ -350,8 +351,15 @@ class DataPlaneServer::Loop {
       } else {
         status = r.status();
       }
+    } else if (append) {
+      absl::StatusOr<v1::AppendResponse> r = service_->Append(*id, req.append());
+      if (r.ok()) {
+        *head.mutable_append() = std::move(*r);
+      } else {
+        status = r.status();
+      }
     } else if (req.op_case() != v1::DataPlaneRequest::kGetBlocks) {
-      status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks, attend)");
+      status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks, attend, append)");
     } else if (req.get_blocks().dense()) {
       status = absl::InvalidArgumentError(
           "the data plane serves packed blocks; read dense blocks with gRPC GetBlocks");
@@ -380,7 +388,7 @@ class DataPlaneServer::Loop {
     }
     Queue(c, head, std::move(payload), payload_bytes);
     c->out.back().blocks = std::move(plan.blocks);
-    RecordCall(*env_, attend ? "DataAttend" : "DataGetBlocks", c->peer, status,
+    RecordCall(*env_, attend ? "DataAttend" : append ? "DataAppend" : "DataGetBlocks", c->peer, status,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 

@@ -13,10 +13,10 @@
 //
 // Semantics are KvService::PrepareGet's (tenancy from the bearer token,
 // model and fingerprint checks, all-or-nothing: a missing block fails the
-// request before any payload byte is sent) and KvService::Attend's. Each
-// request is recorded in the RPC metrics as method "DataGetBlocks" or
-// "DataAttend" (latency = time to prepare the reply) and failures are
-// logged like RPC failures.
+// request before any payload byte is sent), KvService::Attend's and
+// KvService::Append's. Each request is recorded in the RPC metrics as
+// method "DataGetBlocks", "DataAttend" or "DataAppend" (latency = time to
+// prepare the reply) and failures are logged like RPC failures.
 //
 // Threads: `threads` event loops (epoll, level-triggered). Loop 0 accepts
 // and deals connections out round-robin (leaving it to the kernel's wake-up

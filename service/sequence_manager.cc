@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -15,13 +16,26 @@
 
 namespace tqkv::service {
 
-struct SequenceManager::OwnedBlock {
-  OwnedBlock(uint64_t id, std::unique_ptr<uint8_t[]> bytes, ComputeBackend* backend)
-      : id(id), bytes(std::move(bytes)), backend(backend) {}
-  ~OwnedBlock() { backend->Forget(id); }
+// An id a caching backend may hold copies under; Forget()s it when the
+// last holder lets go.
+struct SequenceManager::BackendId {
+  BackendId(uint64_t id, ComputeBackend* backend) : id(id), backend(backend) {}
+  ~BackendId() { backend->Forget(id); }
+  BackendId(const BackendId&) = delete;
+  BackendId& operator=(const BackendId&) = delete;
   const uint64_t id;
-  const std::unique_ptr<uint8_t[]> bytes;  // block_bytes()
   ComputeBackend* const backend;
+};
+
+// A block the sequence fills layer by layer (BlockRef::complete = false):
+// layer l's bytes are final once owned_count[l] covers it.
+struct SequenceManager::OwnedBlock {
+  OwnedBlock(uint64_t id, size_t bytes, ComputeBackend* backend)
+      : id(id, backend), bytes(std::make_unique<uint8_t[]>(bytes)) {
+    std::memset(this->bytes.get(), 0, bytes);
+  }
+  BackendId id;
+  const std::unique_ptr<uint8_t[]> bytes;  // block_bytes()
 };
 
 struct SequenceManager::Sequence {
@@ -31,21 +45,25 @@ struct SequenceManager::Sequence {
   absl::Time last_used;  // guarded by SequenceManager::mu_
 
   absl::Mutex mu;
-  // The stored blocks and their backend refs (ids and payload pointers).
-  // Set once by CreateSequence and immutable after: Attend shares the
-  // snapshot (one reference count) instead of copying 2,048 BlockData.
-  std::shared_ptr<const std::vector<storage::BlockData>> stored ABSL_GUARDED_BY(mu);
-  std::vector<BlockRef> stored_refs ABSL_GUARDED_BY(mu);
+  // The stored blocks, set once by CreateSequence.
+  std::vector<storage::BlockData> stored ABSL_GUARDED_BY(mu);
+  // Backend refs of the stored blocks, then of the owned ones: layer l
+  // attends the first stored.size() + owned_count[l].
+  std::vector<BlockRef> refs ABSL_GUARDED_BY(mu);
   // Owned blocks after the stored ones; owned_count[l] of them hold layer l.
-  std::vector<std::shared_ptr<const OwnedBlock>> owned ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<OwnedBlock>> owned ABSL_GUARDED_BY(mu);
   std::vector<int64_t> owned_count ABSL_GUARDED_BY(mu);
-  // Per layer fp32 [tokens < block_size, kv_heads, head_dim].
+  // Per layer fp32 [tokens < block_size, kv_heads, head_dim], and the id
+  // its rows are known by (a new one whenever rows change other than by
+  // growing).
   std::vector<std::vector<float>> tail_k ABSL_GUARDED_BY(mu), tail_v ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<BackendId>> tail_ids ABSL_GUARDED_BY(mu);
+  std::unique_ptr<BackendId> key;  // AttendSequence::sequence_key
 
   int64_t Tokens(int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const ModelShape& s = model->shape();
     const int64_t row = int64_t{s.num_kv_heads} * s.head_dim;
-    return (static_cast<int64_t>(stored_refs.size()) + owned_count[layer]) * s.block_size +
+    return (static_cast<int64_t>(stored.size()) + owned_count[layer]) * s.block_size +
            static_cast<int64_t>(tail_k[layer].size()) / row;
   }
 };
@@ -53,15 +71,41 @@ struct SequenceManager::Sequence {
 namespace {
 
 // Id of a stored block version: a hash of its key and checksum with the top
-// bit set (owned blocks count up from 1). Identical bytes under one key get
-// the same id, which is exactly what a caching backend may assume.
+// bit set (owned blocks, tails and sequence keys count up from 1).
+// Identical bytes under one key get the same id, which is exactly what a
+// caching backend may assume.
 uint64_t StoredBlockId(const std::string& tenant, uint64_t model_id, const std::string& hash,
                        uint64_t checksum) {
   std::string k = absl::StrCat(tenant.size(), ":", tenant, "|", model_id, "|", hash, "|", checksum);
   return XXH64(k.data(), k.size(), 0x5eb1) | (uint64_t{1} << 63);
 }
 
+// The new tokens k, v of one layer ([tokens, kv_heads, head_dim], 1 to
+// 2^20 tokens, the same count), or INVALID_ARGUMENT naming `where`.
+absl::Status CheckNewTokens(const ModelShape& s, const TensorView& k, const TensorView& v, const std::string& where) {
+  const std::vector<int64_t> want = {-1, s.num_kv_heads, s.head_dim};
+  TQ_RETURN_IF_ERROR(ExpectShape(k, want, (where + "k").c_str()));
+  TQ_RETURN_IF_ERROR(ExpectShape(v, want, (where + "v").c_str()));
+  if (k.shape[0] != v.shape[0] || k.shape[0] < 1 || k.shape[0] > (int64_t{1} << 20))
+    return absl::InvalidArgumentError(absl::StrCat(where, "k and ", where,
+                                                   "v must carry the same number of tokens in [1, 2^20], got ",
+                                                   k.shape[0], " and ", v.shape[0]));
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+// What AppendLocked changed in one layer of a sequence, to put it back.
+struct SequenceManager::LayerUndo {
+  Sequence* seq = nullptr;
+  int layer = 0;
+  size_t tail_elems = 0;   // the tail's length before
+  bool packed = false;     // rows were packed into blocks (then:)
+  std::vector<float> tail_k, tail_v;  // the tail before
+  std::unique_ptr<BackendId> tail_id;  // its id
+  int64_t owned_count = 0;  // layer's owned blocks before
+  size_t owned_size = 0;    // owned blocks before (later ones were created)
+};
 
 SequenceManager::SequenceManager(const SequenceOptions& options, ComputeBackend* backend,
                                  storage::Clock* clock)
@@ -69,48 +113,87 @@ SequenceManager::SequenceManager(const SequenceOptions& options, ComputeBackend*
 
 SequenceManager::~SequenceManager() = default;
 
+std::unique_ptr<SequenceManager::BackendId> SequenceManager::NewId() {
+  return std::make_unique<BackendId>(next_owned_id_.fetch_add(1), backend_);
+}
+
+void SequenceManager::Restore(LayerUndo& u) {
+  Sequence& seq = *u.seq;
+  const ModelShape& s = seq.model->shape();
+  if (!u.packed) {
+    // Rows past the old length may have been copied under the tail's id.
+    seq.tail_k[u.layer].resize(u.tail_elems);
+    seq.tail_v[u.layer].resize(u.tail_elems);
+    seq.tail_ids[u.layer] = NewId();
+    return;
+  }
+  seq.tail_k[u.layer] = std::move(u.tail_k);
+  seq.tail_v[u.layer] = std::move(u.tail_v);
+  seq.tail_ids[u.layer] = std::move(u.tail_id);
+  // Blocks that got this layer may hold a cached copy of it: forget them.
+  for (size_t j = static_cast<size_t>(u.owned_count); j < u.owned_size; ++j) backend_->Forget(seq.owned[j]->id.id);
+  seq.owned.resize(u.owned_size);
+  seq.refs.resize(seq.stored.size() + u.owned_size);
+  seq.owned_count[u.layer] = u.owned_count;
+  (void)s;
+}
+
 absl::Status SequenceManager::AppendLocked(Sequence& seq, int layer, const DenseView& k,
-                                           const DenseView& v) {
+                                           const DenseView& v, LayerUndo* undo) {
   const ModelCodec& codec = *seq.model->codec;
   const ModelShape& s = codec.shape();
   const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
-  std::vector<float> tk = seq.tail_k[layer], tv = seq.tail_v[layer];
+  std::vector<float>& tk = seq.tail_k[layer];
+  std::vector<float>& tv = seq.tail_v[layer];
   const size_t old = tk.size();
-  tk.resize(old + k.tokens * row);
-  tv.resize(old + v.tokens * row);
-  ToFloat(k.dtype, k.data, tk.data() + old, k.tokens * row);
-  ToFloat(v.dtype, v.data, tv.data() + old, v.tokens * row);
-  std::vector<std::shared_ptr<const OwnedBlock>> owned = seq.owned;
+  const size_t n = static_cast<size_t>(k.tokens) * row;
+  if ((old + n) / row < static_cast<size_t>(s.block_size)) {
+    // The common decode step: the rows grow in place (same tail id).
+    tk.resize(old + n);
+    tv.resize(old + n);
+    ToFloat(k.dtype, k.data, tk.data() + old, n);
+    ToFloat(v.dtype, v.data, tv.data() + old, n);
+    if (undo != nullptr) *undo = {.seq = &seq, .layer = layer, .tail_elems = old};
+    return absl::OkStatus();
+  }
+  // Full blocks pack into owned blocks (layer `layer` of each), the rest
+  // becomes a new tail; nothing of `seq` changes until every encode worked.
+  std::vector<float> nk(old + n), nv(old + n);
+  std::memcpy(nk.data(), tk.data(), old * sizeof(float));
+  std::memcpy(nv.data(), tv.data(), old * sizeof(float));
+  ToFloat(k.dtype, k.data, nk.data() + old, n);
+  ToFloat(v.dtype, v.data, nv.data() + old, n);
+  const size_t owned_size = seq.owned.size();
   int64_t count = seq.owned_count[layer];
-  size_t consumed = 0;  // tokens packed
-  while (tk.size() / row - consumed >= static_cast<size_t>(s.block_size)) {
+  size_t consumed = 0;  // rows packed
+  std::vector<std::unique_ptr<OwnedBlock>> created;
+  while (nk.size() / row - consumed >= static_cast<size_t>(s.block_size)) {
     const size_t j = static_cast<size_t>(count);
-    auto buf = std::make_unique<uint8_t[]>(codec.block_bytes());
-    if (j < owned.size()) {
-      std::memcpy(buf.get(), owned[j]->bytes.get(), codec.block_bytes());
-    } else {
-      std::memset(buf.get(), 0, codec.block_bytes());
-    }
-    DenseView kd{tk.data() + consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim};
-    DenseView vd{tv.data() + consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim};
+    if (j >= owned_size + created.size())
+      created.push_back(std::make_unique<OwnedBlock>(next_owned_id_.fetch_add(1), codec.block_bytes(), backend_));
+    OwnedBlock& block = j < owned_size ? *seq.owned[j] : *created[j - owned_size];
+    DenseView kd{nk.data() + consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim};
+    DenseView vd{nv.data() + consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim};
     TQ_RETURN_IF_ERROR(backend_->EncodeBlock(codec, layer, layer + 1, {kd}, {vd},
-                                             buf.get() + codec.layer_offset(layer)));
-    auto block = std::make_shared<const OwnedBlock>(next_owned_id_.fetch_add(1), std::move(buf),
-                                                    backend_);
-    if (j < owned.size()) {
-      owned[j] = std::move(block);
-    } else {
-      owned.push_back(std::move(block));
-    }
+                                             block.bytes.get() + codec.layer_offset(layer)));
     ++count;
     consumed += s.block_size;
   }
-  tk.erase(tk.begin(), tk.begin() + consumed * row);
-  tv.erase(tv.begin(), tv.begin() + consumed * row);
-  seq.owned = std::move(owned);
+  nk.erase(nk.begin(), nk.begin() + consumed * row);
+  nv.erase(nv.begin(), nv.begin() + consumed * row);
+  if (undo != nullptr) {
+    *undo = {.seq = &seq, .layer = layer, .tail_elems = old, .packed = true, .tail_k = std::move(tk),
+             .tail_v = std::move(tv), .tail_id = std::move(seq.tail_ids[layer]),
+             .owned_count = seq.owned_count[layer], .owned_size = owned_size};
+  }
+  for (auto& b : created) {
+    seq.refs.push_back({b->id.id, b->bytes.get(), /*complete=*/false});
+    seq.owned.push_back(std::move(b));
+  }
   seq.owned_count[layer] = count;
-  seq.tail_k[layer] = std::move(tk);
-  seq.tail_v[layer] = std::move(tv);
+  tk = std::move(nk);
+  tv = std::move(nv);
+  seq.tail_ids[layer] = NewId();
   return absl::OkStatus();
 }
 
@@ -151,16 +234,18 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
   seq->model = model;
   seq->ttl = req.ttl_ms() == 0 ? options_.default_ttl
                                : std::min(absl::Milliseconds(req.ttl_ms()), options_.max_ttl);
+  seq->key = NewId();
   {
     absl::MutexLock l(&seq->mu);
     for (size_t i = 0; i < blocks.size(); ++i)
-      seq->stored_refs.push_back(
+      seq->refs.push_back(
           {StoredBlockId(tenant, model->model_id, req.block_hashes(i), blocks[i].checksum),
            blocks[i].payload->data()});
-    seq->stored = std::make_shared<const std::vector<storage::BlockData>>(std::move(blocks));
+    seq->stored = std::move(blocks);
     seq->owned_count.assign(s.num_layers, 0);
     seq->tail_k.resize(s.num_layers);
     seq->tail_v.resize(s.num_layers);
+    for (int l = 0; l < s.num_layers; ++l) seq->tail_ids.push_back(NewId());
     if (partial != nullptr) {
       // The partially filled last block: its valid tokens become the start
       // of the dense tail (every packed block stays full).
@@ -227,13 +312,7 @@ absl::StatusOr<v1::AppendResponse> SequenceManager::Append(const std::string& te
         absl::StrCat("layer ", req.layer(), " outside [0, ", s.num_layers, ")"));
   TQ_ASSIGN_OR_RETURN(TensorView k, ViewTensor(req.k(), "k"));
   TQ_ASSIGN_OR_RETURN(TensorView v, ViewTensor(req.v(), "v"));
-  const std::vector<int64_t> want = {-1, s.num_kv_heads, s.head_dim};
-  TQ_RETURN_IF_ERROR(ExpectShape(k, want, "k"));
-  TQ_RETURN_IF_ERROR(ExpectShape(v, want, "v"));
-  if (k.shape[0] != v.shape[0] || k.shape[0] < 1 || k.shape[0] > (int64_t{1} << 20))
-    return absl::InvalidArgumentError(absl::StrCat(
-        "k and v must carry the same number of tokens in [1, 2^20], got ", k.shape[0], " and ",
-        v.shape[0]));
+  TQ_RETURN_IF_ERROR(CheckNewTokens(s, k, v, ""));
   const int layer = static_cast<int>(req.layer());
   absl::MutexLock l(&seq->mu);
   TQ_RETURN_IF_ERROR(
@@ -264,83 +343,128 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
   const int layer = static_cast<int>(req.layer());
   const size_t qrow = static_cast<size_t>(s.num_q_heads) * s.head_dim;
 
+  // Every item's tensors are checked before anything changes.
+  struct Item {
+    TensorView q;
+    std::optional<TensorView> k, v;  // new tokens
+  };
+  std::vector<Item> items(req.items_size());
+  int64_t total_queries = 0;
+  std::vector<Sequence*> appending;
+  for (int i = 0; i < req.items_size(); ++i) {
+    const v1::AttendItem& item = req.items(i);
+    const std::string field = absl::StrCat("items[", i, "].q");
+    TQ_ASSIGN_OR_RETURN(items[i].q, ViewTensor(item.q(), field.c_str()));
+    TQ_RETURN_IF_ERROR(ExpectShape(items[i].q, {-1, s.num_q_heads, s.head_dim}, field.c_str()));
+    const int64_t nq = items[i].q.shape[0];
+    if (nq < 1 || total_queries + nq > options_.max_queries)
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": need at least one query and at most ", options_.max_queries, " per call"));
+    total_queries += nq;
+    if (item.positions_size() != 0 && item.positions_size() != nq)
+      return absl::InvalidArgumentError(absl::StrCat("items[", i, "]: ", item.positions_size(),
+                                                     " positions for ", nq, " queries"));
+    if (item.has_k() != item.has_v())
+      return absl::InvalidArgumentError(
+          absl::StrCat("items[", i, "]: k and v must both be set or both be absent"));
+    if (!item.has_k()) continue;
+    const std::string where = absl::StrCat("items[", i, "].");
+    TQ_ASSIGN_OR_RETURN(items[i].k, ViewTensor(item.k(), (where + "k").c_str()));
+    TQ_ASSIGN_OR_RETURN(items[i].v, ViewTensor(item.v(), (where + "v").c_str()));
+    TQ_RETURN_IF_ERROR(CheckNewTokens(s, *items[i].k, *items[i].v, where));
+    if (std::find(appending.begin(), appending.end(), seqs[i].get()) != appending.end())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "]: sequence '", item.sequence_id(), "' already gets new tokens in this call"));
+    appending.push_back(seqs[i].get());
+  }
+
+  // Every sequence of the call stays locked until it has attended (or
+  // undone its appends): nothing else sees an append half-way, and the
+  // backend reads the sequences' blocks and tails in place. They are locked
+  // in address order.
+  std::vector<Sequence*> locked;
+  for (const auto& seq : seqs) locked.push_back(seq.get());
+  std::sort(locked.begin(), locked.end());
+  locked.erase(std::unique(locked.begin(), locked.end()), locked.end());
+  for (Sequence* seq : locked) seq->mu.Lock();
+  std::vector<LayerUndo> undo;
+  undo.reserve(appending.size());
+  auto finish = [&](absl::Status st) {
+    if (!st.ok())
+      for (auto it = undo.rbegin(); it != undo.rend(); ++it) Restore(*it);
+    for (Sequence* seq : locked) seq->mu.Unlock();
+    return st;
+  };
+  // Every append first: each item then attends over its sequence as the
+  // call leaves it.
+  for (int i = 0; i < req.items_size(); ++i) {
+    const Item& it = items[i];
+    if (!it.k) continue;
+    undo.emplace_back();
+    absl::Status st = AppendLocked(*seqs[i], layer, SliceView(*it.k, 0, 0, it.k->shape[0]),
+                                   SliceView(*it.v, 0, 0, it.v->shape[0]), &undo.back());
+    if (!st.ok()) {
+      undo.pop_back();
+      return finish(st);
+    }
+  }
+
   AttendBatch batch;
   batch.layer = layer;
   batch.shape = {s.num_q_heads, s.num_kv_heads, s.head_dim, req.scale()};
   batch.query_offsets.push_back(0);
-  std::vector<float> q;
-  std::vector<DType> qtypes;
-  // Keep-alives for the snapshot: owned block versions and tail copies.
-  std::vector<std::shared_ptr<const OwnedBlock>> holders;
-  std::vector<std::shared_ptr<const std::vector<storage::BlockData>>> stored_holders;
-  std::vector<std::unique_ptr<std::vector<float>>> tails;
+  batch.sequences.reserve(req.items_size());
+  std::vector<float> q(total_queries * qrow);
   for (int i = 0; i < req.items_size(); ++i) {
     const v1::AttendItem& item = req.items(i);
-    const std::string field = absl::StrCat("items[", i, "].q");
-    TQ_ASSIGN_OR_RETURN(TensorView qt, ViewTensor(item.q(), field.c_str()));
-    TQ_RETURN_IF_ERROR(ExpectShape(qt, {-1, s.num_q_heads, s.head_dim}, field.c_str()));
-    const int64_t nq = qt.shape[0];
-    if (nq < 1 || batch.query_offsets.back() + nq > options_.max_queries)
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": need at least one query and at most ", options_.max_queries, " per call"));
+    const Item& it = items[i];
     Sequence& seq = *seqs[i];
-    AttendSequence as;
-    int64_t total = 0;
-    {
-      absl::MutexLock l(&seq.mu);
-      as.blocks = seq.stored_refs;
-      stored_holders.push_back(seq.stored);
-      for (int64_t b = 0; b < seq.owned_count[layer]; ++b) {
-        as.blocks.push_back({seq.owned[b]->id, seq.owned[b]->bytes.get()});
-        holders.push_back(seq.owned[b]);
-      }
-      as.packed_tokens = static_cast<int64_t>(as.blocks.size()) * s.block_size;
-      tails.push_back(std::make_unique<std::vector<float>>(seq.tail_k[layer]));
-      tails.push_back(std::make_unique<std::vector<float>>(seq.tail_v[layer]));
-      total = seq.Tokens(layer);
-    }
+    const int64_t nq = it.q.shape[0];
+    AttendSequence& as = batch.sequences.emplace_back();
+    const size_t nblocks = seq.stored.size() + static_cast<size_t>(seq.owned_count[layer]);
+    as.blocks = absl::MakeConstSpan(seq.refs.data(), nblocks);
+    as.packed_tokens = static_cast<int64_t>(nblocks) * s.block_size;
+    const int64_t total = seq.Tokens(layer);
     const int64_t tail_tokens = total - as.packed_tokens;
-    as.tail_k = {tails[tails.size() - 2]->data(), DType::kF32, tail_tokens, s.num_kv_heads, s.head_dim};
-    as.tail_v = {tails.back()->data(), DType::kF32, tail_tokens, s.num_kv_heads, s.head_dim};
+    as.tail_k = {seq.tail_k[layer].data(), DType::kF32, tail_tokens, s.num_kv_heads, s.head_dim};
+    as.tail_v = {seq.tail_v[layer].data(), DType::kF32, tail_tokens, s.num_kv_heads, s.head_dim};
+    as.tail_id = seq.tail_ids[layer]->id;
+    as.sequence_key = seq.key->id;
     if (total == 0)
-      return absl::FailedPreconditionError(absl::StrCat(
-          "sequence '", item.sequence_id(), "' has no tokens at layer ", layer));
-    if (item.positions_size() != 0 && item.positions_size() != nq)
-      return absl::InvalidArgumentError(absl::StrCat("items[", i, "]: ", item.positions_size(),
-                                                     " positions for ", nq, " queries"));
+      return finish(absl::FailedPreconditionError(absl::StrCat(
+          "sequence '", item.sequence_id(), "' has no tokens at layer ", layer)));
     for (int64_t j = 0; j < nq; ++j) {
       const uint64_t p = item.positions_size() ? item.positions(j) : total - 1;
       if (p >= static_cast<uint64_t>(total))
-        return absl::InvalidArgumentError(absl::StrCat("items[", i, "].positions[", j, "] = ", p,
-                                                       " outside the sequence's ", total,
-                                                       " tokens"));
+        return finish(absl::InvalidArgumentError(absl::StrCat("items[", i, "].positions[", j, "] = ", p,
+                                                              " outside the sequence's ", total, " tokens")));
       batch.positions.push_back(static_cast<int64_t>(p));
     }
-    const size_t q0 = q.size();
-    q.resize(q0 + nq * qrow);
-    ToFloat(qt.dtype, qt.data, q.data() + q0, nq * qrow);
-    qtypes.push_back(qt.dtype);
-    batch.sequences.push_back(std::move(as));
+    ToFloat(it.q.dtype, it.q.data, q.data() + batch.query_offsets.back() * qrow, nq * qrow);
     batch.query_offsets.push_back(batch.query_offsets.back() + nq);
   }
   std::vector<float> out(q.size());
   batch.q = q.data();
   batch.out = out.data();
+  double device_micros = 0;
+  batch.device_micros = &device_micros;
   const auto t0 = std::chrono::steady_clock::now();
-  TQ_RETURN_IF_ERROR(backend_->Attend(*model.codec, batch));
+  TQ_RETURN_IF_ERROR(finish(backend_->Attend(*model.codec, batch)));
   const auto t1 = std::chrono::steady_clock::now();
   v1::AttendResponse resp;
   resp.set_kernel_micros(std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count());
+  resp.set_device_micros(static_cast<uint64_t>(device_micros + 0.5));
   for (int i = 0; i < req.items_size(); ++i) {
     const int64_t q0 = batch.query_offsets[i], nq = batch.query_offsets[i + 1] - q0;
+    const DType qtype = items[i].q.dtype;
     v1::Tensor* t = resp.add_outputs();
-    t->set_dtype(ToProtoDType(qtypes[i]));
+    t->set_dtype(ToProtoDType(qtype));
     t->add_shape(nq);
     t->add_shape(s.num_q_heads);
     t->add_shape(s.head_dim);
     std::string* data = t->mutable_data();
-    data->resize(nq * qrow * DTypeSize(qtypes[i]));
-    FromFloat(qtypes[i], out.data() + q0 * qrow, data->data(), nq * qrow);
+    data->resize(nq * qrow * DTypeSize(qtype));
+    FromFloat(qtype, out.data() + q0 * qrow, data->data(), nq * qrow);
   }
   return resp;
 }

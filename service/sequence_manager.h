@@ -5,10 +5,12 @@
 // prefix, held as BlockData so their bytes stay valid whatever the store
 // does with them), and per layer a dense fp32 tail of recent tokens. When a
 // layer's tail reaches block_size tokens they are encoded through the
-// ComputeBackend into a sequence-owned block (the same byte layout as a
-// stored block). Owned blocks are copy-on-write: packing layer l into an
-// owned block makes a new version with a new BlockRef id, so a caching
-// backend never sees an id whose bytes changed.
+// ComputeBackend into layer l of a sequence-owned block (the same byte
+// layout as a stored block), which fills layer by layer
+// (BlockRef::complete = false): layer l's bytes never change once final.
+// Tails carry an id whose rows only grow (AttendSequence::tail_id) and the
+// sequence a key (AttendSequence::sequence_key), so a caching backend
+// copies only what is new.
 //
 // Sequences expire after `ttl` without use (each call that names one is a
 // use); an expired sequence is NOT_FOUND. Sequences live in memory only:
@@ -16,7 +18,8 @@
 //
 // Thread safety: thread-safe. mu_ guards the id map; each sequence has its
 // own mutex (taken after mu_ is released, never both at once). Attend
-// snapshots each sequence under its mutex and runs the backend unlocked.
+// locks its sequences (in address order) for the whole call, the backend's
+// included, and reads their blocks and tails in place.
 #ifndef TQKV_SERVICE_SEQUENCE_MANAGER_H_
 #define TQKV_SERVICE_SEQUENCE_MANAGER_H_
 
@@ -75,8 +78,13 @@ class SequenceManager {
                                             const v1::AppendRequest& req);
 
   // Attention of every item's queries over its sequence at one layer, in
-  // one backend call. All items must use one model. Outputs are in each
-  // q's dtype. NOT_FOUND / INVALID_ARGUMENT as above; backend errors pass.
+  // one backend call. All items must use one model. An item with new
+  // tokens (k, v) appends them first, as Append would; the appends and the
+  // attention happen together or not at all (on any error every sequence
+  // is unchanged), and those sequences stay locked for the whole call.
+  // Outputs are in each q's dtype. NOT_FOUND / INVALID_ARGUMENT as above
+  // (also for a sequence given new tokens twice in one call); backend
+  // errors pass.
   absl::StatusOr<v1::AttendResponse> Attend(const std::string& tenant,
                                             const v1::AttendRequest& req);
 
@@ -91,22 +99,31 @@ class SequenceManager {
   uint64_t OwnedBytes() const;
 
  private:
+  struct BackendId;
   struct OwnedBlock;
   struct Sequence;
+  struct LayerUndo;
+  // A fresh id for a tail or a sequence key (Forget()s it when destroyed).
+  std::unique_ptr<BackendId> NewId();
   // The live sequence `id` of `tenant` (refreshing its idle timer), or
   // NOT_FOUND.
   absl::StatusOr<std::shared_ptr<Sequence>> Use(const std::string& tenant, const std::string& id);
   // Appends dense rows to layer `layer` of `seq`, packing full blocks; on
-  // error `seq` is unchanged. REQUIRES: seq.mu held.
-  absl::Status AppendLocked(Sequence& seq, int layer, const DenseView& k, const DenseView& v);
+  // error `seq` is unchanged. On success, `undo` (optional) receives what
+  // Restore needs to take the append back. REQUIRES: seq.mu held.
+  absl::Status AppendLocked(Sequence& seq, int layer, const DenseView& k, const DenseView& v,
+                            LayerUndo* undo = nullptr);
+  // Puts back what an AppendLocked replaced. REQUIRES: the sequence's mu
+  // held since that append, and no later append to that layer.
+  void Restore(LayerUndo& undo);
 
   const SequenceOptions options_;
   ComputeBackend* const backend_;
   storage::Clock* const clock_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
-  // Ids of owned block versions: 1, 2, ... (stored blocks' ids have the top
-  // bit set, see sequence_manager.cc).
+  // Ids of owned blocks, tails and sequence keys: 1, 2, ... (stored
+  // blocks' ids have the top bit set, see sequence_manager.cc).
   std::atomic<uint64_t> next_owned_id_{1};
 };
 

@@ -372,6 +372,131 @@ TEST_F(DataPlaneTest, AttendGivesTheSameOutputsAsGrpcAttend) {
   EXPECT_EQ(DataGetRequests("DataAttend") - before, 6u);  // 2 layers, 3 errors, 1 ok
 }
 
+// A decode worker's step: the layer's new token rides in the Attend call.
+// Append then Attend (gRPC), Attend with new tokens (gRPC) and Attend with
+// new tokens (data plane) on three identical sequences give the same bytes
+// at every step and layer, across the block fill; a call that fails leaves
+// every sequence unchanged.
+TEST_F(DataPlaneTest, DecodeStepAppendsAndAttendsInOneCall) {
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(7, 3);
+  PutDense(model, chain, 1100);
+  v1::CreateSequenceRequest cs;
+  *cs.mutable_model() = model;
+  for (const auto& h : chain) cs.add_block_hashes(h);
+  *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 51);
+  *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 52);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto seq = client_->CreateSequence(cs);
+    ASSERT_TRUE(seq.ok()) << seq.status();
+    ids.push_back(seq->sequence_id());
+  }
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  uint64_t tokens = 3 * 16 + 5;
+  for (int step = 0; step < 20; ++step, ++tokens) {  // the tail fills at step 10
+    for (int layer = 0; layer < 2; ++layer) {
+      const v1::Tensor k = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 1000 + 2 * (step * 2 + layer));
+      const v1::Tensor v = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 1001 + 2 * (step * 2 + layer));
+      const v1::Tensor q = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 5000 + step * 2 + layer);
+      v1::AppendRequest ap;
+      ap.set_sequence_id(ids[0]);
+      ap.set_layer(layer);
+      *ap.mutable_k() = k;
+      *ap.mutable_v() = v;
+      auto appended = client_->Append(ap);
+      ASSERT_TRUE(appended.ok()) << appended.status();
+      EXPECT_EQ(appended->num_tokens(), tokens + 1);
+      v1::AttendRequest at;
+      at.set_layer(layer);
+      v1::AttendItem* item = at.add_items();
+      item->set_sequence_id(ids[0]);
+      *item->mutable_q() = q;
+      auto two_calls = client_->Attend(at);
+      ASSERT_TRUE(two_calls.ok()) << two_calls.status();
+      item->set_sequence_id(ids[1]);
+      *item->mutable_k() = k;
+      *item->mutable_v() = v;
+      auto one_call = client_->Attend(at);
+      ASSERT_TRUE(one_call.ok()) << one_call.status();
+      item->set_sequence_id(ids[2]);
+      auto data_plane = dp->Attend(at);
+      ASSERT_TRUE(data_plane.ok()) << data_plane.status();
+      SCOPED_TRACE(absl::StrCat("step ", step, " layer ", layer));
+      EXPECT_EQ(one_call->outputs(0).data(), two_calls->outputs(0).data());
+      EXPECT_EQ(data_plane->outputs(0).data(), two_calls->outputs(0).data());
+      EXPECT_NE(one_call->outputs(0).data(), std::string(one_call->outputs(0).data().size(), '\0'));
+    }
+  }
+
+  // Failures change nothing: ids[1] then takes one more token over the
+  // data plane's Append and reports the count it had plus one.
+  const v1::Tensor k = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 90);
+  const v1::Tensor v = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 91);
+  auto step = [&](const std::string& id) {
+    v1::AttendItem item;
+    item.set_sequence_id(id);
+    *item.mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 92);
+    *item.mutable_k() = k;
+    *item.mutable_v() = v;
+    return item;
+  };
+  std::vector<std::pair<std::string, v1::AttendRequest>> bad;
+  {
+    v1::AttendRequest r;  // a later item's position is outside its sequence
+    *r.add_items() = step(ids[1]);
+    v1::AttendItem* other = r.add_items();
+    other->set_sequence_id(ids[0]);
+    *other->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 93);
+    other->add_positions(100000);
+    bad.emplace_back("position", r);
+  }
+  {
+    v1::AttendRequest r;  // a later item names no sequence
+    *r.add_items() = step(ids[1]);
+    *r.add_items() = step("no-such-sequence");
+    bad.emplace_back("unknown sequence", r);
+  }
+  {
+    v1::AttendRequest r;  // the same sequence gets new tokens twice
+    *r.add_items() = step(ids[1]);
+    *r.add_items() = step(ids[1]);
+    bad.emplace_back("twice", r);
+  }
+  {
+    v1::AttendRequest r;  // k without v
+    *r.add_items() = step(ids[1]);
+    r.mutable_items(0)->clear_v();
+    bad.emplace_back("k without v", r);
+  }
+  {
+    v1::AttendRequest r;  // new tokens of the wrong shape
+    *r.add_items() = step(ids[1]);
+    *r.mutable_items(0)->mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {1, 3, 64}, 94);
+    *r.mutable_items(0)->mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {1, 3, 64}, 95);
+    bad.emplace_back("shape", r);
+  }
+  for (const auto& [what, r] : bad) {
+    const absl::StatusCode want =
+        what == "unknown sequence" ? StatusCode::kNotFound : StatusCode::kInvalidArgument;
+    EXPECT_EQ(client_->Attend(r).status().code(), want) << what;
+    EXPECT_EQ(dp->Attend(r).status().code(), want) << what;
+  }
+  v1::AppendRequest ap;
+  ap.set_sequence_id(ids[1]);
+  ap.set_layer(0);
+  *ap.mutable_k() = k;
+  *ap.mutable_v() = v;
+  auto appended = dp->Append(ap);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->num_tokens(), tokens + 1);
+  ap.set_layer(5);
+  EXPECT_EQ(dp->Append(ap).status().code(), StatusCode::kInvalidArgument);
+  ap.set_sequence_id("no-such-sequence");
+  EXPECT_EQ(dp->Append(ap).status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(DataPlaneTest, TenancyComesFromTheToken) {
   server_.reset();
   client_.reset();

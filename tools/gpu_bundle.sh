@@ -2,12 +2,14 @@
 # Builds the GPU tests and benchmarks here and bundles them, with their
 # non-glibc shared libraries, into a directory that runs on the GPU machine
 # (no Bazel there): kernel tests, kernel benchmarks (vs torch SDPA and the
-# copy ceiling), the memory probe and the decode floor (bench/profiling/), and
-# tqkv-server with the end-to-end Attend benchmark.
+# copy ceiling, partial last blocks), the memory probe and the decode floor
+# (bench/profiling/), and tqkv-server with the decode-loop benchmark.
 # Usage: tools/gpu_bundle.sh [out_dir=dist/gpu]
 # On the GPU machine: dist/gpu/run_all.sh  (logs to $OUT, or ./logs;
-# SKIP_KERNEL_BENCH=1, SKIP_ATTENTION_BENCH=1 or SKIP_E2E=1 leave out the kernel
-# benchmarks, only the decode-vs-SDPA one, or the end-to-end benchmark).
+# TESTS="attention_test ..." runs only those tests; SKIP_KERNEL_BENCH=1,
+# SKIP_ATTENTION_BENCH=1, SKIP_TAIL_BENCH=1 or SKIP_E2E=1 leave out the kernel
+# benchmarks, only the decode-vs-SDPA one, only the partial-block one, or the
+# decode loop).
 # The device tool carries at most 64 MiB, and every binary holds the CUDA
 # fatbins (~10 MB), so a compressed copy is made too: carry `dist/gpu_xz`
 # and run `dist/gpu_xz/run_all.sh` (it unpacks to a temp dir and runs).
@@ -17,21 +19,21 @@ source tools/bundle_lib.sh
 DEST="${1:-dist/gpu}"
 TESTS=(codec_kernels_test attention_test cuda_backend_test)
 bazel build -c opt //gpu:codec_kernels_test //gpu:attention_test //gpu:cuda_backend_test \
-  //gpu:libtqkv_gpu_capi.so //bench:gpu_codec_bench //service:tqkv-server //bench:attend_e2e_bench \
+  //gpu:libtqkv_gpu_capi.so //bench:gpu_codec_bench //service:tqkv-server //bench:decode_loop_bench \
   //bench/profiling:memory_probe //bench/profiling:decode_floor
 rm -rf "$DEST"
 mkdir -p "$DEST/lib"
 BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
 for t in "${TESTS[@]}"; do cp "$BIN/gpu/$t" "$DEST/"; done
 cp "$BIN/bench/gpu_codec_bench" "$BIN/gpu/libtqkv_gpu_capi.so" "$DEST/"
-cp "$BIN/service/tqkv-server" "$BIN/bench/attend_e2e_bench" "$BIN/bench/profiling/memory_probe" \
+cp "$BIN/service/tqkv-server" "$BIN/bench/decode_loop_bench" "$BIN/bench/profiling/memory_probe" \
   "$BIN/bench/profiling/decode_floor" "$DEST/"
-cp bench/gpu_attention_bench.py "$DEST/"
+cp bench/gpu_attention_bench.py bench/gpu_tail_bench.py "$DEST/"
 chmod u+w "$DEST"/*
-strip "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/attend_e2e_bench" "$DEST/memory_probe" "$DEST/decode_floor"
+strip "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/memory_probe" "$DEST/decode_floor"
 strip --strip-unneeded "$DEST/libtqkv_gpu_capi.so"
 bundle_copy_libs "$DEST" "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/libtqkv_gpu_capi.so" \
-  "$DEST/tqkv-server" "$DEST/attend_e2e_bench"
+  "$DEST/tqkv-server" "$DEST/decode_loop_bench"
 chmod -R u+w "$DEST/lib" && strip --strip-unneeded "$DEST"/lib/* 2>/dev/null || true
 cat > "$DEST/run_all.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -42,7 +44,7 @@ mkdir -p "$LOGS"
 export LD_LIBRARY_PATH="$HERE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 status=0
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; } > "$LOGS/device.txt" 2>&1
-for t in codec_kernels_test attention_test cuda_backend_test; do
+for t in ${TESTS:-codec_kernels_test attention_test cuda_backend_test}; do
   timeout 240 "$HERE/$t" --gtest_brief=1 > "$LOGS/$t.log" 2>&1; rc=$?
   echo "$t rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1
 done
@@ -54,13 +56,19 @@ if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
     timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 --variants 8,13,14,15,16,17,18,19,20 \
       > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
   fi
+  if [ -z "${SKIP_TAIL_BENCH:-}" ]; then
+    (cd "$HERE" && timeout 300 python3 gpu_tail_bench.py --lib "$HERE/libtqkv_gpu_capi.so" --iters 30) \
+      > "$LOGS/gpu_tail_bench.log" 2>&1; echo "gpu_tail_bench rc=$?" | tee -a "$LOGS/summary.txt"
+  fi
 fi
-# End to end: one decode step of a 32-layer model at 32K context as 32 Attend
-# calls over loopback to tqkv-server on the CUDA backend.
+# End to end: the decode loop (one data-plane call per layer that appends a
+# token and attends) over loopback to tqkv-server on the CUDA backend:
+# 32 layers for the single sequences, 8 for the batches (a layer's pages
+# exceed the L2 either way, so the per-layer call does not depend on it).
 if [ -z "${SKIP_E2E:-}" ]; then
   data="$(mktemp -d)"
   "$HERE/tqkv-server" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --data_dir "$data" \
-    --backend cuda --host_budget_bytes 8000000000 --threads 16 > "$LOGS/e2e_server.log" 2>&1 &
+    --backend cuda --host_budget_bytes 48000000000 --threads 16 > "$LOGS/e2e_server.log" 2>&1 &
   spid=$!
   addr=""
   for _ in $(seq 300); do
@@ -68,11 +76,14 @@ if [ -z "${SKIP_E2E:-}" ]; then
     daddr=$(sed -n "s/^tqkv-server data plane listening on //p" "$LOGS/e2e_server.log" | head -1)
     [ -n "$addr" ] && [ -n "$daddr" ] && break; sleep 0.1
   done
-  for fmt in k4v4 k4v2; do
-    timeout 300 "$HERE/attend_e2e_bench" --server "$addr" --data "$daddr" --layers 32 --context 32768 --format "$fmt" \
-      --steps 20 >> "$LOGS/attend_e2e_bench.log" 2>/dev/null
-    echo "attend_e2e_bench $fmt rc=$?" | tee -a "$LOGS/summary.txt"
+  for fmt in ${E2E_FORMATS:-k4v4 k4v2}; do
+    timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "$daddr" --layers 32 --format "$fmt" \
+      --shapes "${E2E_SHAPES:-1x32768,1x131072}" --steps 32 >> "$LOGS/decode_loop_bench.log" 2>&1
+    echo "decode_loop_bench $fmt rc=$?" | tee -a "$LOGS/summary.txt"
   done
+  timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "$daddr" --layers 8 --format k4v4 \
+    --shapes "${E2E_BATCH_SHAPES:-16x16384,64x4096,mixed64}" --steps 16 >> "$LOGS/decode_loop_bench.log" 2>&1
+  echo "decode_loop_bench batches rc=$?" | tee -a "$LOGS/summary.txt"
   kill "$spid"; wait "$spid"
 fi
 exit $status

@@ -128,6 +128,13 @@ absl::StatusOr<v1::AttendResponse> DataPlaneClient::Attend(const v1::AttendReque
   return std::move(*scratch_.reply_.mutable_attend());
 }
 
+absl::StatusOr<v1::AppendResponse> DataPlaneClient::Append(const v1::AppendRequest& req) {
+  v1::DataPlaneRequest dr;
+  *dr.mutable_append() = req;
+  if (absl::Status s = Exchange(&dr, &scratch_); !s.ok()) return s;
+  return std::move(*scratch_.reply_.mutable_append());
+}
+
 absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks* out) {
   if (absl::Status s = EnsureConnected(); !s.ok()) return s;
   if (!options_.token.empty()) dr->set_authorization(absl::StrCat("Bearer ", options_.token));

@@ -1,4 +1,4 @@
-// DataPlaneClient: bulk reads of packed blocks, and Attend, over tqkv's data
+// DataPlaneClient: bulk reads of packed blocks, Attend and Append, over tqkv's data
 // plane (plain TCP next to gRPC; wire format in proto/tqkv/v1/tqkv.proto,
 // "Data plane").
 // One blocking connection, like a Redis client: a call writes one request
@@ -74,8 +74,11 @@ class DataPlaneClient {
   // `with_format`: also fill out->reply().format().
   absl::Status GetBlocks(const v1::GetBlocksRequest& req, DataPlaneBlocks* out,
                          bool with_format = false);
-  // KvStore.Attend over the data plane: same request, response and errors.
+  // KvStore.Attend over the data plane: same request, response and errors
+  // (items may carry new tokens: append, then attend, in one call).
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& req);
+  // KvStore.Append over the data plane: same request, response and errors.
+  absl::StatusOr<v1::AppendResponse> Append(const v1::AppendRequest& req);
 
  private:
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
@@ -95,7 +98,7 @@ class DataPlaneClient {
   int fd_ = -1;
   std::string frame_;  // request scratch
   std::string head_;   // reply prefix + header (+ the payload's first bytes)
-  DataPlaneBlocks scratch_;  // replies without payload (Attend)
+  DataPlaneBlocks scratch_;  // replies without payload (Attend, Append)
 };
 
 }  // namespace tqkv::client

@@ -9,7 +9,8 @@
 namespace tqkv::gpu {
 
 // Merge of the split records of the specialised kernels (mse, one group of
-// <= 128 channels, no dense part): block per (query, q head) of W warps
+// <= 128 channels, no dense part in the records; the dense tail is attended
+// here, TailState): block per (query, q head) of W warps
 // (blockDim = 32·W, W <= kMergeMaxWarps, chosen by the launcher from the
 // split count), warp w merging splits w, w + W, ... (lane l: state channels
 // l + 32k, the strided layout the inverse rotation takes) into its own
@@ -39,6 +40,74 @@ inline int MergeWarps(int splits) {
 // one wave), then 128 floats for a QR rotation.
 inline size_t MergeSmemBytes(int warps) { return sizeof(float) * ((warps > 1 ? warps * 130 : 0) + 128); }
 
+// The dense tail of (query, q head) w: tokens packed_tokens .. position of
+// its sequence, attended by one warp straight from the tail rows (fp16,
+// bf16 or fp32, dim 128: lane l holds channels l + 32k). Returns the state
+// (m in the records' log2 domain, l, Σ p·v) with the sum carried into the
+// V group's state space (Π v, through g's channel map), so that it folds
+// into the merge as one more split. A query without tail tokens returns
+// m = -inf. `rbuf`: 128 floats of warp-private shared memory (QR only).
+__device__ __forceinline__ void TailState(const AttentionLaunch& a, const AttnDims& d, int64_t w, int lane,
+                                          const GpuGroup& g, float* rbuf, float& m, float& l, float (&v)[4]) {
+  m = -CUDART_INF_F;
+  l = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = 0.0f;
+  const int64_t qi = w / a.q_heads;
+  const int kvh = static_cast<int>(w % a.q_heads) / d.group;
+  const int seq = SeqOf(a, qi);
+  const int64_t n = a.positions[qi] + 1 - a.packed_tokens[seq];
+  if (n <= 0) return;
+  const float scale_log2 = a.scale * kLog2e;
+  float qv[4];
+  int vch[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int j = lane + 32 * k;
+    qv[k] = a.q[w * 128 + j] * scale_log2;
+    vch[k] = j < g.channels ? (g.channel_map ? g.channel_map[j] : j) : -1;
+  }
+  const int64_t step = static_cast<int64_t>(a.kv_heads) * 128;  // elements per tail token
+  const int64_t row0 = (a.tail_offset[seq] * a.kv_heads + kvh) * 128;
+  constexpr int kU = 8;  // tokens whose loads are in flight together
+  for (int64_t t0 = 0; t0 < n; t0 += kU) {
+    float s[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float part = 0.0f;
+      if (t0 + u < n) {
+        const int64_t r = row0 + (t0 + u) * step;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) part = fmaf(qv[k], LoadElem(a.tail_k, r + lane + 32 * k, a.tail_dtype), part);
+      }
+      s[u] = part;
+    }
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      s[u] = WarpSum(s[u]);
+      if (t0 + u < n) mx = fmaxf(mx, s[u]);
+    }
+    const float c = m == -CUDART_INF_F ? 0.0f : exp2f(m - mx);
+    l *= c;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] *= c;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (t0 + u < n) {
+        const float p = exp2f(s[u] - mx);
+        const int64_t r = row0 + (t0 + u) * step;
+        l += p;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (vch[k] >= 0) v[k] = fmaf(p, LoadElem(a.tail_v, r + vch[k], a.tail_dtype), v[k]);
+      }
+    }
+    m = mx;
+  }
+  RotateStrided<4>(g, v, lane, rbuf, true);
+}
+
 __global__ void __launch_bounds__(32 * kMergeMaxWarps) FastMergeKernel(AttentionLaunch a, AttnDims d,
                                                                        const float* records) {
   extern __shared__ float fm_sm[];  // MergeSmemBytes: [nwarps][128] sums, [nwarps] m, [nwarps] l; [128]
@@ -52,19 +121,21 @@ __global__ void __launch_bounds__(32 * kMergeMaxWarps) FastMergeKernel(Attention
   const int kvh = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.q_heads)) / d.group;
   const GpuGroup& g = a.v_comp[kvh].groups[0];
   const bool hadamard = g.rotation != kGpuQr;
+  // Warp 0 starts from the dense tail's state (no tail: m = -inf, l = 0).
+  float mw = -CUDART_INF_F, lw = 0.0f;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (warp == 0 && a.has_tail) TailState(a, d, w, lane, g, rbuf, mw, lw, v);
   HadamardLane<4> rot;
   if (warp == 0 && hadamard) rot.Load(g, lane, false);
   // Launched as a programmatic dependent of the decode kernel: everything
-  // above reads only the codec tables; the records need the decode grid
-  // complete and its writes visible.
+  // above reads only the codec tables, the queries and the dense tails; the
+  // records need the decode grid complete and its writes visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   // This warp's splits, kMergeSplitsPerRound per round (their loads issued
   // together), folded into (mw, lw, v) with weights exp2(m - mw); a split
   // without tokens has m = -inf and weight 0.
   const int sv = d.sv;
-  float mw = -CUDART_INF_F, lw = 0.0f;
-  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int s0 = warp; s0 < d.splits; s0 += kMergeSplitsPerRound * nwarps) {
     float m[kMergeSplitsPerRound], l[kMergeSplitsPerRound], x[kMergeSplitsPerRound][4];
 #pragma unroll

@@ -90,3 +90,30 @@ def test_client_finds_the_data_plane_through_stats(client, server, rng):
         got = auto.get_blocks(m, hs)
         assert auto.data_address == server.data_address
         assert [b.payload for b in got] == [b.payload for b in client.get_blocks(m, hs)]
+
+
+def test_decode_step_appends_and_attends_in_one_call(client, server, rng):
+    """Sequence.append_attend (gRPC), DataPlane.attend with new tokens and
+    append + attend give the same bytes at every step, across a block fill."""
+    m, hs, q = stored_model(client, rng, 2)
+    tail = kv(rng, 2, 9, H, D)
+    with tqkv.Client(server.address, timeout=60, data_address=server.data_address) as fast, \
+            client.create_sequence(m, hs, tail_k=tail[0], tail_v=tail[1]) as a, \
+            client.create_sequence(m, hs, tail_k=tail[0], tail_v=tail[1]) as b, \
+            client.create_sequence(m, hs, tail_k=tail[0], tail_v=tail[1]) as c:
+        for step in range(10):  # the 9-token tails fill at step 6
+            for layer in range(2):
+                k, v = kv(rng, 1, 1, H, D)
+                assert a.append(layer, k[0], v[0]) == 2 * BS + 9 + step + 1
+                want = a.attend(layer, q)
+                got_grpc = b.append_attend(layer, k[0], v[0], q)
+                got_dp = fast.attend(layer, [(c, q, None, k[0], v[0])])[0]
+                assert np.array_equal(got_grpc, want) and np.array_equal(got_dp, want)
+                assert np.abs(want).max() > 0
+        # A failed call appends nothing: b's next append reports one more token.
+        k, v = kv(rng, 1, 1, H, D)
+        with pytest.raises(tqkv.InvalidArgument):
+            client.attend(0, [(b, q, None, k[0], v[0]), (a, q, [10**6])])
+        with pytest.raises(tqkv.InvalidArgument):
+            fast.attend(0, [(b, q, None, k[0], v[0]), (b, q, None, k[0], v[0])])
+        assert fast.append(b, 0, k[0], v[0]) == 2 * BS + 9 + 10 + 1

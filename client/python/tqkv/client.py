@@ -101,9 +101,9 @@ class Client:
         d = min(self.max_backoff_s, self.backoff_s * (2 ** attempt))
         time.sleep(d * (0.5 + random.random() / 2))
 
-    def _data_plane_call(self, fn):
+    def _data_plane_call(self, fn, retry=True):
         """fn(DataPlane) on this thread's data-plane connection, retried like
-        _call on Unavailable (the connection is re-opened)."""
+        _call on Unavailable (the connection is re-opened) when `retry`."""
         from .data_plane import DataPlane  # data_plane imports this module
         attempt = 0
         while True:
@@ -116,7 +116,7 @@ class Client:
             try:
                 return fn(dp)
             except errors.Unavailable:
-                if attempt >= self.retries:
+                if not retry or attempt >= self.retries:
                     raise
                 self._sleep(attempt)
                 attempt += 1
@@ -364,6 +364,8 @@ class Client:
     def append(self, sequence_id, layer, k, v):
         """Appends tokens' K/V ([tokens, kv_heads, d]) to one layer of a
         sequence; returns that layer's token count. Never retried."""
+        if self.data_address:
+            return self._data_plane_call(lambda dp: dp.append(sequence_id, layer, k, v), retry=False)
         req = pb.AppendRequest(sequence_id=_seq_id(sequence_id), layer=layer,
                                k=tensors.to_proto(k), v=tensors.to_proto(v))
         return self._call("Append", self._kv.Append, req, retry=False).num_tokens
@@ -371,17 +373,21 @@ class Client:
     def attend(self, layer, items, scale=0.0, *, return_kernel_micros=False):
         """Attention of queries over stored sequences at one layer.
 
-        items: iterable of (sequence, q) or (sequence, q, positions), q of shape
-        [num_queries, q_heads, d]; positions per query (empty: decode at the
-        last token). Returns one output [num_queries, q_heads, d] per item in
-        q's dtype - a torch tensor when q was one. scale 0: 1/sqrt(d).
+        items: iterable of (sequence, q), (sequence, q, positions) or
+        (sequence, q, positions, k, v), q of shape [num_queries, q_heads, d];
+        positions per query (None or empty: decode at the last token); k, v:
+        new tokens [tokens, kv_heads, d] appended to the sequence first, in
+        the same call (both happen or neither). Returns one output
+        [num_queries, q_heads, d] per item in q's dtype - a torch tensor when
+        q was one. scale 0: 1/sqrt(d). A call that appends is never retried.
         """
+        items = list(items)
+        retry = not any(len(it) > 3 for it in items)
         if self.data_address:
-            items = list(items)
             return self._data_plane_call(lambda dp: dp.attend(
-                layer, items, scale, return_kernel_micros=return_kernel_micros))
+                layer, items, scale, return_kernel_micros=return_kernel_micros), retry=retry)
         req, torch_out = _attend_request(layer, items, scale)
-        r = self._call("Attend", self._kv.Attend, req)
+        r = self._call("Attend", self._kv.Attend, req, retry=retry)
         return _attend_outputs(r, torch_out, return_kernel_micros)
 
     def drop_sequence(self, sequence_id):
@@ -402,6 +408,11 @@ class Sequence:
 
     def attend(self, layer, q, positions=None, scale=0.0):
         return self.client.attend(layer, [(self.id, q, positions)], scale)[0]
+
+    def append_attend(self, layer, k, v, q, scale=0.0):
+        """A decode worker's step at one layer: appends the new tokens' k, v
+        ([tokens, kv_heads, d]) and attends q at the last token, in one call."""
+        return self.client.attend(layer, [(self.id, q, None, k, v)], scale)[0]
 
     def drop(self):
         self.client.drop_sequence(self.id)
@@ -430,8 +441,14 @@ def _attend_request(layer, items, scale):
     for item in items:
         seq, q = item[0], item[1]
         positions = item[2] if len(item) > 2 and item[2] is not None else ()
-        req.items.append(pb.AttendItem(sequence_id=_seq_id(seq), q=tensors.to_proto(q),
-                                       positions=[int(p) for p in positions]))
+        msg = pb.AttendItem(sequence_id=_seq_id(seq), q=tensors.to_proto(q),
+                            positions=[int(p) for p in positions])
+        if len(item) > 3:
+            if len(item) != 5:
+                raise ValueError("an attend item with new tokens is (sequence, q, positions, k, v)")
+            msg.k.CopyFrom(tensors.to_proto(item[3]))
+            msg.v.CopyFrom(tensors.to_proto(item[4]))
+        req.items.append(msg)
         torch_out.append(tensors.is_torch(q))
     return req, torch_out
 

@@ -1,9 +1,10 @@
-"""Bulk packed reads and Attend over tqkv's data plane (plain TCP next to gRPC).
+"""Bulk packed reads, Attend and Append over tqkv's data plane (plain TCP next to gRPC).
 
     with tqkv.DataPlane("127.0.0.1:50052", token=None) as dp:
         blocks = dp.get_blocks(model, [b"h0", b"h1"])   # [BlockData], payload = bytes
         views = dp.get_blocks(model, hashes, copy=False)  # payloads as memoryviews of one buffer
         out = dp.attend(layer, [(seq, q)])[0]             # as Client.attend, without gRPC
+        out = dp.attend(layer, [(seq, q, None, k, v)])[0] # append this step's k, v, then attend
 
 Same tenancy, fingerprint checks and error classes as Client.get_blocks
 (packed blocks only). Wire format: proto/tqkv/v1/tqkv.proto, "Data plane":
@@ -19,7 +20,8 @@ import grpc
 
 from . import errors
 from ._proto import pb
-from .client import Client, _attend_outputs, _attend_request, _hashes
+from . import tensors
+from .client import Client, _attend_outputs, _attend_request, _hashes, _seq_id
 from .types import TIER_NAMES, BlockData, Format
 
 _PREFACE = b"TQKVDP01"
@@ -126,3 +128,10 @@ class DataPlane:
         req, torch_out = _attend_request(layer, items, scale)
         reply, _ = self._exchange(pb.DataPlaneRequest(attend=req), "DataAttend")
         return _attend_outputs(reply.attend, torch_out, return_kernel_micros)
+
+    def append(self, sequence_id, layer, k, v):
+        """Client.append over the data plane: that layer's token count."""
+        req = pb.AppendRequest(sequence_id=_seq_id(sequence_id), layer=layer,
+                               k=tensors.to_proto(k), v=tensors.to_proto(v))
+        reply, _ = self._exchange(pb.DataPlaneRequest(append=req), "DataAppend")
+        return reply.append.num_tokens

@@ -1,0 +1,27 @@
+// Scatter copies on the device: many small pieces staged back to back in
+// one device buffer (one host-to-device copy) land at their destinations in
+// one kernel launch, instead of one cudaMemcpyAsync (microseconds of host
+// time each) per piece.
+#ifndef TQKV_GPU_SCATTER_H_
+#define TQKV_GPU_SCATTER_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace tqkv::gpu {
+
+struct ScatterPiece {
+  uint8_t* dst = nullptr;  // device destination, 16-byte aligned
+  uint64_t src = 0;        // offset in the source buffer, a multiple of 16
+  uint64_t bytes = 0;      // a multiple of 16
+};
+
+// Copies pieces[i] (a DEVICE array of n pieces) from `src` (device) to
+// their destinations on `stream`. cudaErrorInvalidValue for n < 0; pieces
+// must not overlap.
+cudaError_t LaunchScatter(const ScatterPiece* pieces, int n, const uint8_t* src, cudaStream_t stream);
+
+}  // namespace tqkv::gpu
+
+#endif  // TQKV_GPU_SCATTER_H_
