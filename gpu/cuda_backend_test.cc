@@ -200,5 +200,122 @@ TEST(CudaBackend, ReusedSlotListsSurviveEvictionInTheSameBatch) {
   EXPECT_EQ(gpu.Stats().uploads, 8u);
 }
 
+// A decode loop as the sequence manager drives it: each call appends one
+// token to each sequence's tail (rows grow under one tail id, so only the
+// new row is copied), a full tail packs into layer l of a block being
+// filled (BlockRef::complete false: copied layer by layer) and restarts
+// under a new id, and sequences keep their slots by key. Every call
+// matches the CPU backend, and is bit-identical to a second CUDA backend
+// given no ids (tails staged per call, every block acquired).
+TEST(CudaBackend, DecodeLoopWithTailIdsAndFillingBlocks) {
+  TQ_SKIP_WITHOUT_GPU();
+  const int layers = 2, H = 8, QH = 32, dim = 128, bs = 16;
+  auto codec = *ModelCodec::Create({layers, H, QH, dim, bs}, {.format = "k4v4", .seed = 5}, nullptr);
+  CpuBackend cpu({.threads = 0});
+  auto with_ids_or = CreateCudaBackend({.arena_bytes = 64 * ((codec->block_bytes() + 255) / 256 * 256)});
+  auto plain_or = CreateCudaBackend({.arena_bytes = 64 * ((codec->block_bytes() + 255) / 256 * 256)});
+  ASSERT_TRUE(with_ids_or.ok()) << with_ids_or.status();
+  ASSERT_TRUE(plain_or.ok()) << plain_or.status();
+  ComputeBackend& with_ids = **with_ids_or;
+  ComputeBackend& plain = **plain_or;
+  const size_t row = static_cast<size_t>(H) * dim;
+  struct Seq {
+    std::vector<std::unique_ptr<std::vector<uint8_t>>> blocks;  // stored, then filling ones
+    std::vector<BlockRef> refs;
+    std::vector<int64_t> filled;                     // per layer: filling blocks holding it
+    std::vector<std::vector<float>> tail_k, tail_v;  // per layer
+    std::vector<uint64_t> tail_id;                   // per layer
+    int64_t stored = 0;
+    uint64_t key = 0;
+  };
+  uint64_t next_id = 1;
+  std::vector<Seq> seqs(2);
+  for (int i = 0; i < 2; ++i) {
+    Seq& q = seqs[i];
+    q.key = next_id++;
+    q.stored = i == 0 ? 3 : 1;
+    for (int b = 0; b < q.stored; ++b) {
+      auto& bytes = q.blocks.emplace_back(std::make_unique<std::vector<uint8_t>>(codec->block_bytes()));
+      std::vector<DenseView> kd, vd;
+      std::vector<std::vector<float>> k(layers), v(layers);
+      for (int l = 0; l < layers; ++l) {
+        k[l] = RandomRows(bs * H, dim, 100 * i + 10 * b + l);
+        v[l] = RandomRows(bs * H, dim, 5000 + 100 * i + 10 * b + l);
+        kd.push_back({k[l].data(), DType::kF32, bs, H, dim});
+        vd.push_back({v[l].data(), DType::kF32, bs, H, dim});
+      }
+      ASSERT_TRUE(cpu.EncodeBlock(*codec, 0, layers, kd, vd, bytes->data()).ok());
+      q.refs.push_back({next_id++ | (uint64_t{1} << 63), bytes->data()});
+    }
+    q.filled.assign(layers, 0);
+    q.tail_k.resize(layers);
+    q.tail_v.resize(layers);
+    for (int l = 0; l < layers; ++l) q.tail_id.push_back(next_id++);
+    for (int l = 0; l < layers; ++l) {  // different offsets inside the block
+      const int t0 = i == 0 ? 13 : 2;
+      q.tail_k[l] = RandomRows(t0 * H, dim, 900 + 10 * i + l);
+      q.tail_v[l] = RandomRows(t0 * H, dim, 950 + 10 * i + l);
+    }
+  }
+  for (int step = 0; step < 20; ++step) {
+    for (int l = 0; l < layers; ++l) {
+      AttendBatch batch, bare;
+      batch.layer = bare.layer = l;
+      batch.shape = bare.shape = {QH, H, dim, 0};
+      batch.query_offsets = bare.query_offsets = {0, 1, 2};
+      for (Seq& q : seqs) {
+        std::vector<float> k = RandomRows(H, dim, 7000 + step * 10 + l), v = RandomRows(H, dim, 8000 + step * 10 + l);
+        q.tail_k[l].insert(q.tail_k[l].end(), k.begin(), k.end());
+        q.tail_v[l].insert(q.tail_v[l].end(), v.begin(), v.end());
+        if (q.tail_k[l].size() == bs * row) {  // pack into layer l of the next filling block
+          const size_t j = static_cast<size_t>(q.stored + q.filled[l]);
+          if (j == q.blocks.size()) {
+            q.blocks.push_back(std::make_unique<std::vector<uint8_t>>(codec->block_bytes(), 0));
+            q.refs.push_back({next_id++, q.blocks.back()->data(), /*complete=*/false});
+          }
+          ASSERT_TRUE(cpu.EncodeBlock(*codec, l, l + 1, {{q.tail_k[l].data(), DType::kF32, bs, H, dim}},
+                                      {{q.tail_v[l].data(), DType::kF32, bs, H, dim}},
+                                      q.blocks[j]->data() + codec->layer_offset(l))
+                          .ok());
+          ++q.filled[l];
+          q.tail_k[l].clear();
+          q.tail_v[l].clear();
+          with_ids.Forget(q.tail_id[l]);
+          q.tail_id[l] = next_id++;
+        }
+        const int64_t nblocks = q.stored + q.filled[l];
+        const int64_t tail = static_cast<int64_t>(q.tail_k[l].size() / row);
+        AttendSequence as;
+        as.blocks = absl::MakeConstSpan(q.refs.data(), nblocks);
+        as.packed_tokens = nblocks * bs;
+        as.tail_k = {q.tail_k[l].data(), DType::kF32, tail, H, dim};
+        as.tail_v = {q.tail_v[l].data(), DType::kF32, tail, H, dim};
+        AttendSequence bs_seq = as;
+        as.tail_id = q.tail_id[l];
+        as.sequence_key = q.key;
+        batch.sequences.push_back(as);
+        bare.sequences.push_back(bs_seq);
+        batch.positions.push_back(as.packed_tokens + tail - 1);
+      }
+      bare.positions = batch.positions;
+      std::vector<float> qv = RandomRows(2 * QH, dim, 9000 + step * 10 + l), got(qv.size()), base(qv.size()),
+                         want(qv.size());
+      batch.q = bare.q = qv.data();
+      batch.out = got.data();
+      ASSERT_TRUE(with_ids.Attend(*codec, batch).ok()) << "step " << step << " layer " << l;
+      bare.out = base.data();
+      ASSERT_TRUE(plain.Attend(*codec, bare).ok());
+      batch.out = want.data();
+      ASSERT_TRUE(cpu.Attend(*codec, batch).ok());
+      std::vector<double> wd(want.begin(), want.end());
+      EXPECT_LT(RelativeError(wd.data(), got.data(), got.size()), 2e-3) << "step " << step << " layer " << l;
+      EXPECT_EQ(got, base) << "step " << step << " layer " << l;
+    }
+  }
+  // Each stored block crossed the bus once, each filling block once (then
+  // layer by layer), each tail row once.
+  EXPECT_EQ(with_ids.Stats().uploads, 4u + 3u);
+}
+
 }  // namespace
 }  // namespace tqkv::gpu
