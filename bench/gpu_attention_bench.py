@@ -75,7 +75,7 @@ def timed(fn, iters):
 _FLUSH = None
 
 
-EVICT_BY_WRITE = False  # --evict write: the seventh session's first method, for comparison
+EVICT_BY_WRITE = False  # --evict write: dirty-line eviction, an older timing method kept for comparison
 
 
 def _evict_l2():

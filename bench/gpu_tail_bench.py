@@ -62,7 +62,10 @@ class Batch:
         self.has_tail = 1 if off else 0
         self.q32 = q32
         self.out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
-        ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, self.max_ctx, stride, 0)
+        # The served plan's workspace, or the generic kernel's at its most
+        # splits (1024 records of 2 + 2·D floats per query head) for run(0).
+        ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, self.max_ctx, stride, 0),
+                       batch * QH * (1024 * (2 + 2 * D) + D) * 4 + 4096)
         self.ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
         self.stream = torch.cuda.current_stream().cuda_stream
 
@@ -145,6 +148,8 @@ def main():
                         f"{min(times)[0] * 1e3:.1f}-{tmax * 1e3:.1f} us, worst {tmax / t0:.3f}x at {targ}")
                 if batch * ctx <= 32768:  # the generic kernel, what a tail cost before the fast merge attended it
                     run = Batch(lib, h, k, v, table, kp, vp, stride, [ctx - BS] * batch, [5] * batch, q32)
+                    if run(0):
+                        sys.exit(f"attention (generic kernel): {lib.tqkv_gpu_last_error().decode()}")
                     line += f"; generic kernel, tail 5: {gb.timed_device(lambda: run(0), 5) * 1e3:.1f} us"
                 print(line, flush=True)
                 summary.append((name, f, t0 * 1e3, tmax * 1e3, tmax / t0))

@@ -361,6 +361,20 @@ class CudaBackend : public ComputeBackend {
     const size_t nseq = b.sequences.size();
     const uint64_t gen0 = cache_->generation();
     std::vector<size_t> reused(nseq, 0);  // slots of sequence i taken from its remembered list
+    // Layer l of a block being filled, copied once into its slot.
+    auto ensure_layer = [&](const BlockRef& r, int32_t slot, bool miss) {
+      std::vector<bool>& have = layers_[r.id];
+      if (miss || have.empty()) have.assign(codec.shape().num_layers, false);
+      if (have[l]) return;
+      const size_t off = codec.layer_offset(l), bytes = codec.layer_range_bytes(l, l + 1);
+      if (off % 16 == 0 && bytes % 16 == 0) {
+        up->pieces.push_back({cache_->base() + static_cast<size_t>(slot) * cache_->slot_bytes() + off,
+                              r.payload + off, bytes});
+      } else {
+        up->blocks.emplace_back(slot, r.payload);  // the scatter kernel's 16-byte words do not fit
+      }
+      have[l] = true;
+    };
     auto acquire = [&](size_t i, size_t from) -> absl::Status {
       const AttendSequence& q = b.sequences[i];
       for (size_t j = from; j < q.blocks.size(); ++j) {
@@ -368,22 +382,8 @@ class CudaBackend : public ComputeBackend {
         bool miss = false;
         TQ_ASSIGN_OR_RETURN(int32_t slot, cache_->Acquire(r.id, epoch_, codec.block_bytes(), &miss));
         (*table)[i * max_blocks + j] = slot;
-        if (r.complete) {
-          if (miss) up->blocks.emplace_back(slot, r.payload);
-          continue;
-        }
-        std::vector<bool>& have = layers_[r.id];
-        if (miss) have.assign(codec.shape().num_layers, false);
-        if (!have[l]) {
-          const size_t off = codec.layer_offset(l), bytes = codec.layer_range_bytes(l, l + 1);
-          if (off % 16 == 0 && bytes % 16 == 0) {
-            up->pieces.push_back({cache_->base() + static_cast<size_t>(slot) * cache_->slot_bytes() + off,
-                                  r.payload + off, bytes});
-          } else {
-            up->blocks.emplace_back(slot, r.payload);  // the scatter kernel's 16-byte words do not fit
-          }
-          have[l] = true;
-        }
+        if (!r.complete) ensure_layer(r, slot, miss);
+        else if (miss) up->blocks.emplace_back(slot, r.payload);
       }
       return absl::OkStatus();
     };
@@ -397,6 +397,16 @@ class CudaBackend : public ComputeBackend {
           const size_t n = std::min(known.ids.size(), q.blocks.size());
           while (from < n && known.ids[from] == q.blocks[from].id) ++from;
           std::copy(known.slots.begin(), known.slots.begin() + from, table->begin() + i * max_blocks);
+          // Blocks being filled may lack this layer: acquired (so this
+          // call's copies go to slots no later Acquire can take).
+          for (size_t j = 0; j < from; ++j) {
+            const BlockRef& r = q.blocks[j];
+            if (r.complete) continue;
+            bool miss = false;
+            TQ_ASSIGN_OR_RETURN(int32_t slot, cache_->Acquire(r.id, epoch_, codec.block_bytes(), &miss));
+            (*table)[i * max_blocks + j] = slot;
+            ensure_layer(r, slot, miss);
+          }
         }
       }
       reused[i] = from;

@@ -2,7 +2,8 @@
 """Host submit time and CUDA-graph replay vs CUDA-event time, served kernel and SDPA.
 
   attention_host_vs_graph.py LIB gpu_attention_bench.py SHAPES FORMATS
-e.g. 64x4096,1x131072 k4v4 (bench/RESULTS.md, "Decode, sixth session").
+e.g. 64x4096,1x131072 k4v4 (measurement log, bench/history/results-log-2026-11.md:
+"16-warp row sets, a timeline of the call, host time").
 """
 import sys, time, statistics, torch, importlib.util
 spec = importlib.util.spec_from_file_location("b", sys.argv[2]); b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)

@@ -3,7 +3,8 @@
 shape, bracketed by cudaProfilerStart/Stop for Nsight Compute.
 
   ncu --profile-from-start off [--section ...] python3 attention_ncu.py LIB gpu_attention_bench.py SHAPE FORMAT [VARIANT]
-e.g. 32x32768 k4v4 20 (bench/RESULTS.md, "Decode, seventh session"). Pages
+e.g. 32x32768 k4v4 20 (measurement log, bench/history/results-log-2026-11.md:
+"two tiles per step, 2-bit V pair lookups, device-time timing"). Pages
 are encoded from random fp16 K/V and randomly permuted, as in the benchmark.
 """
 import importlib.util

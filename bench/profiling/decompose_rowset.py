@@ -2,7 +2,8 @@
 """Patches the working tree's row-set decode call into one of three reduced
 forms, each the one before it with one more part taken out, so that timing
 them beside the served call and `decode_floor` splits the call's time into
-its parts (bench/RESULTS.md, "Tenth session"):
+its parts (measurement log, bench/history/results-log-2026-11.md: "the
+decode call against its floor, part by part"):
 
   level 1: a warp's tile step does no arithmetic (it still waits for each
            stage, counts its read and refills it): the loop's compute out;

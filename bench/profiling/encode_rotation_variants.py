@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Patches the served lane-row encode (gpu/kernels/encode_rows.cuh) so that
 its FWHT runs 4 of its 7 stages (`four_stages`) or none (`no_fwht`), to time
-what the rotation costs (bench/RESULTS.md, "Twelfth session"). Either
+what the rotation costs (measurement log, bench/history/results-log-2026-11.md:
+"the goals against their floors; what the gRPC share is"). Either
 variant writes wrong indices: it is for timing only and is never served.
 
 Usage, from the repository root:

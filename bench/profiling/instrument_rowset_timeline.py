@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Patches the working tree's row-set kernel (as of the ninth session) and merge kernel to write
+"""Patches the working tree's row-set kernel (as of commit 78f1b2e) and merge kernel to write
 %globaltimer stamps past the split records (16 per decode block, 4 per
 merge block) for rowset_timeline.py; stamps 10-12 split thread 0's
 prologue, 13-15 are a shadow probe's cold load latencies (last warp). Run from the repository root, build

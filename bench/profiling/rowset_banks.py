@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Bank model of the row-set decode kernel's shared-memory reads of a tile.
 
-It covers the reads behind bench/RESULTS.md's "Tenth session" layout choices:
+It covers the reads behind the layout choices in the measurement log
+(bench/history/results-log-2026-11.md: "the decode call against its floor,
+part by part"):
 - the K row words and norms of TokMTiles' score fragments;
 - the V row words and norms of its value fragments.
 

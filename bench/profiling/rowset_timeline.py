@@ -7,7 +7,8 @@ commit or serve such a build). On the GPU machine:
   rowset_timeline.py LIB gpu_attention_bench.py BATCH CONTEXT [FORMAT [CALLS]]
 prints, for the last of CALLS launches on random packed pages, quantiles of
 each prologue step, the first tile's arrival, the loop, the epilogue and
-the merge, in µs (bench/RESULTS.md, "Decode, sixth session").
+the merge, in µs (measurement log, bench/history/results-log-2026-11.md:
+"16-warp row sets, a timeline of the call, host time").
 """
 import sys, torch, importlib.util
 spec = importlib.util.spec_from_file_location("b", sys.argv[2]); b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)

@@ -2,7 +2,8 @@
 # Per-call latency of gRPC and data-plane Attend, and of a trivial RPC, with
 # the server and client placed on CPUs in a few ways (taskset), on the GPU
 # machine. It shows how much of the gRPC share is host thread wake-ups
-# (bench/RESULTS.md, "Twelfth session").
+# (measurement log, bench/history/results-log-2026-11.md: "the goals against
+# their floors; what the gRPC share is").
 # Usage (GPU machine, repository root): bench/profiling/rpc_placement.sh [bundle=dist/gpu_xz]
 # The bundle is `tools/gpu_bundle.sh`'s compressed one.
 set -u
