@@ -39,7 +39,7 @@ class Batch:
     its pages, the next tail[b] tokens as fp16 tail rows; query b at its
     last token."""
 
-    def __init__(self, lib, h, k, v, table, kp, vp, stride, packed, tails, q32, flag_fast=1):
+    def __init__(self, lib, h, k, v, table, kp, vp, stride, packed, tails, q32, force_tail=False):
         dev = k.device
         self.lib, self.h, self.kp, self.vp, self.stride, self.table = lib, h, kp, vp, stride, table
         batch = k.shape[0]
@@ -59,7 +59,7 @@ class Batch:
         self.tail_k = torch.cat(rows_k).contiguous() if off else torch.zeros(1, KVH, D, dtype=torch.float16, device=dev)
         self.tail_v = torch.cat(rows_v).contiguous() if off else torch.zeros(1, KVH, D, dtype=torch.float16, device=dev)
         self.tail_off = torch.tensor(offs, dtype=torch.int64, device=dev)
-        self.has_tail = 1 if off else 0
+        self.has_tail = 1 if off or force_tail else 0
         self.q32 = q32
         self.out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
         # The served plan's workspace, or the generic kernel's at its most
@@ -144,8 +144,14 @@ def main():
                         sys.exit(f"{name} {f} tail {t}: rel.err {err:.4f} vs aligned {err0:.4f}")
                     times.append((gb.timed_device(run, args.iters), t))
                 tmax, targ = max(times)
+                # The tail path with no tail token (has_tail set, every query before the tail): its fixed cost.
+                no_token = Batch(lib, h, k, v, table, kp, vp, stride, [ctx] * batch, [0] * batch, q32,
+                                 force_tail=True)
+                t_flag = gb.timed_device(no_token, args.iters)
+                by_len = " ".join(f"{t}:{x * 1e3:.1f}" for x, t in sorted(times, key=lambda p: p[1]) if t in (1, 4, 8, 9, 15))
                 line = (f"{name:>9} {f}: aligned {t0 * 1e3:7.1f} us (err {err0:.3f}); tails 1..15 "
-                        f"{min(times)[0] * 1e3:.1f}-{tmax * 1e3:.1f} us, worst {tmax / t0:.3f}x at {targ}")
+                        f"{min(times)[0] * 1e3:.1f}-{tmax * 1e3:.1f} us, worst {tmax / t0:.3f}x at {targ} "
+                        f"(us by length {by_len}; tail path, no tail token {t_flag * 1e3:.1f})")
                 if batch * ctx <= 32768:  # the generic kernel, what a tail cost before the fast merge attended it
                     run = Batch(lib, h, k, v, table, kp, vp, stride, [ctx - BS] * batch, [5] * batch, q32)
                     if run(0):

@@ -712,7 +712,8 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, FastMergeKernel, l, d, static_cast<const float*>(recs));
+    return l.has_tail ? cudaLaunchKernelEx(&cfg, FastMergeKernel<true>, l, d, static_cast<const float*>(recs))
+                      : cudaLaunchKernelEx(&cfg, FastMergeKernel<false>, l, d, static_cast<const float*>(recs));
   }
   return ByVpl<MergeF>(Vpl(l.host_v), l, d, recs, stream);
 }

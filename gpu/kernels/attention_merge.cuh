@@ -40,47 +40,64 @@ inline int MergeWarps(int splits) {
 // one wave), then 128 floats for a QR rotation.
 inline size_t MergeSmemBytes(int warps) { return sizeof(float) * ((warps > 1 ? warps * 130 : 0) + 128); }
 
-// The dense tail of (query, q head) w: tokens packed_tokens .. position of
-// its sequence, attended by one warp straight from the tail rows (fp16,
-// bf16 or fp32, dim 128: lane l holds channels l + 32k). Returns the state
-// (m in the records' log2 domain, l, Σ p·v) with the sum carried into the
-// V group's state space (Π v, through g's channel map), so that it folds
-// into the merge as one more split. A query without tail tokens returns
-// m = -inf. `rbuf`: 128 floats of warp-private shared memory (QR only).
-__device__ __forceinline__ void TailState(const AttentionLaunch& a, const AttnDims& d, int64_t w, int lane,
-                                          const GpuGroup& g, float* rbuf, float& m, float& l, float (&v)[4]) {
-  m = -CUDART_INF_F;
-  l = 0.0f;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) v[k] = 0.0f;
-  const int64_t qi = w / a.q_heads;
-  const int kvh = static_cast<int>(w % a.q_heads) / d.group;
-  const int seq = SeqOf(a, qi);
-  const int64_t n = a.positions[qi] + 1 - a.packed_tokens[seq];
-  if (n <= 0) return;
-  const float scale_log2 = a.scale * kLog2e;
-  float qv[4];
-  int vch[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int j = lane + 32 * k;
-    qv[k] = a.q[w * 128 + j] * scale_log2;
-    vch[k] = j < g.channels ? (g.channel_map ? g.channel_map[j] : j) : -1;
-  }
-  const int64_t step = static_cast<int64_t>(a.kv_heads) * 128;  // elements per tail token
-  const int64_t row0 = (a.tail_offset[seq] * a.kv_heads + kvh) * 128;
-  constexpr int kU = 8;  // tokens whose loads are in flight together
+// 4 consecutive tail elements (aligned to 4 elements): loaded raw (Raw4),
+// widened to floats where used (Widen4), so that a pass's rows stay packed
+// in registers.
+template <typename T>
+struct Raw4 {
+  using Type = uint2;  // 4 16-bit elements
+};
+template <>
+struct Raw4<float> {
+  using Type = float4;
+};
+template <typename T>
+__device__ __forceinline__ typename Raw4<T>::Type Load4(const T* p) {
+  return *reinterpret_cast<const typename Raw4<T>::Type*>(p);
+}
+__device__ __forceinline__ void Widen4(const float4& r, const float*, float (&x)[4]) {
+  x[0] = r.x, x[1] = r.y, x[2] = r.z, x[3] = r.w;
+}
+__device__ __forceinline__ void Widen4(const uint2& r, const __half*, float (&x)[4]) {
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&r.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&r.y));
+  x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
+}
+__device__ __forceinline__ void Widen4(const uint2& r, const __nv_bfloat16*, float (&x)[4]) {
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
+  x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
+}
+
+// Online softmax of one warp over n tail tokens of element type T (rows of
+// `step` elements from k / v, lane l holding channels 4l..4l+3 of its kv
+// head; q4: the query's channels, pre-scaled to the log2 domain) into
+// (m, l, acc). Every load of a pass is issued before any is used: one
+// memory latency per kU tokens.
+template <typename T>
+__device__ __forceinline__ void TailSoftmax(const T* k, const T* v, int64_t step, int64_t n, const float (&q4)[4],
+                                            float& m, float& l, float (&acc)[4]) {
+  constexpr int kU = 8;  // rows of K and V in flight (16 spill at the kernel's 128 registers)
+  using R = typename Raw4<T>::Type;
   for (int64_t t0 = 0; t0 < n; t0 += kU) {
+    R kr[kU], vr[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (t0 + u < n) {
+        kr[u] = Load4(k + (t0 + u) * step);
+        vr[u] = Load4(v + (t0 + u) * step);
+      }
+    }
     float s[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      float part = 0.0f;
+      s[u] = 0.0f;
       if (t0 + u < n) {
-        const int64_t r = row0 + (t0 + u) * step;
+        float x[4];
+        Widen4(kr[u], k, x);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) part = fmaf(qv[k], LoadElem(a.tail_k, r + lane + 32 * k, a.tail_dtype), part);
+        for (int i = 0; i < 4; ++i) s[u] = fmaf(q4[i], x[i], s[u]);
       }
-      s[u] = part;
     }
     float mx = m;
 #pragma unroll
@@ -91,23 +108,87 @@ __device__ __forceinline__ void TailState(const AttentionLaunch& a, const AttnDi
     const float c = m == -CUDART_INF_F ? 0.0f : exp2f(m - mx);
     l *= c;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] *= c;
+    for (int i = 0; i < 4; ++i) acc[i] *= c;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       if (t0 + u < n) {
         const float p = exp2f(s[u] - mx);
-        const int64_t r = row0 + (t0 + u) * step;
+        float x[4];
+        Widen4(vr[u], v, x);
         l += p;
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-          if (vch[k] >= 0) v[k] = fmaf(p, LoadElem(a.tail_v, r + vch[k], a.tail_dtype), v[k]);
+        for (int i = 0; i < 4; ++i) acc[i] = fmaf(p, x[i], acc[i]);
       }
     }
     m = mx;
   }
-  RotateStrided<4>(g, v, lane, rbuf, true);
 }
 
+// The dense tail of (query, q head) w: tokens packed_tokens .. position of
+// its sequence, attended by one warp straight from the tail rows (fp16,
+// bf16 or fp32, dim 128). Returns the state (m in the records' log2
+// domain, l, Σ p·v) with the sum carried into the V group's state space
+// (Π v, through g's channel map) on the strided layout, so that it folds
+// into the merge as one more split. A query without tail tokens returns
+// m = -inf. `rbuf`: 128 floats of warp-private shared memory.
+__device__ __forceinline__ void TailState(const AttentionLaunch& a, const AttnDims& d, int64_t w, int lane,
+                                          const GpuGroup& g, bool hadamard, float* rbuf, float& m, float& l,
+                                          float (&v)[4]) {
+  m = -CUDART_INF_F;
+  l = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = 0.0f;
+  const int64_t qi = w / a.q_heads;
+  const int kvh = static_cast<int>(w % a.q_heads) / d.group;
+  const int seq = SeqOf(a, qi);
+  // Independent loads first: the query, the sequence's extent, the forward
+  // rotation's factors and the channel map.
+  const float4 qr = *reinterpret_cast<const float4*>(a.q + w * 128 + 4 * lane);
+  const int64_t n = a.positions[qi] + 1 - a.packed_tokens[seq];
+  const int64_t first = a.tail_offset[seq];
+  HadamardLane<4> fwd;
+  if (hadamard) fwd.Load(g, lane, true);
+  int src[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int j = lane + 32 * k;
+    src[k] = j < g.channels ? (g.channel_map ? g.channel_map[j] : j) : -1;
+  }
+  if (n <= 0) return;
+  const float scale_log2 = a.scale * kLog2e;
+  const float q4[4] = {qr.x * scale_log2, qr.y * scale_log2, qr.z * scale_log2, qr.w * scale_log2};
+  const int64_t step = static_cast<int64_t>(a.kv_heads) * 128;  // elements per tail token
+  const int64_t row0 = (first * a.kv_heads + kvh) * 128 + 4 * lane;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  switch (a.tail_dtype) {
+    case kGpuF16:
+      TailSoftmax(static_cast<const __half*>(a.tail_k) + row0, static_cast<const __half*>(a.tail_v) + row0, step, n,
+                  q4, m, l, acc);
+      break;
+    case kGpuBF16:
+      TailSoftmax(static_cast<const __nv_bfloat16*>(a.tail_k) + row0,
+                  static_cast<const __nv_bfloat16*>(a.tail_v) + row0, step, n, q4, m, l, acc);
+      break;
+    default:
+      TailSoftmax(static_cast<const float*>(a.tail_k) + row0, static_cast<const float*>(a.tail_v) + row0, step, n,
+                  q4, m, l, acc);
+      break;
+  }
+  // Channels 4l..4l+3 to the strided state layout (state j = channel src[j]).
+#pragma unroll
+  for (int i = 0; i < 4; ++i) rbuf[4 * lane + i] = acc[i];
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = src[k] >= 0 ? rbuf[src[k]] : 0.0f;
+  __syncwarp();
+  if (hadamard) fwd.Apply(v, lane);
+  else RotateStrided<4>(g, v, lane, rbuf, true);
+}
+
+// kTail: the launch has dense tails (a.has_tail), attended by warp 0 before
+// the wait (a separate instantiation: the tail's registers would otherwise
+// cost every launch).
+template <bool kTail>
 __global__ void __launch_bounds__(32 * kMergeMaxWarps) FastMergeKernel(AttentionLaunch a, AttnDims d,
                                                                        const float* records) {
   extern __shared__ float fm_sm[];  // MergeSmemBytes: [nwarps][128] sums, [nwarps] m, [nwarps] l; [128]
@@ -124,7 +205,9 @@ __global__ void __launch_bounds__(32 * kMergeMaxWarps) FastMergeKernel(Attention
   // Warp 0 starts from the dense tail's state (no tail: m = -inf, l = 0).
   float mw = -CUDART_INF_F, lw = 0.0f;
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (warp == 0 && a.has_tail) TailState(a, d, w, lane, g, rbuf, mw, lw, v);
+  if constexpr (kTail) {
+    if (warp == 0) TailState(a, d, w, lane, g, hadamard, rbuf, mw, lw, v);
+  }
   HadamardLane<4> rot;
   if (warp == 0 && hadamard) rot.Load(g, lane, false);
   // Launched as a programmatic dependent of the decode kernel: everything
