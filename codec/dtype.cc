@@ -56,7 +56,9 @@ void FromFloat(DType t, const float* src, void* dst, size_t n) {
       return;
     case DType::kF16: {
       auto* d = static_cast<_Float16*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = static_cast<_Float16>(src[i]);
+      size_t i = n & ~size_t{7};
+      simd::FloatToHalf(src, static_cast<uint16_t*>(dst), static_cast<int>(i));
+      for (; i < n; ++i) d[i] = static_cast<_Float16>(src[i]);
       return;
     }
     case DType::kBF16: {

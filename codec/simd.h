@@ -101,6 +101,14 @@ inline void HalfToFloat(const uint16_t* h, float* out, int n) {
     _mm256_storeu_ps(out + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + j))));
 }
 
+// fp32 → fp16, rounding to nearest even (F16C; as a cast to _Float16) for n
+// a multiple of 8.
+inline void FloatToHalf(const float* x, uint16_t* out, int n) {
+  for (int j = 0; j < n; j += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
 // 4-bit LSB-first packing of n (multiple of 16) indices < 16.
 inline void Pack4(const uint8_t* idx, int n, uint8_t* out) {
   const __m128i mul = _mm_set1_epi16(0x1001);  // lo byte ×1, hi byte ×16

@@ -23,6 +23,38 @@ std::vector<float> Random(int n, uint64_t seed) {
   return v;
 }
 
+// fp32 → fp16 in 8-lane F16C blocks gives the bytes of a cast to _Float16:
+// random values over the whole fp16 range, halfway cases, subnormals,
+// overflow, signed zeros, infinities and NaN.
+TEST(Simd, FloatToHalfMatchesCast) {
+  std::vector<float> x;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> exp2(-30.0f, 17.0f);
+  for (int i = 0; i < 4096; ++i) x.push_back((i & 1 ? -1.0f : 1.0f) * std::exp2(exp2(rng)));
+  for (float v : {0.0f, -0.0f, 65504.0f, 65520.0f, 65519.99f, 1e9f, -1e9f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 6.1e-5f,
+                  1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, -(1.0f + 1.0f / 2048), INFINITY, -INFINITY})
+    x.push_back(v);
+  for (int u = 0; u < 8; ++u) {  // exact halfway points between fp16 neighbours at several scales
+    const float h = std::ldexp(1.0f + (2 * u + 1) / 2048.0f, u - 3);
+    x.push_back(h);
+  }
+  x.push_back(NAN);
+  while (x.size() % 8) x.push_back(1.5f);
+  std::vector<uint16_t> got(x.size());
+  simd::FloatToHalf(x.data(), got.data(), static_cast<int>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const _Float16 want = static_cast<_Float16>(x[i]);
+    uint16_t w;
+    std::memcpy(&w, &want, 2);
+    if (std::isnan(x[i])) {
+      EXPECT_EQ(got[i] & 0x7c00, 0x7c00) << "NaN stays NaN";
+      EXPECT_NE(got[i] & 0x03ff, 0) << "NaN stays NaN";
+    } else {
+      EXPECT_EQ(got[i], w) << "x = " << x[i];
+    }
+  }
+}
+
 TEST(Simd, SumSquaresMatchesCanonical) {
   for (int n : {8, 16, 24, 32, 64, 96, 128, 136, 256, 512}) {
     for (uint64_t s = 0; s < 200; ++s) {
