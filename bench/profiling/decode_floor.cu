@@ -18,7 +18,7 @@
 //                  a TMA tensor load per tile and component, 16 token rows
 //                  of 8 heads into a shared stride 16 bytes longer than
 //                  the row set (the bank-conflict-free layout of its K
-//                  rows; until the tenth session of its V rows too): the
+//                  rows; formerly of its V rows too): the
 //                  padding out of bounds (zero-filled, as served), or read
 //                  from the next token (the map's rows as long as the box,
 //                  overlapping); and without padding (dense, as TQ4's V
@@ -29,8 +29,8 @@
 //   fp16:          SDPA's bytes (fp16 K and V, contiguous per sequence)
 //                  streamed the same way, 32 KiB tiles through 3 stages,
 //                  and (random) with its pages in random order.
-// bench/RESULTS.md ("Tenth session") sets these against the goals; its
-// "Eleventh session" has the page-order columns.
+// bench/RESULTS.md sets these against the goals (the "in order" column:
+// page order).
 // Run on the GPU machine: decode_floor (from the GPU bundle).
 #include <cuda.h>
 #include <cudaTypedefs.h>

@@ -5,7 +5,7 @@
 // rows of 8 kv heads × 16 tokens at 68 bytes = 8,704 bytes each, one page
 // per tile) through 8 shared-memory stages with cp.async.bulk and no
 // compute, pages in random order (as the benchmark places them) or in page
-// order. bench/RESULTS.md, "Ninth session", quotes both.
+// order. bench/RESULTS.md ("Memory probe") quotes both.
 // Run on the GPU machine: memory_probe (from the GPU bundle).
 #include <cuda_runtime.h>
 

@@ -26,12 +26,12 @@
 // conflict-free by the value fragments' spread token pairs (TokMTiles'
 // kSpreadV: lanes i = 0..3 read tokens i, i + 4, ...), since a box with an
 // out-of-bounds gap streams 4-7% slower than a dense one at 32 × 32K
-// (bench/profiling/decode_floor): TQ4 1-3% faster (bench/RESULTS.md
-// "Tenth session"). 2-bit V rows keep the gap (+16 bytes, 76 words ≡ 12):
+// (bench/profiling/decode_floor): TQ4 1-3% faster (measured 2026-11-30,
+// bench/history/). 2-bit V rows keep the gap (+16 bytes, 76 words ≡ 12):
 // dense ones were 0.5-1% slower for K4/V2 at 32 × 32K. Dense K rows would
 // put tokens g and g + 4 in one bank; TMA's 32-byte swizzle avoids that,
 // but its 4-D loads and per-read address XOR made the kernel 3-5% slower
-// ("Eleventh session"). Scores, softmax and value mmas: TokMTiles.
+// (measured 2026-11-30). Scores, softmax and value mmas: TokMTiles.
 #ifndef TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 #define TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 
