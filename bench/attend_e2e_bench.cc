@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/latency.h"
 #include "client/cli/args.h"
 #include "client/cpp/client.h"
 #include "client/cpp/data_plane_client.h"
@@ -27,18 +28,9 @@
 namespace tqkv {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Micros(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::micro>(b - a).count();
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
-  return v[i];
-}
+using bench::Clock;
+using bench::Micros;
+using bench::Percentile;
 
 int Fail(const absl::Status& s, const char* what) {
   std::fprintf(stderr, "attend_e2e_bench: %s: %s\n", what, std::string(s.message()).c_str());

@@ -37,6 +37,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/latency.h"
 #include "client/cli/args.h"
 #include "client/cpp/client.h"
 #include "client/cpp/data_plane_client.h"
@@ -45,17 +46,9 @@
 namespace tqkv {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Micros(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::micro>(b - a).count();
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
-}
+using bench::Clock;
+using bench::Micros;
+using bench::Percentile;
 
 int Fail(const absl::Status& s, const std::string& what) {
   std::fprintf(stderr, "decode_loop_bench: %s: %s\n", what.c_str(), std::string(s.message()).c_str());
