@@ -56,16 +56,9 @@ int Run(int argc, char** argv) {
   opts.deadline = absl::Seconds(600);
   auto c = client::Client::Connect(opts);
   if (!c.ok()) return Fail(c.status(), "connect");
-  v1::RegisterModelRequest reg;
-  reg.set_model_name(absl::StrFormat("attend-e2e-%s-%d", format, layers));
-  auto* l = reg.mutable_layout();
-  l->set_num_layers(layers);
-  l->set_num_kv_heads(kv);
-  l->set_num_q_heads(qh);
-  l->set_head_dim(d);
-  l->set_block_size(bs);
-  l->set_dtype(v1::DTYPE_FP16);
-  reg.mutable_codec()->set_cache_dtype(format);
+  const v1::RegisterModelRequest reg = client::ModelRegistration(
+      absl::StrFormat("attend-e2e-%s-%d", format, layers), layers, kv, qh, d, bs, format);
+  const v1::ModelLayout* l = &reg.layout();
   auto model = (*c)->RegisterModel(reg);
   if (!model.ok()) return Fail(model.status(), "register");
 

@@ -74,17 +74,23 @@ v1::PutBlock DenseBlock(const v1::ModelLayout& layout, const std::string& hash,
   return b;
 }
 
-v1::RegisterModelRequest SmallModel(const std::string& name) {
+v1::RegisterModelRequest ModelRegistration(const std::string& name, int layers, int kv_heads, int q_heads,
+                                           int head_dim, int block_size, const std::string& cache_dtype) {
   v1::RegisterModelRequest r;
   r.set_model_name(name);
   v1::ModelLayout* l = r.mutable_layout();
-  l->set_num_layers(2);
-  l->set_num_kv_heads(2);
-  l->set_num_q_heads(4);
-  l->set_head_dim(64);
-  l->set_block_size(16);
+  l->set_num_layers(layers);
+  l->set_num_kv_heads(kv_heads);
+  l->set_num_q_heads(q_heads);
+  l->set_head_dim(head_dim);
+  l->set_block_size(block_size);
   l->set_dtype(v1::DTYPE_FP16);
-  r.mutable_codec()->set_cache_dtype("k4v4");
+  r.mutable_codec()->set_cache_dtype(cache_dtype);
+  return r;
+}
+
+v1::RegisterModelRequest SmallModel(const std::string& name) {
+  v1::RegisterModelRequest r = ModelRegistration(name, 2, 2, 4, 64, 16, "k4v4");
   r.mutable_codec()->set_rotation_seed(7);
   r.set_block_hash_scheme("tqkv-test-xxh3");
   return r;

@@ -29,6 +29,10 @@ v1::PutBlock DenseBlock(const v1::ModelLayout& layout, const std::string& hash,
                         const std::string& parent, uint64_t seed, int first = 0, int last = 0,
                         int tokens = 0, v1::DType dtype = v1::DTYPE_FP16);
 
+// A registration of an fp16 model of this shape and cache format (default
+// codec otherwise).
+v1::RegisterModelRequest ModelRegistration(const std::string& name, int layers, int kv_heads, int q_heads,
+                                           int head_dim, int block_size, const std::string& cache_dtype);
 // A registration of a small model (2 layers, 2 kv heads, 4 q heads, head
 // dim 64, block 16, k4v4 cache format).
 v1::RegisterModelRequest SmallModel(const std::string& name);
