@@ -130,10 +130,11 @@ __device__ __forceinline__ void TailSoftmax(const T* k, const T* v, int64_t step
 // domain, l, Σ p·v) with the sum carried into the V group's state space
 // (Π v, through g's channel map) on the strided layout, so that it folds
 // into the merge as one more split. A query without tail tokens returns
-// m = -inf. `rbuf`: 128 floats of warp-private shared memory.
+// m = -inf. `inverse`: the group's loaded Πᵀ when `hadamard` (else QR).
+// `rbuf`: 128 floats of warp-private shared memory.
 __device__ __forceinline__ void TailState(const AttentionLaunch& a, const AttnDims& d, int64_t w, int lane,
-                                          const GpuGroup& g, bool hadamard, float* rbuf, float& m, float& l,
-                                          float (&v)[4]) {
+                                          const GpuGroup& g, bool hadamard, const HadamardLane<4>& inverse,
+                                          float* rbuf, float& m, float& l, float (&v)[4]) {
   m = -CUDART_INF_F;
   l = 0.0f;
 #pragma unroll
@@ -141,13 +142,11 @@ __device__ __forceinline__ void TailState(const AttentionLaunch& a, const AttnDi
   const int64_t qi = w / a.q_heads;
   const int kvh = static_cast<int>(w % a.q_heads) / d.group;
   const int seq = SeqOf(a, qi);
-  // Independent loads first: the query, the sequence's extent, the forward
-  // rotation's factors and the channel map.
+  // Independent loads first: the query, the sequence's extent and the
+  // channel map (the forward rotation is the inverse's factors reversed).
   const float4 qr = *reinterpret_cast<const float4*>(a.q + w * 128 + 4 * lane);
   const int64_t n = a.positions[qi] + 1 - a.packed_tokens[seq];
   const int64_t first = a.tail_offset[seq];
-  HadamardLane<4> fwd;
-  if (hadamard) fwd.Load(g, lane, true);
   int src[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -181,7 +180,7 @@ __device__ __forceinline__ void TailState(const AttentionLaunch& a, const AttnDi
 #pragma unroll
   for (int k = 0; k < 4; ++k) v[k] = src[k] >= 0 ? rbuf[src[k]] : 0.0f;
   __syncwarp();
-  if (hadamard) fwd.Apply(v, lane);
+  if (hadamard) inverse.Reversed().Apply(v, lane);
   else RotateStrided<4>(g, v, lane, rbuf, true);
 }
 
@@ -205,11 +204,11 @@ __global__ void __launch_bounds__(32 * kMergeMaxWarps) FastMergeKernel(Attention
   // Warp 0 starts from the dense tail's state (no tail: m = -inf, l = 0).
   float mw = -CUDART_INF_F, lw = 0.0f;
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if constexpr (kTail) {
-    if (warp == 0) TailState(a, d, w, lane, g, hadamard, rbuf, mw, lw, v);
-  }
   HadamardLane<4> rot;
   if (warp == 0 && hadamard) rot.Load(g, lane, false);
+  if constexpr (kTail) {
+    if (warp == 0) TailState(a, d, w, lane, g, hadamard, rot, rbuf, mw, lw, v);
+  }
   // Launched as a programmatic dependent of the decode kernel: everything
   // above reads only the codec tables, the queries and the dense tails; the
   // records need the decode grid complete and its writes visible.

@@ -221,6 +221,17 @@ struct HadamardLane {
       }
     }
   }
+  // The opposite rotation (Π for a loaded Πᵀ and back): the same blocks
+  // with the sign vectors' order swapped, no loads.
+  __device__ __forceinline__ HadamardLane Reversed() const {
+    HadamardLane r = *this;
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+      r.first[i] = second[i];
+      r.second[i] = first[i];
+    }
+    return r;
+  }
   __device__ __forceinline__ void Apply(float (&y)[VPL], int lane) const {
 #pragma unroll
     for (int i = 0; i < VPL; ++i)
