@@ -232,8 +232,7 @@ class CudaBackend : public ComputeBackend {
     if (!tails.cached) StageTails(b, row, tails, h + tk_off, h + tv_off);
     std::memcpy(h + pos_off, b.positions.data(), nq * sizeof(int64_t));
     std::memcpy(h + q_off, b.q, nq * qrow * sizeof(float));
-    uint8_t* d0 = nullptr;  // the device staging buffer, known after its Reserve below
-    std::vector<ScatterPiece> pieces(up.pieces.size());
+    auto* pieces = reinterpret_cast<ScatterPiece*>(h + pieces_off);
     for (size_t i = 0; i < up.pieces.size(); ++i) {
       std::memcpy(h + piece_src[i], up.pieces[i].src, up.pieces[i].bytes);
       pieces[i] = {up.pieces[i].dst, piece_src[i], up.pieces[i].bytes};
@@ -266,7 +265,7 @@ class CudaBackend : public ComputeBackend {
     const size_t ws = AttentionWorkspaceBytes(a);
     const size_t ws_off = Align(st.size());
     TQ_RETURN_IF_ERROR(dev_.Reserve(ws_off + ws));
-    uint8_t* d = d0 = dev_.as<uint8_t>();
+    uint8_t* d = dev_.as<uint8_t>();
     a.block_table = reinterpret_cast<const int32_t*>(d + table_off);
     a.packed_tokens = reinterpret_cast<const int64_t*>(d + packed_off);
     a.tail_offset = reinterpret_cast<const int64_t*>(d + tailoff_off);
@@ -282,7 +281,6 @@ class CudaBackend : public ComputeBackend {
     a.out = reinterpret_cast<float*>(d + out_off);
     a.workspace = d + ws_off;
     a.workspace_bytes = ws;
-    std::memcpy(h + pieces_off, pieces.data(), pieces.size() * sizeof(ScatterPiece));
     cudaStream_t sm = stream_.get();
     for (size_t u = 0; u < up.blocks.size(); ++u)
       TQ_CUDA_RETURN_IF_ERROR(
@@ -290,8 +288,8 @@ class CudaBackend : public ComputeBackend {
                           h + up_off + u * codec.block_bytes(), codec.block_bytes(), cudaMemcpyHostToDevice, sm),
           "upload block");
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, in_bytes, cudaMemcpyHostToDevice, sm), "upload batch");
-    TQ_CUDA_RETURN_IF_ERROR(LaunchScatter(reinterpret_cast<const ScatterPiece*>(d0 + pieces_off),
-                                          static_cast<int>(pieces.size()), d0, sm),
+    TQ_CUDA_RETURN_IF_ERROR(LaunchScatter(reinterpret_cast<const ScatterPiece*>(d + pieces_off),
+                                          static_cast<int>(up.pieces.size()), d, sm),
                             "scatter layers and tail rows");
     TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_start_.get(), sm), "cudaEventRecord");
     TQ_CUDA_RETURN_IF_ERROR(LaunchAttention(a, sm), "attention");
@@ -455,7 +453,7 @@ class CudaBackend : public ComputeBackend {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     TailPlan p;
     const size_t row_bytes = row * sizeof(float);
-    const int64_t rows = b.sequences.empty() ? 0 : kTailSlotRows;
+    const int64_t rows = kTailSlotRows;
     bool cacheable = row_bytes % 16 == 0 && tail_cache_->EnsureSlotBytes(2 * rows * row_bytes).ok() &&
                      tail_cache_->slot_bytes() % (2 * row_bytes) == 0;
     bool all_f16 = true;

@@ -119,7 +119,6 @@ std::unique_ptr<SequenceManager::BackendId> SequenceManager::NewId() {
 
 void SequenceManager::Restore(LayerUndo& u) {
   Sequence& seq = *u.seq;
-  const ModelShape& s = seq.model->shape();
   if (!u.packed) {
     // Rows past the old length may have been copied under the tail's id.
     seq.tail_k[u.layer].resize(u.tail_elems);
@@ -135,7 +134,6 @@ void SequenceManager::Restore(LayerUndo& u) {
   seq.owned.resize(u.owned_size);
   seq.refs.resize(seq.stored.size() + u.owned_size);
   seq.owned_count[u.layer] = u.owned_count;
-  (void)s;
 }
 
 absl::Status SequenceManager::AppendLocked(Sequence& seq, int layer, const DenseView& k,

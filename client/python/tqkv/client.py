@@ -366,8 +366,7 @@ class Client:
         sequence; returns that layer's token count. Never retried."""
         if self.data_address:
             return self._data_plane_call(lambda dp: dp.append(sequence_id, layer, k, v), retry=False)
-        req = pb.AppendRequest(sequence_id=_seq_id(sequence_id), layer=layer,
-                               k=tensors.to_proto(k), v=tensors.to_proto(v))
+        req = _append_request(sequence_id, layer, k, v)
         return self._call("Append", self._kv.Append, req, retry=False).num_tokens
 
     def attend(self, layer, items, scale=0.0, *, return_kernel_micros=False):
@@ -432,6 +431,11 @@ class Sequence:
 
 def _seq_id(s):
     return s.id if isinstance(s, Sequence) else str(s)
+
+
+def _append_request(sequence_id, layer, k, v):
+    return pb.AppendRequest(sequence_id=_seq_id(sequence_id), layer=layer, k=tensors.to_proto(k),
+                            v=tensors.to_proto(v))
 
 
 def _attend_request(layer, items, scale):

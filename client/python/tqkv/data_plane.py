@@ -20,8 +20,7 @@ import grpc
 
 from . import errors
 from ._proto import pb
-from . import tensors
-from .client import Client, _attend_outputs, _attend_request, _hashes, _seq_id
+from .client import Client, _append_request, _attend_outputs, _attend_request, _hashes
 from .types import TIER_NAMES, BlockData, Format
 
 _PREFACE = b"TQKVDP01"
@@ -131,7 +130,6 @@ class DataPlane:
 
     def append(self, sequence_id, layer, k, v):
         """Client.append over the data plane: that layer's token count."""
-        req = pb.AppendRequest(sequence_id=_seq_id(sequence_id), layer=layer,
-                               k=tensors.to_proto(k), v=tensors.to_proto(v))
-        reply, _ = self._exchange(pb.DataPlaneRequest(append=req), "DataAppend")
+        reply, _ = self._exchange(pb.DataPlaneRequest(append=_append_request(sequence_id, layer, k, v)),
+                                  "DataAppend")
         return reply.append.num_tokens
