@@ -8,6 +8,7 @@
 #include "gpu/kernels.h"
 #include "gpu/kernels/attention.cuh"
 #include "gpu/kernels/attention_fast.cuh"
+#include "gpu/kernels/attention_formats.cuh"
 #include "gpu/kernels/attention_merge.cuh"
 #include "gpu/kernels/attention_mma.cuh"
 #include "gpu/kernels/attention_rowset.cuh"
@@ -15,6 +16,11 @@
 #include "gpu/launch_util.h"
 
 namespace tqkv::gpu {
+
+// Context splits over the packed tokens (a formats launch with tails adds
+// one split for them; Dims).
+int PlanPackedSplits(const AttentionLaunch& a);
+
 namespace {
 
 constexpr int64_t kMinSplitTokens = 256;
@@ -47,6 +53,43 @@ bool FastEligible(const AttentionLaunch& a) {
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3) == 0; };
   return aligned(a.k_base) && aligned(a.v_base) && a.block_stride % 4 == 0 && k.row_bytes % 4 == 0 &&
          v.row_bytes % 4 == 0;
+}
+
+// Value-state channels per lane of the formats kernel (lanes own channels
+// lane + 32·i); 0: the state is wider than it is instantiated for.
+int FormatsCpl(int sv) {
+  if (sv <= 64) return 2;
+  if (sv <= 96) return 3;
+  if (sv <= 128) return 4;
+  if (sv <= 256) return 8;
+  if (sv <= 512) return 16;
+  return 0;
+}
+
+// Q heads per formats-kernel block: the GQA group rounded up to a power of
+// two, at most 8 and at most 32 accumulators per lane.
+int FormatsHeads(int group, int cpl) {
+  int gc = 1;
+  while (gc < group && gc < 8 && 2 * gc * cpl <= 32) gc *= 2;
+  return gc;
+}
+
+constexpr size_t kFormatsMaxSmem = 160 * 1024;
+
+// The formats kernel (attention_formats.cuh): packed mse or recipe K/V of
+// up to 8 bits per index, where no specialised kernel applies.
+bool FormatsEligible(const AttentionLaunch& a) {
+  if (!a.allow_fast_path || FastEligible(a)) return false;
+  for (const GpuComponent* c : {&a.host_k, &a.host_v}) {
+    if (c->kind == kGpuDense || c->num_groups < 1 || c->num_groups > 2) return false;
+    for (int gi = 0; gi < c->num_groups; ++gi)
+      if (c->groups[gi].mse_bits < 1 || c->groups[gi].mse_bits > 8) return false;
+  }
+  const int sv = StateSize(a.host_v, a.dim), sk = StateSize(a.host_k, a.dim);
+  const int cpl = FormatsCpl(sv);
+  if (cpl == 0) return false;
+  const int gc = FormatsHeads(a.q_heads / a.kv_heads, cpl);
+  return FormatSmem::Of(a.host_k, a.host_v, sk, sv, gc).total * sizeof(float) <= kFormatsMaxSmem;
 }
 
 // Where a kernel without static shared memory finds its dynamic shared
@@ -331,17 +374,29 @@ bool StagedFoldsQuery(const AttentionLaunch& a) {
 // Merge kernel of the specialised paths: one group of <= 128 channels.
 bool FastMergeEligible(const AttentionLaunch& a) { return FastEligible(a) && FastMergeFits(a.host_v); }
 
+// Blocks per (query, kv head) along the q heads.
+int HeadChunks(const AttentionLaunch& a) {
+  const int group = a.q_heads / a.kv_heads;
+  if (FastEligible(a)) return 1;
+  if (FormatsEligible(a)) {
+    const int gc = FormatsHeads(group, FormatsCpl(StateSize(a.host_v, a.dim)));
+    return (group + gc - 1) / gc;
+  }
+  return (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
+}
+
 AttnDims Dims(const AttentionLaunch& a) {
   AttnDims d;
   d.sk = StateSize(a.host_k, a.dim);
   d.sv = StateSize(a.host_v, a.dim);
   d.record = 2 + d.sv + a.dim;
   d.group = a.q_heads / a.kv_heads;
-  d.head_chunks = FastEligible(a) ? 1 : (d.group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
-  d.splits = PlanAttentionSplits(a);
+  d.head_chunks = HeadChunks(a);
+  d.splits = PlanPackedSplits(a);
   const int64_t ctx = std::max<int64_t>(a.max_context, 1);
   d.chunk = (ctx + d.splits - 1) / d.splits;
   d.chunk = (d.chunk + 127) / 128 * 128;
+  if (a.has_tail && FormatsEligible(a)) d.tail_split = d.splits++;
   return d;
 }
 
@@ -538,6 +593,64 @@ cudaError_t LaunchFast(const AttentionLaunch& a, const AttnDims& d, const float*
   }
 }
 
+// The generic kernel over every split of `d` (or, with d.tail_split >= 0,
+// over the dense tails as that one split).
+cudaError_t LaunchGeneric(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
+                          cudaStream_t stream) {
+  const size_t smem = (kMaxHeadsPerBlock * (d.sk + a.dim) + kAttnWarps * kMaxHeadsPerBlock * (d.sv + a.dim) +
+                       kAttnWarps * kMaxHeadsPerBlock * 2) *
+                      sizeof(float);
+  if (smem > 48 * 1024) {
+    cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(GenericAttentionKernel), smem);
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads * d.head_chunks), d.tail_split >= 0 ? 1 : d.splits);
+  GenericAttentionKernel<<<grid, 32 * kAttnWarps, smem, stream>>>(a, d, states, recs);
+  return cudaGetLastError();
+}
+
+template <int GC, int CPL>
+cudaError_t FormatsWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
+                        cudaStream_t stream) {
+  const size_t smem = FormatSmem::Of(a.host_k, a.host_v, d.sk, d.sv, GC).total * sizeof(float);
+  cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(FormatDecodeKernel<GC, CPL>), smem);
+  if (e != cudaSuccess) return e;
+  const int packed_splits = d.tail_split >= 0 ? d.tail_split : d.splits;
+  const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads * d.head_chunks), packed_splits);
+  FormatDecodeKernel<GC, CPL><<<grid, 32 * kAttnWarps, smem, stream>>>(a, d, states, recs);
+  e = cudaGetLastError();
+  if (e != cudaSuccess || d.tail_split < 0) return e;
+  AttnDims tail = d;  // the generic kernel's own q-head chunks
+  tail.head_chunks = (d.group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
+  return LaunchGeneric(a, tail, states, recs, stream);
+}
+
+// Dispatch on (value channels per lane, q heads per block); every pair
+// FormatsHeads can return is listed.
+cudaError_t LaunchFormats(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r, cudaStream_t st) {
+  const int cpl = FormatsCpl(d.sv);
+  switch (cpl * 100 + FormatsHeads(d.group, cpl)) {
+    case 201: return FormatsWith<1, 2>(a, d, s, r, st);
+    case 202: return FormatsWith<2, 2>(a, d, s, r, st);
+    case 204: return FormatsWith<4, 2>(a, d, s, r, st);
+    case 208: return FormatsWith<8, 2>(a, d, s, r, st);
+    case 301: return FormatsWith<1, 3>(a, d, s, r, st);
+    case 302: return FormatsWith<2, 3>(a, d, s, r, st);
+    case 304: return FormatsWith<4, 3>(a, d, s, r, st);
+    case 308: return FormatsWith<8, 3>(a, d, s, r, st);
+    case 401: return FormatsWith<1, 4>(a, d, s, r, st);
+    case 402: return FormatsWith<2, 4>(a, d, s, r, st);
+    case 404: return FormatsWith<4, 4>(a, d, s, r, st);
+    case 408: return FormatsWith<8, 4>(a, d, s, r, st);
+    case 801: return FormatsWith<1, 8>(a, d, s, r, st);
+    case 802: return FormatsWith<2, 8>(a, d, s, r, st);
+    case 804: return FormatsWith<4, 8>(a, d, s, r, st);
+    case 1601: return FormatsWith<1, 16>(a, d, s, r, st);
+    case 1602: return FormatsWith<2, 16>(a, d, s, r, st);
+    default: return cudaErrorNotSupported;
+  }
+}
+
 template <int VPL>
 cudaError_t PrepareWith(const AttentionLaunch& a, const AttnDims& d, float* states, cudaStream_t st) {
   const int64_t warps = a.num_queries * a.q_heads;
@@ -589,7 +702,9 @@ struct MergeF {
 
 }  // namespace
 
-int PlanAttentionSplits(const AttentionLaunch& a) {
+int PlanAttentionSplits(const AttentionLaunch& a) { return Dims(a).splits; }
+
+int PlanPackedSplits(const AttentionLaunch& a) {
   if (a.splits > 0) return std::min(a.splits, 1024);  // the merge kernels take <= 1024 splits
   if (MmaEligible(a)) {
     // Fewest waves of resident blocks × tokens per block, plus a per-block
@@ -638,9 +753,7 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
     }
     return static_cast<int>(best);
   }
-  const int group = a.q_heads / a.kv_heads;
-  const int64_t head_chunks = FastEligible(a) ? 1 : (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
-  const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads * head_chunks);
+  const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads * HeadChunks(a));
   const int64_t target = static_cast<int64_t>(std::max(a.num_sms, 1)) * 8;
   int64_t splits = (target + blocks - 1) / blocks;
   const int64_t by_ctx = std::max<int64_t>(1, (a.max_context + kMinSplitTokens - 1) / kMinSplitTokens);
@@ -649,6 +762,8 @@ int PlanAttentionSplits(const AttentionLaunch& a) {
 }
 
 bool AttentionUsesFastPath(const AttentionLaunch& a) { return FastEligible(a); }
+
+bool AttentionUsesFormatsKernel(const AttentionLaunch& a) { return FormatsEligible(a); }
 
 bool AttentionUsesRegisterDequant(const AttentionLaunch& a) {
   return MmaEligible(a) && (MmaCfgOf(a).km & kMmaKReg) != 0;
@@ -685,17 +800,10 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
     e = LaunchMma(l, d, fold ? nullptr : states, recs, stream);
   } else if (FastEligible(l)) {
     e = LaunchFast(l, d, states, recs, stream);
+  } else if (FormatsEligible(l)) {
+    e = LaunchFormats(l, d, states, recs, stream);
   } else {
-    const size_t smem = (kMaxHeadsPerBlock * (d.sk + l.dim) +
-                         kAttnWarps * kMaxHeadsPerBlock * (d.sv + l.dim) + kAttnWarps * kMaxHeadsPerBlock * 2) *
-                        sizeof(float);
-    if (smem > 48 * 1024) {
-      e = AllowDynamicSmem(reinterpret_cast<const void*>(GenericAttentionKernel), smem);
-      if (e != cudaSuccess) return e;
-    }
-    const dim3 grid(static_cast<unsigned>(l.num_queries * l.kv_heads * d.head_chunks), d.splits);
-    GenericAttentionKernel<<<grid, 32 * kAttnWarps, smem, stream>>>(l, d, states, recs);
-    e = cudaGetLastError();
+    e = LaunchGeneric(l, d, states, recs, stream);
   }
   if (e != cudaSuccess) return e;
   if (FastMergeEligible(l)) {

@@ -40,6 +40,8 @@ struct Case {
   bool expect_fast = false;
   bool qr = false;  // QR rotation (the staged kernel then reads prepared queries)
   int tail_dtype = kGpuF16;  // the tail rows as the launch reads them (kGpuF32: the fp16 values widened)
+  // The formats kernel serves it (run once more on the generic kernel).
+  bool expect_formats = false;
 };
 
 std::string Name(const Case& c) {
@@ -217,6 +219,7 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.v_base = dvpad.as<uint8_t>();
   a.block_stride = static_cast<int64_t>(stride);
   EXPECT_EQ(AttentionUsesFastPath(a), c.expect_fast);
+  EXPECT_EQ(AttentionUsesFormatsKernel(a), c.expect_formats);
   // The tensor-core kernel's variants (one kv head per block with shared-
   // memory tables, K centroids from registers at 3
   // and 4 blocks/SM, 256-byte table rows, registers with one tile buffer)
@@ -244,8 +247,13 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
                                  {17, true}, {18, true}, {19, true}, {3, false},
                                  {20, true}, {4, false}, {6, false}, {7, false}, {16, true, false},
                                  {19, true, false}};
-  for (size_t run = 0; run < (mma_shape ? runs.size() : 1); ++run) {
-    const int variant = runs[run].variant;
+  // Formats cases run the formats kernel, then the generic kernel.
+  const size_t num_runs = mma_shape ? runs.size() : c.expect_formats ? 2 : 1;
+  for (size_t run = 0; run < num_runs; ++run) {
+    const int variant = mma_shape ? runs[run].variant : 0;
+    a.allow_fast_path = !(c.expect_formats && run == 1);
+    SCOPED_TRACE(c.expect_formats ? (a.allow_fast_path ? "formats kernel" : "generic kernel") : "");
+    if (c.expect_formats) EXPECT_EQ(AttentionUsesFormatsKernel(a), a.allow_fast_path);
     a.symmetric_codebooks = runs[run].symmetric;
     a.k_signs = runs[run].signs ? k_signs : nullptr;
     SCOPED_TRACE("mma_variant " + std::to_string(variant) + (a.symmetric_codebooks ? "" : " (asymmetric fallback)") +
@@ -342,19 +350,46 @@ std::vector<Case> Cases() {
   c.push_back({"k4v4", 128, 32, 8, {700, 45}, {9, 3}, 1, 0, true, true});
   c.push_back({"k4v4", 128, 32, 8, {100, 48}, {12, 3}, 23, 0, true});
   c.push_back({"k4v4", 128, 32, 8, {40, 7}, {5, 0}, 1, 0, true});
-  // Generic kernel: other bits, dims, recipes, dense layers, tails, G = 3 / 12.
-  c.push_back({"k3v5", 96, 12, 4, {33, 100}, {}, 1, 0, false});
-  c.push_back({"k8v3", 64, 12, 1, {19}, {2}, 1, 2, false});
-  c.push_back({"k4v2", 256, 8, 2, {70}, {}, 1, 0, false});
-  c.push_back({"turboquant25", 128, 8, 2, {37, 90}, {3, 0}, 1, 0, false});
-  c.push_back({"turboquant35", 128, 8, 2, {64}, {}, 1, 2, false});
-  c.push_back({"turboquant25_noqjl", 64, 4, 2, {50}, {}, 1, 0, false});
-  c.push_back({"turboquant35_noqjl", 96, 6, 2, {41}, {1}, 1, 0, false});
+  // Formats kernel (then the generic kernel): other bits, dims, recipes,
+  // tails, G = 3 / 12 / 16. Dense layers take the generic kernel only.
+  auto formats = [&](Case f) {
+    f.expect_formats = true;
+    c.push_back(f);
+  };
+  formats({"k3v5", 96, 12, 4, {33, 100}, {}, 1, 0, false});
+  formats({"k8v3", 64, 12, 1, {19}, {2}, 1, 2, false});
+  formats({"k4v2", 256, 8, 2, {70}, {}, 1, 0, false});
+  formats({"turboquant25", 128, 8, 2, {37, 90}, {3, 0}, 1, 0, false});
+  formats({"turboquant35", 128, 8, 2, {64}, {}, 1, 2, false});
+  formats({"turboquant25_noqjl", 64, 4, 2, {50}, {}, 1, 0, false});
+  formats({"turboquant35_noqjl", 96, 6, 2, {41}, {1}, 1, 0, false});
   c.push_back({"fp16", 128, 8, 4, {30}, {4}, 1, 0, false});
+  // Every mse width and asymmetric pairs at d = 128 over GQA 1..16, head
+  // dims 64 / 96 / 256 with 2- and 4-bit rows, every tail length 0..15 in
+  // mixed batches, a QR rotation, forced splits, fp32 tail rows.
+  formats({"k3v3", 128, 32, 8, mixed, tails, 1, 0, false});
+  formats({"k5v5", 128, 32, 2, {1000, 17, 300}, {3, 15, 0}, 1, 0, false});
+  formats({"k8v8", 128, 8, 8, {513, 64}, {1, 9}, 1, 0, false});
+  formats({"k3v2", 128, 4, 4, {2048}, {}, 1, 0, false});
+  formats({"k5v3", 128, 8, 4, {129, 33}, {2, 0}, 1, 5, false});
+  formats({"k8v4", 128, 16, 8, {260, 16, 1}, {}, 1, 0, false});
+  formats({"k2v8", 128, 24, 12, {100}, {7}, 1, 0, false});
+  formats({"k4v5", 128, 16, 1, {777}, {}, 1, 0, false});
+  formats({"k4v4", 64, 32, 8, mixed, tails, 1, 0, false});
+  formats({"k2v2", 96, 16, 8, {300, 47}, {4, 12}, 1, 0, false});
+  formats({"k4v4", 256, 32, 8, {1000, 16, 77}, {0, 5, 15}, 1, 0, false});
+  formats({"k4v2", 256, 16, 1, {600}, {13}, 1, 0, false});
+  formats({"k3v3", 128, 16, 8, {700, 45}, {9, 3}, 1, 0, false, true});
+  formats({"k5v5", 64, 4, 2, {2000, 9}, {6, 0}, 1, 0, false, false, kGpuF32});
+  formats({"turboquant35", 128, 32, 8, {4000, 300, 16}, {1, 0, 14}, 1, 0, false});
+  formats({"turboquant25", 256, 8, 4, {200}, {8}, 1, 0, false});
+  formats({"turboquant35_noqjl", 128, 16, 1, {900, 31}, {10, 2}, 1, 0, false});
+  formats({"turboquant25_noqjl", 128, 32, 8, {40, 1500}, {0, 11}, 1, 7, false});
   // Prefill / chunked prefill: many causal queries.
   c.push_back({"k4v4", 128, 8, 2, {100, 45}, {}, 23, 0, true});
   c.push_back({"k4v2", 128, 8, 2, {64}, {20}, 30, 0, true});
-  c.push_back({"turboquant35", 128, 4, 2, {48}, {}, 17, 3, false});
+  formats({"turboquant35", 128, 4, 2, {48}, {}, 17, 3, false});
+  formats({"k3v3", 96, 12, 4, {80, 30}, {5, 12}, 9, 0, false});
   return c;
 }
 

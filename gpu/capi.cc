@@ -200,6 +200,14 @@ int tqkv_gpu_attention(void* hp, const uint8_t* k_base, const uint8_t* v_base, i
                                  allow_fast, nullptr, nullptr, tqkv::gpu::kGpuF16, nullptr, 0, stream);
 }
 
+// The kernel a decode call over pages at `block_stride` runs: 1 a
+// specialised kernel, 2 the formats kernel, 0 the generic kernel.
+int tqkv_gpu_attention_path(void* hp, int64_t block_stride) {
+  tqkv::gpu::AttentionLaunch a = PlanningLaunch(hp, 1, 1, block_stride);
+  if (tqkv::gpu::AttentionUsesFastPath(a)) return 1;
+  return tqkv::gpu::AttentionUsesFormatsKernel(a) ? 2 : 0;
+}
+
 int tqkv_gpu_attention_uses_fast_path(void* hp, int64_t block_stride) {
   auto* h = static_cast<Handle*>(hp);
   tqkv::gpu::AttentionLaunch a = MakeLaunch(h);

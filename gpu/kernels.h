@@ -221,6 +221,11 @@ size_t AttentionWorkspaceBytes(const AttentionLaunch& a);
 // tensor-core kernel when kv_heads % 4 == 0, pages are 16-byte aligned and
 // hold whole 16-token tiles, else the CUDA-core one.
 bool AttentionUsesFastPath(const AttentionLaunch& a);
+// True when the formats kernel (gpu/kernels/attention_formats.cuh) serves
+// this launch: packed mse or recipe K/V of 1..8 bits per index, value
+// states of <= 512 floats, where no specialised kernel applies; a dense
+// tail is attended by the generic kernel as one more split.
+bool AttentionUsesFormatsKernel(const AttentionLaunch& a);
 // True when LaunchAttention(a) runs the tensor-core kernel with K centroids
 // dequantised in registers (variant and codebook permitting).
 bool AttentionUsesRegisterDequant(const AttentionLaunch& a);

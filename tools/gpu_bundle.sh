@@ -7,9 +7,10 @@
 # Usage: tools/gpu_bundle.sh [out_dir=dist/gpu]
 # On the GPU machine: dist/gpu/run_all.sh  (logs to $OUT, or ./logs;
 # TESTS="attention_test ..." runs only those tests; SKIP_KERNEL_BENCH=1,
-# SKIP_ATTENTION_BENCH=1, SKIP_TAIL_BENCH=1 or SKIP_E2E=1 leave out the kernel
-# benchmarks, only the decode-vs-SDPA one, only the partial-block one, or the
-# decode loop).
+# SKIP_ATTENTION_BENCH=1, SKIP_FORMATS_BENCH=1, SKIP_TAIL_BENCH=1 or
+# SKIP_E2E=1 leave out the kernel benchmarks, only the decode-vs-SDPA one,
+# only the every-format one (FORMATS_ARGS: its flags), only the
+# partial-block one, or the decode loop).
 # The device tool carries at most 64 MiB, and every binary holds the CUDA
 # fatbins (~10 MB), so a compressed copy is made too: carry `dist/gpu_xz`
 # and run `dist/gpu_xz/run_all.sh` (it unpacks to a temp dir and runs).
@@ -28,7 +29,7 @@ for t in "${TESTS[@]}"; do cp "$BIN/gpu/$t" "$DEST/"; done
 cp "$BIN/bench/gpu_codec_bench" "$BIN/gpu/libtqkv_gpu_capi.so" "$DEST/"
 cp "$BIN/service/tqkv-server" "$BIN/bench/decode_loop_bench" "$BIN/bench/profiling/memory_probe" \
   "$BIN/bench/profiling/decode_floor" "$DEST/"
-cp bench/gpu_attention_bench.py bench/gpu_tail_bench.py "$DEST/"
+cp bench/gpu_attention_bench.py bench/gpu_tail_bench.py bench/gpu_formats_bench.py "$DEST/"
 chmod u+w "$DEST"/*
 strip "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/memory_probe" "$DEST/decode_floor"
 strip --strip-unneeded "$DEST/libtqkv_gpu_capi.so"
@@ -55,6 +56,10 @@ if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
   if [ -z "${SKIP_ATTENTION_BENCH:-}" ]; then
     timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 --variants 8,13,14,15,16,17,18,19,20 \
       > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
+  fi
+  if [ -z "${SKIP_FORMATS_BENCH:-}" ]; then
+    (cd "$HERE" && timeout 400 python3 gpu_formats_bench.py --lib "$HERE/libtqkv_gpu_capi.so" --iters 20 \
+      ${FORMATS_ARGS:-}) > "$LOGS/gpu_formats_bench.log" 2>&1; echo "gpu_formats_bench rc=$?" | tee -a "$LOGS/summary.txt"
   fi
   if [ -z "${SKIP_TAIL_BENCH:-}" ]; then
     (cd "$HERE" && timeout 300 python3 gpu_tail_bench.py --lib "$HERE/libtqkv_gpu_capi.so" --iters 30) \

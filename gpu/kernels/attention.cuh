@@ -27,6 +27,9 @@ struct AttnDims {
   int64_t chunk = 0;  // tokens per split
   int group = 1;      // q heads per kv head
   int head_chunks = 1;
+  // >= 0: GenericAttentionKernel attends only the dense tails, as this
+  // split's record (the other splits' kernel takes packed tokens only).
+  int tail_split = -1;
 };
 
 // Query qi's sequence (AttentionLaunch::query_seq; null: sequence qi).
@@ -105,7 +108,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) GenericAttentionKernel(Attent
   const int kvh = rem / d.head_chunks;
   const int h0 = kvh * d.group + (rem % d.head_chunks) * kMaxHeadsPerBlock;
   const int gc = min(kMaxHeadsPerBlock, kvh * d.group + d.group - h0);
-  const int split = blockIdx.y;
+  const int split = d.tail_split >= 0 ? d.tail_split : static_cast<int>(blockIdx.y);
   const int dim = a.dim, sk = d.sk, sv = d.sv, accw = sv + dim;
   float* st = sm;                                   // [8][sk]
   float* rq = st + kMaxHeadsPerBlock * sk;          // [8][dim]
@@ -122,8 +125,8 @@ __global__ void __launch_bounds__(32 * kAttnWarps) GenericAttentionKernel(Attent
   const int seq = SeqOf(a, qi);
   const int64_t n_ctx = a.positions[qi] + 1;
   const int64_t packed = a.packed_tokens[seq];
-  const int64_t t0 = split * d.chunk;
-  const int64_t t1 = min(n_ctx, t0 + d.chunk);
+  const int64_t t0 = d.tail_split >= 0 ? packed : split * d.chunk;
+  const int64_t t1 = d.tail_split >= 0 ? n_ctx : min(n_ctx, t0 + d.chunk);
   const GpuComponent& kc = a.k_comp[kvh];
   const GpuComponent& vc = a.v_comp[kvh];
   const float scale_log2 = a.scale * kLog2e;
