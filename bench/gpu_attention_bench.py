@@ -165,6 +165,22 @@ def encode_pages(lib, h, k, v, table, flag, stream):
     return kp, vp, stride
 
 
+def random_context(batch, ctx, dim, qh=None, kvh=None):
+    """Random fp16 K/V [batch, kvh, ctx, dim], queries q16 [batch, qh, 1,
+    dim] and their fp32 copy [batch, qh, dim], and a block table of
+    randomly permuted pages ([batch, ctx / BS] int32), seeded."""
+    qh, kvh = qh or QH, kvh or KVH
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    k = torch.randn(batch, kvh, ctx, dim, dtype=torch.float16, device=dev)
+    v = torch.randn(batch, kvh, ctx, dim, dtype=torch.float16, device=dev)
+    q16 = torch.randn(batch, qh, 1, dim, dtype=torch.float16, device=dev)
+    q32 = q16.float().reshape(batch, qh, dim).contiguous()
+    nb = ctx // BS
+    table = torch.randperm(batch * nb, device=dev, dtype=torch.int64).reshape(batch, nb).to(torch.int32)
+    return k, v, q16, q32, table.contiguous()
+
+
 def random_pages(lib, h, batch, ctx):
     """Pages for the profiling scripts (bench/profiling/): random bytes, not
     encoded rows, in randomly permuted pages of `batch` sequences of `ctx`

@@ -59,14 +59,8 @@ def main():
             sys.exit(f"create {fmt} d{dim}: {lib.tqkv_gpu_last_error().decode()}")
         kr, vr = lib.tqkv_gpu_row_bytes(h, 0), lib.tqkv_gpu_row_bytes(h, 1)
         for batch, ctx in shapes:
-            torch.manual_seed(0)
-            k = torch.randn(batch, KVH, ctx, dim, dtype=torch.float16, device=dev)
-            v = torch.randn(batch, KVH, ctx, dim, dtype=torch.float16, device=dev)
-            q16 = torch.randn(batch, QH, 1, dim, dtype=torch.float16, device=dev)
-            q32 = q16.float().reshape(batch, QH, dim).contiguous()
+            k, v, q16, q32, table = gb.random_context(batch, ctx, dim, QH, KVH)
             nb = ctx // BS
-            table = torch.randperm(batch * nb, device=dev, dtype=torch.int64).reshape(batch, nb).to(torch.int32)
-            table = table.contiguous()
             kp, vp, stride = gb.encode_pages(lib, h, k, v, table, flag, stream)
             packed = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
             pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)

@@ -114,14 +114,8 @@ def main():
     summary = []
     cases = [(b, c, False) for b, c in shapes] + [(64, 8192, True)]
     for batch, ctx, mixed in cases:
-        torch.manual_seed(0)
-        k = torch.randn(batch, KVH, ctx, D, dtype=torch.float16, device=dev)
-        v = torch.randn(batch, KVH, ctx, D, dtype=torch.float16, device=dev)
-        q16 = torch.randn(batch, QH, 1, D, dtype=torch.float16, device=dev)
-        q32 = q16.float().reshape(batch, QH, D).contiguous()
+        k, v, q16, q32, table = gb.random_context(batch, ctx, D)
         nb = ctx // BS
-        table = torch.randperm(batch * nb, device=dev, dtype=torch.int64).reshape(batch, nb).to(torch.int32)
-        table = table.contiguous()
         g = torch.Generator().manual_seed(1)
         for f, h in handles.items():
             kp, vp, stride = gb.encode_pages(lib, h, k, v, table, flag, stream)

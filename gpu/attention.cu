@@ -1,6 +1,7 @@
 // Launchers of the attention kernels: split planning, workspace layout,
-// dispatch of the fast path (switch over K bits, V bits, GQA group) and of
-// the generic kernel (switch over values per lane).
+// dispatch of the fast path (switch over K bits, V bits, GQA group), of the
+// formats kernel (switch over value channels per lane and q heads per
+// block) and of the generic kernel (switch over values per lane).
 #include <cudaTypedefs.h>
 
 #include <algorithm>

@@ -44,6 +44,24 @@ __device__ __forceinline__ const uint8_t* PackedRow(const AttentionLaunch& a, co
          ((t % a.block_size) * a.kv_heads + kvh) * static_cast<int64_t>(row_bytes);
 }
 
+// The q heads a block of a split-K kernel takes: block x is (query qi, kv
+// head kvh, chunk of up to `per_block` of its q heads) — heads h0 .. h0 +
+// count − 1.
+struct BlockHeads {
+  int64_t qi;
+  int kvh, h0, count;
+};
+__device__ __forceinline__ BlockHeads HeadsOfBlock(const AttentionLaunch& a, const AttnDims& d, int per_block) {
+  const int64_t bx = blockIdx.x;
+  BlockHeads b;
+  b.qi = bx / (a.kv_heads * d.head_chunks);
+  const int rem = static_cast<int>(bx % (a.kv_heads * d.head_chunks));
+  b.kvh = rem / d.head_chunks;
+  b.h0 = b.kvh * d.group + (rem % d.head_chunks) * per_block;
+  b.count = min(per_block, b.kvh * d.group + d.group - b.h0);
+  return b;
+}
+
 // One warp per (query, q head): state = PrepareQuery(q).
 template <int VPL>
 __global__ void __launch_bounds__(32 * kAttnWarps) PrepareQueryKernel(AttentionLaunch a, AttnDims d, float* states) {
@@ -102,12 +120,9 @@ __global__ void __launch_bounds__(32 * kAttnWarps) GenericAttentionKernel(Attent
                                                                        const float* states, float* records) {
   extern __shared__ float sm[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t bx = blockIdx.x;
-  const int64_t qi = bx / (a.kv_heads * d.head_chunks);
-  const int rem = static_cast<int>(bx % (a.kv_heads * d.head_chunks));
-  const int kvh = rem / d.head_chunks;
-  const int h0 = kvh * d.group + (rem % d.head_chunks) * kMaxHeadsPerBlock;
-  const int gc = min(kMaxHeadsPerBlock, kvh * d.group + d.group - h0);
+  const BlockHeads heads = HeadsOfBlock(a, d, kMaxHeadsPerBlock);
+  const int64_t qi = heads.qi;
+  const int kvh = heads.kvh, h0 = heads.h0, gc = heads.count;
   const int split = d.tail_split >= 0 ? d.tail_split : static_cast<int>(blockIdx.y);
   const int dim = a.dim, sk = d.sk, sv = d.sv, accw = sv + dim;
   float* st = sm;                                   // [8][sk]

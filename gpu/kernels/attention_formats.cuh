@@ -9,10 +9,12 @@
 // takes 32-token tiles. Each lane stages its token's K and V rows in shared
 // memory. Keys: the lane scores its own row, walking the index bitstream of
 // each group through a 64-bit buffer (one shared load per 32 bits) with a
-// centroid gather per channel. Values: lanes own state channels
-// (lane + 32·i), each precomputing where its bits sit in a row and which
-// table and norm they use, so every token costs each channel one funnel
-// shift, one gather and GC FMAs, for mse indices and QJL signs alike.
+// centroid gather per channel. Values: lane l owns state channels
+// l·CPL .. l·CPL + CPL − 1 and precomputes where their bits sit in a row
+// and which table and norm they use; where each lane's channels are
+// consecutive indices of one part (every mse format) a token costs it one
+// bit window, else a funnel shift per channel (mse indices and QJL signs
+// alike); then a gather and GC FMAs per channel.
 // The block writes one split record in the generic kernel's format
 // (attention.cuh), whose merge applies Πᵀ (and Sᵀ) once. Packed tokens
 // only: a launch with tails attends them in a split of its own
@@ -40,25 +42,50 @@ struct FormatSmem {
   int ktab = 0, vtab = 0;      // [2][256] K centroids; [2][kFmtTableStride] + a zero
   int pw = 0;                  // [warps][32][GC] softmax weights of a tile
   int coef = 0;                // [warps][32][kFmtCoefs]
+  int addr = 0;                // [warps][2][32] row addresses of a tile (8 bytes each)
   int stage = 0;               // [warps][32][ks + vs] staged rows, later the warps' merge
   int total = 0;
 
   __host__ __device__ static FormatSmem Of(const GpuComponent& k, const GpuComponent& v, int sk, int sv, int gc) {
     FormatSmem s;
+    auto up4 = [](int x) { return (x + 3) / 4 * 4; };  // 16-byte aligned arrays (vector loads)
     s.ks = (k.row_bytes + 3) / 4 | 1;
-    s.vs = ((v.row_bytes + 3) / 4 + 1) | 1;  // one spare word: the funnel shift reads w + 1
+    s.vs = ((v.row_bytes + 3) / 4 + 2) | 1;  // two spare words: a lane's window reads up to w + 2
     s.qs = 0;
-    s.ktab = s.qs + sk * gc;
-    s.vtab = s.ktab + 2 * 256;
-    s.pw = s.vtab + 2 * kFmtTableStride + 1;
-    s.coef = s.pw + kAttnWarps * 32 * gc;
-    s.stage = s.coef + kAttnWarps * 32 * kFmtCoefs;
+    s.ktab = up4(s.qs + sk * gc);
+    s.vtab = up4(s.ktab + 2 * 256);
+    s.pw = up4(s.vtab + 2 * kFmtTableStride + 1);
+    s.coef = up4(s.pw + kAttnWarps * 32 * gc);
+    s.addr = up4(s.coef + kAttnWarps * 32 * kFmtCoefs);
+    s.stage = s.addr + kAttnWarps * 64 * 2;
     const int staged = kAttnWarps * 32 * (s.ks + s.vs);
     const int merge = kAttnWarps * gc * (2 + sv);
     s.total = s.stage + (staged > merge ? staged : merge);
     return s;
   }
 };
+
+// x[0..GC) += w[0..GC) · c, w 16-byte aligned for GC >= 4 (one vector
+// load per 4 heads).
+template <int GC>
+__device__ __forceinline__ void FmaHeads(const float* w, float c, float (&x)[GC]) {
+  if constexpr (GC % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < GC; h += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(w + h);
+      x[h] = fmaf(v.x, c, x[h]);
+      x[h + 1] = fmaf(v.y, c, x[h + 1]);
+      x[h + 2] = fmaf(v.z, c, x[h + 2]);
+      x[h + 3] = fmaf(v.w, c, x[h + 3]);
+    }
+  } else if constexpr (GC == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(w);
+    x[0] = fmaf(v.x, c, x[0]);
+    x[1] = fmaf(v.y, c, x[1]);
+  } else {
+    x[0] = fmaf(w[0], c, x[0]);
+  }
+}
 
 // Copies a packed row at any byte address into 4-byte words of shared
 // memory starting at its first byte (aligned loads, funnel shifts).
@@ -76,17 +103,37 @@ __device__ __forceinline__ void StageRow(const uint8_t* p, int row_bytes, uint32
   }
 }
 
+// The warp copies `n` words of a tile's rows (row r at addr[r], `words`
+// words each) into dst[r · stride + w], consecutive lanes on consecutive
+// words, eight loads in flight per lane. r = ⌊f / words⌋ through the
+// reciprocal `magic` (exact for f < 2^16).
+__device__ __forceinline__ void StageTile(const uintptr_t* addr, int n, int words, uint32_t magic, int stride,
+                                          int lane, uint32_t* dst) {
+  constexpr int kInFlight = 8;
+  for (int f0 = lane; f0 < n; f0 += 32 * kInFlight) {
+    uint32_t v[kInFlight];
+    int at[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int f = f0 + 32 * u;
+      const int r = f < n ? __umulhi(f, magic) : 0, w = f - r * words;
+      at[u] = r * stride + w;
+      v[u] = f < n ? __ldg(reinterpret_cast<const uint32_t*>(addr[r]) + w) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u)
+      if (f0 + 32 * u < n) dst[at[u]] = v[u];
+  }
+}
+
 template <int GC, int CPL>
 __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionLaunch a, AttnDims d,
                                                                    const float* states, float* records) {
-  extern __shared__ float fsm[];
+  extern __shared__ __align__(16) float fsm[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t bx = blockIdx.x;
-  const int64_t qi = bx / (a.kv_heads * d.head_chunks);
-  const int rem = static_cast<int>(bx % (a.kv_heads * d.head_chunks));
-  const int kvh = rem / d.head_chunks;
-  const int h0 = kvh * d.group + (rem % d.head_chunks) * GC;
-  const int gc = min(GC, kvh * d.group + d.group - h0);
+  const BlockHeads heads = HeadsOfBlock(a, d, GC);
+  const int64_t qi = heads.qi;
+  const int kvh = heads.kvh, h0 = heads.h0, gc = heads.count;
   const int split = blockIdx.y;
   const GpuComponent& hk = a.host_k;  // layouts: the same for every kv head
   const GpuComponent& hv = a.host_v;
@@ -116,13 +163,14 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionL
   }
   if (threadIdx.x == 0) vtab[2 * kFmtTableStride] = 0.0f;
 
-  // Where each of this lane's value-state channels finds its bits: bit
-  // position in the row, mask, table entry and coefficient slot.
+  // Where each of this lane's value-state channels (lane·CPL + i) finds
+  // its bits: bit position in the row, mask, table entry, coefficient slot.
   int vbit[CPL], vtab_at[CPL], vslot[CPL];
   uint32_t vmask[CPL];
+  int vwidth = 0;  // bits per channel of the lane's first channel's part
 #pragma unroll
   for (int i = 0; i < CPL; ++i) {
-    const int ch = lane + 32 * i;
+    const int ch = lane * CPL + i;
     vbit[i] = 0;
     vmask[i] = 0;
     vtab_at[i] = 2 * kFmtTableStride;
@@ -135,14 +183,27 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionL
         vmask[i] = (1u << g.mse_bits) - 1u;
         vtab_at[i] = gi * kFmtTableStride;
         vslot[i] = gi;
+        if (i == 0) vwidth = g.mse_bits;
       } else if (g.qjl && j >= g.channels && j < 2 * g.channels) {
         vbit[i] = g.sign_offset * 8 + (j - g.channels);
         vmask[i] = 1u;
         vtab_at[i] = gi * kFmtTableStride + kFmtSignEntry;
         vslot[i] = 2 + gi;
+        if (i == 0) vwidth = 1;
       }
     }
   }
+  // Window mode: every lane's channels are consecutive indices of one part
+  // (channels past the state are never written), so a token costs a lane
+  // one window of <= 32 (CPL <= 4) or 64 bits instead of a read per channel.
+  bool own = CPL * vwidth <= (CPL > 4 ? 64 : 32);
+#pragma unroll
+  for (int i = 1; i < CPL; ++i) {
+    if (lane * CPL + i < d.sv)
+      own = own && vbit[i] == vbit[0] + i * vwidth && vmask[i] == vmask[0] && vtab_at[i] == vtab_at[0] &&
+            vslot[i] == vslot[0];
+  }
+  const bool window = __all_sync(kFullMask, own);
   __syncthreads();
 
   const int seq = SeqOf(a, qi);
@@ -159,19 +220,47 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionL
     for (int i = 0; i < CPL; ++i) acc[g][i] = 0.0f;
   }
 
+  // Rows of whole, aligned 4-byte words are loaded by the warp together
+  // (StageTile); others by their own lane (StageRow).
+  auto aligned = [&](const uint8_t* p, int rb) {
+    return (reinterpret_cast<uintptr_t>(p) & 3) == 0 && rb % 4 == 0;
+  };
+  const bool words_aligned =
+      aligned(a.k_base, hk.row_bytes) && aligned(a.v_base, hv.row_bytes) && a.block_stride % 4 == 0;
+  const int kwords = hk.row_bytes / 4, vwords = hv.row_bytes / 4;
+  const uint32_t kmagic = kwords > 0 ? (0xffffffffu / kwords) + 1 : 0;
+  const uint32_t vmagic = vwords > 0 ? (0xffffffffu / vwords) + 1 : 0;
+  uintptr_t* raddr = reinterpret_cast<uintptr_t*>(fsm + L.addr) + warp * 64;
+
   for (int64_t base = t0 + warp * 32; base < t1; base += 32 * kAttnWarps) {
     const int64_t t = base + lane;
     const bool valid = t < t1;
     uint32_t* kr = kst + lane * L.ks;
     uint32_t* vr = vst + lane * L.vs;
+    const int nt = static_cast<int>(t1 - base < 32 ? t1 - base : 32);
+    const uint8_t* krow = nullptr;
+    const uint8_t* vrow = nullptr;
+    if (valid) {
+      const int32_t page = a.block_table[static_cast<int64_t>(seq) * a.max_blocks + t / a.block_size];
+      const int64_t row = (t % a.block_size) * a.kv_heads + kvh;
+      krow = a.k_base + page * a.block_stride + row * hk.row_bytes;
+      vrow = a.v_base + page * a.block_stride + row * hv.row_bytes;
+    }
+    if (words_aligned) {  // warp-uniform: the warp loads rows word by word, consecutive lanes on consecutive words
+      raddr[lane] = reinterpret_cast<uintptr_t>(krow);
+      raddr[32 + lane] = reinterpret_cast<uintptr_t>(vrow);
+      __syncwarp();
+      StageTile(raddr, nt * kwords, kwords, kmagic, L.ks, lane, kst);
+      StageTile(raddr + 32, nt * vwords, vwords, vmagic, L.vs, lane, vst);
+      __syncwarp();
+    } else if (valid) {
+      StageRow(krow, hk.row_bytes, kr);
+      StageRow(vrow, hv.row_bytes, vr);
+    }
     float s[GC];
 #pragma unroll
     for (int g = 0; g < GC; ++g) s[g] = valid ? 0.0f : -CUDART_INF_F;
     if (valid) {
-      const int32_t page = a.block_table[static_cast<int64_t>(seq) * a.max_blocks + t / a.block_size];
-      const int64_t row = (t % a.block_size) * a.kv_heads + kvh;
-      StageRow(a.k_base + page * a.block_stride + row * hk.row_bytes, hk.row_bytes, kr);
-      StageRow(a.v_base + page * a.block_stride + row * hv.row_bytes, hv.row_bytes, vr);
       const uint8_t* kb = reinterpret_cast<const uint8_t*>(kr);
       for (int gi = 0; gi < hk.num_groups; ++gi) {
         const GpuGroup& g = hk.groups[gi];
@@ -195,8 +284,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionL
           const float c = tab[static_cast<uint32_t>(buf) & mask];
           buf >>= bits;
           have -= bits;
-#pragma unroll
-          for (int h = 0; h < GC; ++h) dot[h] = fmaf(qrow[j * GC + h], c, dot[h]);
+          FmaHeads<GC>(qrow + j * GC, c, dot);
         }
         const float norm = LoadGroupNorm(g, kb);
         float gq = 0.0f;
@@ -204,8 +292,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionL
           const float* srow = qrow + g.channels * GC;
           for (int j = 0; j < g.channels; ++j) {
             const float c = (kb[g.sign_offset + (j >> 3)] >> (j & 7)) & 1 ? 1.0f : -1.0f;
-#pragma unroll
-            for (int h = 0; h < GC; ++h) sgn[h] = fmaf(srow[j * GC + h], c, sgn[h]);
+            FmaHeads<GC>(srow + j * GC, c, sgn);
           }
           gq = LoadGroupResidual(g, kb) * g.qjl_scale;
         }
@@ -237,20 +324,43 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionL
       pw[lane * GC + g] = p;
     }
     __syncwarp();
-    const int nt = static_cast<int>(t1 - base < 32 ? t1 - base : 32);
     for (int tt = 0; tt < nt; ++tt) {
       const uint32_t* row = vst + tt * L.vs;
       const float* cf = coef + tt * kFmtCoefs;
       float p[GC];
+      if constexpr (GC % 4 == 0) {
 #pragma unroll
-      for (int g = 0; g < GC; ++g) p[g] = pw[tt * GC + g];
+        for (int g = 0; g < GC; g += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(pw + tt * GC + g);
+          p[g] = v.x;
+          p[g + 1] = v.y;
+          p[g + 2] = v.z;
+          p[g + 3] = v.w;
+        }
+      } else {
 #pragma unroll
-      for (int i = 0; i < CPL; ++i) {
-        const int w = vbit[i] >> 5;
-        const uint32_t idx = __funnelshift_r(row[w], row[w + 1], vbit[i] & 31) & vmask[i];
-        const float x = vtab[vtab_at[i] + idx] * cf[vslot[i]];
+        for (int g = 0; g < GC; ++g) p[g] = pw[tt * GC + g];
+      }
+      if (window) {  // warp-uniform
+        const int w = vbit[0] >> 5, sh = vbit[0] & 31;
+        uint64_t win = __funnelshift_r(row[w], row[w + 1], sh);
+        if constexpr (CPL > 4) win |= static_cast<uint64_t>(__funnelshift_r(row[w + 1], row[w + 2], sh)) << 32;
+        const float c = cf[vslot[0]];
 #pragma unroll
-        for (int g = 0; g < GC; ++g) acc[g][i] = fmaf(p[g], x, acc[g][i]);
+        for (int i = 0; i < CPL; ++i) {
+          const float x = vtab[vtab_at[0] + (static_cast<uint32_t>(win >> (i * vwidth)) & vmask[0])] * c;
+#pragma unroll
+          for (int g = 0; g < GC; ++g) acc[g][i] = fmaf(p[g], x, acc[g][i]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+          const int w = vbit[i] >> 5;
+          const uint32_t idx = __funnelshift_r(row[w], row[w + 1], vbit[i] & 31) & vmask[i];
+          const float x = vtab[vtab_at[i] + idx] * cf[vslot[i]];
+#pragma unroll
+          for (int g = 0; g < GC; ++g) acc[g][i] = fmaf(p[g], x, acc[g][i]);
+        }
       }
     }
     __syncwarp();
@@ -269,7 +379,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionL
     }
 #pragma unroll
     for (int i = 0; i < CPL; ++i) {
-      const int ch = lane + 32 * i;
+      const int ch = lane * CPL + i;
       if (ch < d.sv) w[2 + ch] = acc[g][i];
     }
   }
