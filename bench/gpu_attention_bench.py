@@ -130,7 +130,7 @@ def load(path):
     lib.tqkv_gpu_attention_workspace.restype = u64
     lib.tqkv_gpu_attention_workspace.argtypes = [vp, i64, i64, i64, i32]
     lib.tqkv_gpu_attention.argtypes = [vp, vp, vp, i64, vp, i32, vp, vp, vp, i64, i64, vp, vp, vp, u64, i32, i32, vp]
-    lib.tqkv_gpu_attention_uses_fast_path.argtypes = [vp, i64]
+    lib.tqkv_gpu_attention_path.argtypes = [vp, i64]
     lib.tqkv_gpu_attention_splits.restype = i32
     lib.tqkv_gpu_attention_splits.argtypes = [vp, i64, i64, i64, i32]
     lib.tqkv_gpu_destroy.argtypes = [vp]
@@ -325,7 +325,7 @@ def main():
                          f"{bw / 1e12:.2f} TB/s of packed bytes  rel.err vs fp16 SDPA {err:.3f}  ({sync})" + var_line)
                 del kp, vp, ws, out
                 continue
-            fast = lib.tqkv_gpu_attention_uses_fast_path(h, stride)
+            fast = lib.tqkv_gpu_attention_path(h, stride) == 1
             t_gen = timed_device(lambda: call(0), max(5, args.iters // 5)) if batch * ctx <= 16 * 16384 else float("nan")
             if call(2, old_splits):
                 sys.exit(f"attention (CUDA-core kernel): {lib.tqkv_gpu_last_error().decode()}")

@@ -18,9 +18,10 @@
 
 namespace tqkv::gpu {
 
-// Context splits over the packed tokens (a formats launch with tails adds
-// one split for them; Dims).
-int PlanPackedSplits(const AttentionLaunch& a);
+// Context splits over the packed tokens for blocks of `head_chunks` per
+// (query, kv head) (a formats launch with tails adds one split for them;
+// Dims).
+int PlanPackedSplits(const AttentionLaunch& a, int head_chunks);
 
 namespace {
 
@@ -56,8 +57,9 @@ bool FastEligible(const AttentionLaunch& a) {
          v.row_bytes % 4 == 0;
 }
 
-// Value-state channels per lane of the formats kernel (lanes own channels
-// lane + 32·i); 0: the state is wider than it is instantiated for.
+// Value-state channels per lane of the formats kernel (lane l owns channels
+// l·CPL .. l·CPL + CPL − 1); 0: the state is wider than it is instantiated
+// for.
 int FormatsCpl(int sv) {
   if (sv <= 64) return 2;
   if (sv <= 96) return 3;
@@ -77,21 +79,25 @@ int FormatsHeads(int group, int cpl) {
 
 constexpr size_t kFormatsMaxSmem = 160 * 1024;
 
-// The formats kernel (attention_formats.cuh): packed mse or recipe K/V of
-// up to 8 bits per index, where no specialised kernel applies.
-bool FormatsEligible(const AttentionLaunch& a) {
-  if (!a.allow_fast_path || FastEligible(a)) return false;
+// The formats kernel (attention_formats.cuh) serves packed mse or recipe
+// K/V of up to 8 bits per index where no specialised kernel applies: its q
+// heads per block (FormatsHeads), or 0 where it does not serve the launch.
+int FormatsBlockHeads(const AttentionLaunch& a) {
+  if (!a.allow_fast_path || FastEligible(a)) return 0;
   for (const GpuComponent* c : {&a.host_k, &a.host_v}) {
-    if (c->kind == kGpuDense || c->num_groups < 1 || c->num_groups > 2) return false;
+    if (c->kind == kGpuDense || c->num_groups < 1 || c->num_groups > 2) return 0;
     for (int gi = 0; gi < c->num_groups; ++gi)
-      if (c->groups[gi].mse_bits < 1 || c->groups[gi].mse_bits > 8) return false;
+      if (c->groups[gi].mse_bits < 1 || c->groups[gi].mse_bits > 8) return 0;
   }
   const int sv = StateSize(a.host_v, a.dim), sk = StateSize(a.host_k, a.dim);
   const int cpl = FormatsCpl(sv);
-  if (cpl == 0) return false;
+  if (cpl == 0) return 0;
   const int gc = FormatsHeads(a.q_heads / a.kv_heads, cpl);
-  return FormatSmem::Of(a.host_k, a.host_v, sk, sv, gc).total * sizeof(float) <= kFormatsMaxSmem;
+  return FormatSmem::Of(a.host_k, a.host_v, sk, sv, gc).total * sizeof(float) <= kFormatsMaxSmem ? gc : 0;
 }
+
+// Blocks per (query, kv head) of the generic kernel.
+int GenericHeadChunks(int group) { return (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock; }
 
 // Where a kernel without static shared memory finds its dynamic shared
 // memory in the shared window (the tensor-core kernel's table lookups take
@@ -375,29 +381,21 @@ bool StagedFoldsQuery(const AttentionLaunch& a) {
 // Merge kernel of the specialised paths: one group of <= 128 channels.
 bool FastMergeEligible(const AttentionLaunch& a) { return FastEligible(a) && FastMergeFits(a.host_v); }
 
-// Blocks per (query, kv head) along the q heads.
-int HeadChunks(const AttentionLaunch& a) {
-  const int group = a.q_heads / a.kv_heads;
-  if (FastEligible(a)) return 1;
-  if (FormatsEligible(a)) {
-    const int gc = FormatsHeads(group, FormatsCpl(StateSize(a.host_v, a.dim)));
-    return (group + gc - 1) / gc;
-  }
-  return (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
-}
-
 AttnDims Dims(const AttentionLaunch& a) {
   AttnDims d;
   d.sk = StateSize(a.host_k, a.dim);
   d.sv = StateSize(a.host_v, a.dim);
   d.record = 2 + d.sv + a.dim;
   d.group = a.q_heads / a.kv_heads;
-  d.head_chunks = HeadChunks(a);
-  d.splits = PlanPackedSplits(a);
+  d.formats_heads = FormatsBlockHeads(a);
+  d.head_chunks = FastEligible(a)       ? 1
+                  : d.formats_heads > 0 ? (d.group + d.formats_heads - 1) / d.formats_heads
+                                        : GenericHeadChunks(d.group);
+  d.splits = PlanPackedSplits(a, d.head_chunks);
   const int64_t ctx = std::max<int64_t>(a.max_context, 1);
   d.chunk = (ctx + d.splits - 1) / d.splits;
   d.chunk = (d.chunk + 127) / 128 * 128;
-  if (a.has_tail && FormatsEligible(a)) d.tail_split = d.splits++;
+  if (a.has_tail && d.formats_heads > 0) d.tail_split = d.splits++;
   return d;
 }
 
@@ -622,15 +620,14 @@ cudaError_t FormatsWith(const AttentionLaunch& a, const AttnDims& d, const float
   e = cudaGetLastError();
   if (e != cudaSuccess || d.tail_split < 0) return e;
   AttnDims tail = d;  // the generic kernel's own q-head chunks
-  tail.head_chunks = (d.group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
+  tail.head_chunks = GenericHeadChunks(d.group);
   return LaunchGeneric(a, tail, states, recs, stream);
 }
 
-// Dispatch on (value channels per lane, q heads per block); every pair
-// FormatsHeads can return is listed.
+// Dispatch on (value channels per lane, q heads per block as planned);
+// every pair FormatsHeads can return is listed.
 cudaError_t LaunchFormats(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r, cudaStream_t st) {
-  const int cpl = FormatsCpl(d.sv);
-  switch (cpl * 100 + FormatsHeads(d.group, cpl)) {
+  switch (FormatsCpl(d.sv) * 100 + d.formats_heads) {
     case 201: return FormatsWith<1, 2>(a, d, s, r, st);
     case 202: return FormatsWith<2, 2>(a, d, s, r, st);
     case 204: return FormatsWith<4, 2>(a, d, s, r, st);
@@ -705,7 +702,7 @@ struct MergeF {
 
 int PlanAttentionSplits(const AttentionLaunch& a) { return Dims(a).splits; }
 
-int PlanPackedSplits(const AttentionLaunch& a) {
+int PlanPackedSplits(const AttentionLaunch& a, int head_chunks) {
   if (a.splits > 0) return std::min(a.splits, 1024);  // the merge kernels take <= 1024 splits
   if (MmaEligible(a)) {
     // Fewest waves of resident blocks × tokens per block, plus a per-block
@@ -754,7 +751,7 @@ int PlanPackedSplits(const AttentionLaunch& a) {
     }
     return static_cast<int>(best);
   }
-  const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads * HeadChunks(a));
+  const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads * head_chunks);
   const int64_t target = static_cast<int64_t>(std::max(a.num_sms, 1)) * 8;
   int64_t splits = (target + blocks - 1) / blocks;
   const int64_t by_ctx = std::max<int64_t>(1, (a.max_context + kMinSplitTokens - 1) / kMinSplitTokens);
@@ -764,7 +761,7 @@ int PlanPackedSplits(const AttentionLaunch& a) {
 
 bool AttentionUsesFastPath(const AttentionLaunch& a) { return FastEligible(a); }
 
-bool AttentionUsesFormatsKernel(const AttentionLaunch& a) { return FormatsEligible(a); }
+bool AttentionUsesFormatsKernel(const AttentionLaunch& a) { return FormatsBlockHeads(a) > 0; }
 
 bool AttentionUsesRegisterDequant(const AttentionLaunch& a) {
   return MmaEligible(a) && (MmaCfgOf(a).km & kMmaKReg) != 0;
@@ -801,7 +798,7 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
     e = LaunchMma(l, d, fold ? nullptr : states, recs, stream);
   } else if (FastEligible(l)) {
     e = LaunchFast(l, d, states, recs, stream);
-  } else if (FormatsEligible(l)) {
+  } else if (d.formats_heads > 0) {
     e = LaunchFormats(l, d, states, recs, stream);
   } else {
     e = LaunchGeneric(l, d, states, recs, stream);

@@ -208,12 +208,4 @@ int tqkv_gpu_attention_path(void* hp, int64_t block_stride) {
   return tqkv::gpu::AttentionUsesFormatsKernel(a) ? 2 : 0;
 }
 
-int tqkv_gpu_attention_uses_fast_path(void* hp, int64_t block_stride) {
-  auto* h = static_cast<Handle*>(hp);
-  tqkv::gpu::AttentionLaunch a = MakeLaunch(h);
-  a.block_stride = block_stride;
-  a.k_base = a.v_base = reinterpret_cast<const uint8_t*>(256);
-  return tqkv::gpu::AttentionUsesFastPath(a) ? 1 : 0;
-}
-
 }  // extern "C"

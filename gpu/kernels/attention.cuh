@@ -30,6 +30,7 @@ struct AttnDims {
   // >= 0: GenericAttentionKernel attends only the dense tails, as this
   // split's record (the other splits' kernel takes packed tokens only).
   int tail_split = -1;
+  int formats_heads = 0;  // > 0: the formats kernel runs, with this many q heads per block
 };
 
 // Query qi's sequence (AttentionLaunch::query_seq; null: sequence qi).

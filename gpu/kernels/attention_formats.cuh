@@ -65,26 +65,35 @@ struct FormatSmem {
   }
 };
 
-// x[0..GC) += w[0..GC) · c, w 16-byte aligned for GC >= 4 (one vector
-// load per 4 heads).
+// x[0..GC) = w[0..GC), w 16-byte aligned for GC >= 4 (one vector load per
+// 4 heads).
 template <int GC>
-__device__ __forceinline__ void FmaHeads(const float* w, float c, float (&x)[GC]) {
+__device__ __forceinline__ void LoadHeads(const float* w, float (&x)[GC]) {
   if constexpr (GC % 4 == 0) {
 #pragma unroll
     for (int h = 0; h < GC; h += 4) {
       const float4 v = *reinterpret_cast<const float4*>(w + h);
-      x[h] = fmaf(v.x, c, x[h]);
-      x[h + 1] = fmaf(v.y, c, x[h + 1]);
-      x[h + 2] = fmaf(v.z, c, x[h + 2]);
-      x[h + 3] = fmaf(v.w, c, x[h + 3]);
+      x[h] = v.x;
+      x[h + 1] = v.y;
+      x[h + 2] = v.z;
+      x[h + 3] = v.w;
     }
   } else if constexpr (GC == 2) {
     const float2 v = *reinterpret_cast<const float2*>(w);
-    x[0] = fmaf(v.x, c, x[0]);
-    x[1] = fmaf(v.y, c, x[1]);
+    x[0] = v.x;
+    x[1] = v.y;
   } else {
-    x[0] = fmaf(w[0], c, x[0]);
+    x[0] = w[0];
   }
+}
+
+// x[0..GC) += w[0..GC) · c (LoadHeads' alignment).
+template <int GC>
+__device__ __forceinline__ void FmaHeads(const float* w, float c, float (&x)[GC]) {
+  float v[GC];
+  LoadHeads<GC>(w, v);
+#pragma unroll
+  for (int h = 0; h < GC; ++h) x[h] = fmaf(v[h], c, x[h]);
 }
 
 // Copies a packed row at any byte address into 4-byte words of shared
@@ -241,10 +250,8 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionL
     const uint8_t* krow = nullptr;
     const uint8_t* vrow = nullptr;
     if (valid) {
-      const int32_t page = a.block_table[static_cast<int64_t>(seq) * a.max_blocks + t / a.block_size];
-      const int64_t row = (t % a.block_size) * a.kv_heads + kvh;
-      krow = a.k_base + page * a.block_stride + row * hk.row_bytes;
-      vrow = a.v_base + page * a.block_stride + row * hv.row_bytes;
+      krow = PackedRow(a, a.k_base, seq, t, kvh, hk.row_bytes);
+      vrow = PackedRow(a, a.v_base, seq, t, kvh, hv.row_bytes);
     }
     if (words_aligned) {  // warp-uniform: the warp loads rows word by word, consecutive lanes on consecutive words
       raddr[lane] = reinterpret_cast<uintptr_t>(krow);
@@ -328,19 +335,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FormatDecodeKernel(AttentionL
       const uint32_t* row = vst + tt * L.vs;
       const float* cf = coef + tt * kFmtCoefs;
       float p[GC];
-      if constexpr (GC % 4 == 0) {
-#pragma unroll
-        for (int g = 0; g < GC; g += 4) {
-          const float4 v = *reinterpret_cast<const float4*>(pw + tt * GC + g);
-          p[g] = v.x;
-          p[g + 1] = v.y;
-          p[g + 2] = v.z;
-          p[g + 3] = v.w;
-        }
-      } else {
-#pragma unroll
-        for (int g = 0; g < GC; ++g) p[g] = pw[tt * GC + g];
-      }
+      LoadHeads<GC>(pw + tt * GC, p);
       if (window) {  // warp-uniform
         const int w = vbit[0] >> 5, sh = vbit[0] & 31;
         uint64_t win = __funnelshift_r(row[w], row[w + 1], sh);
