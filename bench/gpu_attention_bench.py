@@ -5,11 +5,11 @@ Loads libtqkv_gpu_capi.so (ctypes) and times, with CUDA events (median of
 --iters runs after warm-up, random data): a D2D copy (HBM ceiling), torch
 scaled_dot_product_attention decode on contiguous fp16 K/V (enable_gqa), and
 tqkv's paged decode for TQ4 (k4v4) and K4/V2 on randomly permuted pages
-(planned splits; the kernel the launcher picks: the tensor-core kernel for
-these shapes). Also times the CUDA-core fast kernel (allow_fast=2) and the
-generic kernel for comparison, and sweeps forced split counts. Prints time
-ratios against SDPA and achieved bandwidth on packed bytes against the copy
-ceiling.
+(planned splits; the kernel the attention plan picks). Also times every
+other served kernel that can run the shape (gpu/attention_plan.h; the
+CUDA-core and generic kernels among them) and sweeps forced split counts.
+Prints time ratios against SDPA and achieved bandwidth on packed bytes
+against the copy ceiling.
 
 Two timings of SDPA and of the served kernel: device time (the calls queued
 behind a sleep kernel, each after an L2-evicting read: the GPU's time for
@@ -28,31 +28,9 @@ import torch
 
 QH, KVH, D, BS = 32, 8, 128, 16
 SHAPES = [(64, 4096), (16, 16384), (32, 32768), (4, 65536), (1, 131072)]
-GOALS = {"k4v4": 0.35, "k4v2": 0.28, "k2v2": None}  # k2v2: no goal (2-bit keys in registers, variants 3/4/6)
-# Tensor-core kernel variants (AttentionLaunch::mma_variant; gpu/attention.cu):
-# 1 = one kv head per block, shared-memory tables (the previous default),
-# 3 = K centroids from registers (prmt), 4 = variant 3 budgeted for
-# 4 blocks/SM, 5 = tables with 256-byte rows (prmt lookup addresses), 6 =
-# variant 3 with 256-byte V rows, 7 = K centroids from registers, one raw
-# tile buffer (no prefetch), one score chain per n-tile, 4 blocks/SM, 8 =
-# the served configuration with tokens-on-M scores (K tile as A, queries as
-# B: 8 score mmas per tile instead of 16).
-# 13 = the staged kernel (rows stream through 2 cp.async stages per warp in
-# shared memory; 4 blocks/SM; 4-bit keys only); 14 = staged with 256-byte
-# table rows and the stages in their free halves (one K/V codebook); 15 =
-# staged, 8 warps per block, K stages in the table's holes, V dense; 16 =
-# 13 with each tile's K and V rows arriving as two TMA tensor loads; 17 =
-# row sets (a block per query and 8 kv heads, TMA tiles shared by 8 warps,
-# 2 blocks/SM); 18 / 19 = row sets of 16 warps (two tile parities, one
-# block/SM) with 4 / 8 stages; 20 = 19 computing two tiles per step.
-# Retired (measured slower, bench/RESULTS.md; they run the served kernel):
-# 2, 9-11 (one K/V table in the register-buffered kernel), 12 (4 stages).
-VARIANTS = [1, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16, 17, 18, 19, 20]
-VARIANT_NAMES = {1: "lut", 3: "kreg", 4: "kreg-4cta", 5: "lut256", 6: "kreg+v256",
-                 7: "kreg-1buf-4cta", 8: "tokm", 13: "staged-s2-4cta",
-                 14: "staged-holes", 15: "staged-8w-kholes", 16: "staged-s2-4cta-tma",
-                 17: "rowset", 18: "rowset16w-s4", 19: "rowset16w-s8",
-                 20: "rowset16w-s8-2tiles", 23: "rowset-early-release", 24: "rowset-early-release-gated"}
+GOALS = {"k4v4": 0.35, "k4v2": 0.28, "k2v2": None}
+SERVED = -1  # the kernel argument of the C API: the plan's choice
+MAX_KERNELS = 8
 
 
 def timed(fn, iters):
@@ -128,13 +106,32 @@ def load(path):
     lib.tqkv_gpu_row_bytes.argtypes = [vp, i32]
     lib.tqkv_gpu_encode.argtypes = [vp, vp, vp, i32, i64, vp, vp, vp, i64, vp, vp]
     lib.tqkv_gpu_attention_workspace.restype = u64
-    lib.tqkv_gpu_attention_workspace.argtypes = [vp, i64, i64, i64, i32]
+    lib.tqkv_gpu_attention_workspace.argtypes = [vp, i64, i64, i64, i32, i32]
     lib.tqkv_gpu_attention.argtypes = [vp, vp, vp, i64, vp, i32, vp, vp, vp, i64, i64, vp, vp, vp, u64, i32, i32, vp]
-    lib.tqkv_gpu_attention_path.argtypes = [vp, i64]
     lib.tqkv_gpu_attention_splits.restype = i32
     lib.tqkv_gpu_attention_splits.argtypes = [vp, i64, i64, i64, i32]
+    lib.tqkv_gpu_attention_kernel.restype = i32
+    lib.tqkv_gpu_attention_kernel.argtypes = [vp, i64, i64, i64]
+    lib.tqkv_gpu_attention_kernel_id.restype = i32
+    lib.tqkv_gpu_attention_kernel_id.argtypes = [ctypes.c_char_p]
+    lib.tqkv_gpu_attention_kernel_name.restype = ctypes.c_char_p
+    lib.tqkv_gpu_attention_kernel_name.argtypes = [i32]
+    lib.tqkv_gpu_attention_eligible.restype = i32
+    lib.tqkv_gpu_attention_eligible.argtypes = [vp, i64, i64, i64, ctypes.POINTER(i32), i32]
     lib.tqkv_gpu_destroy.argtypes = [vp]
     return lib
+
+
+def kernel_name(lib, kid):
+    return lib.tqkv_gpu_attention_kernel_name(kid).decode()
+
+
+def eligible_kernels(lib, h, batch, ctx, stride):
+    """Ids of the served kernels that can run a decode call of this shape,
+    the plan's preference first."""
+    ids = (ctypes.c_int * MAX_KERNELS)()
+    n = lib.tqkv_gpu_attention_eligible(h, batch, ctx, stride, ids, MAX_KERNELS)
+    return list(ids[:n])
 
 
 def encode_pages(lib, h, k, v, table, flag, stream):
@@ -207,26 +204,27 @@ def random_decode(lib, h, batch, ctx, ws_extra=0):
     dev = torch.device("cuda")
     kp, vp, stride, table, packed, pos = random_pages(lib, h, batch, ctx)
     q32 = torch.randn(batch, QH, D, dtype=torch.float32, device=dev)
-    ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0)
+    ws_bytes = lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0, SERVED)
     ws = torch.zeros(ws_bytes + ws_extra, dtype=torch.uint8, device=dev)
     out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
 
     def args(nq=batch, stream=None):
         st = stream if stream is not None else torch.cuda.current_stream().cuda_stream
         return (h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), ctx // BS, packed.data_ptr(), None,
-                pos.data_ptr(), nq, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(), ws_bytes, 0, 1, st)
+                pos.data_ptr(), nq, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(), ws_bytes, 0, SERVED, st)
     return kp, vp, stride, ws, args
 
 
 def attention_call(lib, h, kp, vp, stride, table, packed, pos, q32, out, ws, stream):
-    """call(fast=1, splits=0) -> rc: one decode call over the pages (query i
-    is sequence i's; fast: AttentionLaunch's path flags and 10 + variant)."""
+    """call(kernel=SERVED, splits=0) -> rc: one decode call over the pages
+    (query i is sequence i's) on a served kernel (its id; SERVED: the
+    plan's choice) with planned (0) or forced splits."""
     batch, nblocks_per = table.shape
     ctx = nblocks_per * BS
-    return lambda fast=1, splits=0: lib.tqkv_gpu_attention(
+    return lambda kernel=SERVED, splits=0: lib.tqkv_gpu_attention(
         h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nblocks_per, packed.data_ptr(),
         None, pos.data_ptr(), batch, ctx, q32.data_ptr(), out.data_ptr(), ws.data_ptr(),
-        ws.numel(), splits, fast, stream)
+        ws.numel(), splits, kernel, stream)
 
 
 def main():
@@ -236,16 +234,15 @@ def main():
     ap.add_argument("--shapes", default="", help="subset, e.g. 32x32768,1x131072 (default: all)")
     ap.add_argument("--formats", default="", help="subset, e.g. k4v4 (default: all)")
     ap.add_argument("--quick", action="store_true",
-                    help="served kernel vs SDPA only (no variants, split sweep or CUDA-core kernel); "
-                         "for profiling")
-    ap.add_argument("--variants", default="",
-                    help="tensor-core variants to time (default: all; with --quick: none), e.g. 8,9,10")
+                    help="served kernel vs SDPA only (no other kernels or split sweep); for profiling")
+    ap.add_argument("--kernels", default="",
+                    help="other served kernels to time, by name (default: every one that can run the shape; "
+                         "with --quick: none), e.g. staged_tma,tiles")
     ap.add_argument("--evict", choices=["read", "write"], default="read",
                     help="how device timing evicts L2 before each call (write: dirty lines, for comparison)")
     args = ap.parse_args()
     global EVICT_BY_WRITE
     EVICT_BY_WRITE = args.evict == "write"
-    variants = [int(x) for x in args.variants.split(",") if x] or ([] if args.quick else VARIANTS)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
     formats = [f for f in args.formats.split(",") if f] or list(GOALS)
     lib = load(args.lib)
@@ -294,8 +291,16 @@ def main():
             old_splits = min(max(1, -(-(132 * 8) // (batch * KVH))), max(1, -(-ctx // 256)), 1024)
             sweep = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
                      if s * batch * KVH <= 8192 and s <= max(1, ctx // 256)]
-            ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, s)
-                           for s in [0, old_splits] + sweep + [-v for v in sorted(set(VARIANTS) | set(variants))])
+            served = lib.tqkv_gpu_attention_kernel(h, batch, ctx, stride)
+            eligible = eligible_kernels(lib, h, batch, ctx, stride)
+            asked = [lib.tqkv_gpu_attention_kernel_id(n.encode()) for n in args.kernels.split(",") if n]
+            if -1 in asked:
+                sys.exit(f"--kernels: unknown name in {args.kernels}")
+            others = [kid for kid in (asked or ([] if args.quick else eligible)) if kid != served and kid in eligible]
+            ws_bytes = max([lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, s, SERVED)
+                            for s in [0] + sweep] +
+                           [lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, s, kid)
+                            for kid in others for s in (0, old_splits)])
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
             out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
             call = attention_call(lib, h, kp, vp, stride, table, packed, pos, q32, out, ws, stream)
@@ -308,40 +313,44 @@ def main():
             sync = f"synchronised calls {t_tq_sync:.3f} ms, ratio {t_tq_sync / t_sdpa_sync:.3f}x"
             floor = batch * ctx * KVH * (kr + vr)
             bw = floor / (t_tq * 1e-3)
-            # Tensor-core kernel variants (10 + v), each with its own planned splits.
+            # The other served kernels that can run the shape, each with its
+            # own planned splits (the generic kernel only where it is quick).
             var = []
-            for vi in variants:
-                if call(10 + vi):
-                    sys.exit(f"attention variant {vi}: {lib.tqkv_gpu_last_error().decode()}")
+            for kid in others:
+                if kernel_name(lib, kid) == "generic" and batch * ctx > 16 * 16384:
+                    continue
+                if call(kid):
+                    sys.exit(f"attention ({kernel_name(lib, kid)}): {lib.tqkv_gpu_last_error().decode()}")
                 torch.cuda.synchronize()
                 err_v = ((out - ref).norm() / ref.norm()).item()
-                var.append((vi, timed_device(lambda: call(10 + vi), args.iters),
-                            lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, vi), err_v))
-            var_line = ("\n        variants (v: ms @splits, TB/s, err): "
-                        + "  ".join(f"{VARIANT_NAMES.get(vi, vi)}: {t:.3f}@{sp} {floor / (t * 1e-3) / 1e12:.2f} {e:.3f}"
-                                    for vi, t, sp, e in var)) if var else ""
+                var.append((kid, timed_device(lambda: call(kid), args.iters),
+                            lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, kid), err_v))
+            var_line = ("\n        other kernels (ms @splits, TB/s, err): "
+                        + "  ".join(f"{kernel_name(lib, kid)}: {t:.3f}@{sp} {floor / (t * 1e-3) / 1e12:.2f} {e:.3f}"
+                                    for kid, t, sp, e in var)) if var else ""
             if args.quick:
                 line += (f"\n    {f}: {t_tq:.3f} ms  ratio {t_tq / t_sdpa:.3f}x SDPA  "
                          f"{bw / 1e12:.2f} TB/s of packed bytes  rel.err vs fp16 SDPA {err:.3f}  ({sync})" + var_line)
                 del kp, vp, ws, out
                 continue
-            fast = lib.tqkv_gpu_attention_path(h, stride) == 1
-            t_gen = timed_device(lambda: call(0), max(5, args.iters // 5)) if batch * ctx <= 16 * 16384 else float("nan")
-            if call(2, old_splits):
-                sys.exit(f"attention (CUDA-core kernel): {lib.tqkv_gpu_last_error().decode()}")
-            torch.cuda.synchronize()
-            err_old = ((out - ref).norm() / ref.norm()).item()
-            t_old = timed_device(lambda: call(2, old_splits), args.iters)
+            cuda_core = lib.tqkv_gpu_attention_kernel_id(b"cuda_core")
+            t_old, err_old = float("nan"), float("nan")
+            if cuda_core in eligible:  # at the CUDA-core kernel's own split plan
+                if call(cuda_core, old_splits):
+                    sys.exit(f"attention (CUDA-core kernel): {lib.tqkv_gpu_last_error().decode()}")
+                torch.cuda.synchronize()
+                err_old = ((out - ref).norm() / ref.norm()).item()
+                t_old = timed_device(lambda: call(cuda_core, old_splits), args.iters)
             sw = []
             for s in sweep:
-                if call(1, s):
+                if call(SERVED, s):
                     sys.exit(f"attention splits={s}: {lib.tqkv_gpu_last_error().decode()}")
-                sw.append((timed_device(lambda: call(1, s), max(5, args.iters // 2)), s))
+                sw.append((timed_device(lambda: call(SERVED, s), max(5, args.iters // 2)), s))
             best_t, best_s = min(sw)
             ratio = t_tq / t_sdpa
             line += (f"\n    {f}: {t_tq:.3f} ms  ratio {ratio:.3f}x SDPA (goal <= {GOALS[f] or '-'})  "
                      f"packed {floor / 1e6:.1f} MB -> {bw / 1e12:.2f} TB/s = {bw / ceiling:.2f} of copy ceiling  "
-                     f"fast_path={fast} generic={t_gen:.3f} ms  rel.err vs fp16 SDPA {err:.3f}  ({sync})"
+                     f"kernel={kernel_name(lib, served)}  rel.err vs fp16 SDPA {err:.3f}  ({sync})"
                      f"\n        CUDA-core fast kernel (splits {old_splits}): {t_old:.3f} ms (rel.err {err_old:.3f});"
                      f" split sweep best {best_t:.3f} ms at {best_s} splits ("
                      + " ".join(f"{s}:{t:.3f}" for t, s in sorted(sw, key=lambda x: x[1])) + ")" + var_line)

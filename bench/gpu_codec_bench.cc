@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "codec/model_codec.h"
+#include "gpu/attention_plan.h"
 #include "gpu/codec_tables.h"
 #include "gpu/cuda_util.h"
 #include "gpu/kernels.h"
@@ -251,27 +252,23 @@ int Run(int iters) {
       at.kv_heads = H;
       at.dim = D;
       at.max_context = ctx;
-      at.num_sms = prop.multiProcessorCount;
-      DeviceBuffer ws = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(at));
-      at.workspace = ws.get();
-      at.workspace_bytes = ws.bytes();
-      const float pf_ms = MedianMs([&] { LaunchAttention(at, nullptr); }, std::max(5, iters / 5));
-      const double pairs = static_cast<double>(nq) * (ctx - nq / 2.0) * 4 * H;
-      // Tensor-core variants (AttentionLaunch::mma_variant): 1 = 128-byte-row
-      // tables, 8 = the served configuration with tokens-on-M scores.
-      for (int variant : {1, 8}) {
-        AttentionLaunch av = at;
-        av.mma_variant = variant;
-        DeviceBuffer wsv = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(av));
-        av.workspace = wsv.get();
-        av.workspace_bytes = wsv.bytes();
-        const float v_ms = MedianMs([&] { LaunchAttention(av, nullptr); }, std::max(5, iters / 5));
-        std::printf("      prefill mma_variant %d: %.3f ms (%d splits)\n", variant, v_ms, PlanAttentionSplits(av));
+      AttentionDevice dev;
+      if (ProbeAttentionDevice(0, &dev) != cudaSuccess) return 1;
+      // The plan's kernel, then every other served kernel that can run the
+      // prefill (the same pages and queries).
+      for (AttnKernel kernel : EligibleAttentionKernels(at, dev)) {
+        AttentionPlan plan;
+        if (PlanAttention(at, dev, &plan, {.kernel = kernel}) != cudaSuccess) return 1;
+        DeviceBuffer ws = *DeviceBuffer::Allocate(plan.workspace_bytes);
+        at.workspace = ws.get();
+        at.workspace_bytes = ws.bytes();
+        const float pf_ms = MedianMs([&] { LaunchAttention(at, plan, nullptr); }, std::max(5, iters / 5));
+        const double pairs = static_cast<double>(nq) * (ctx - nq / 2.0) * 4 * H;
+        std::printf("      prefill 1 x %lld ctx, %lld causal queries (%s, %d splits): %.3f ms, %.1f G (query-head, key) "
+                    "pairs/s [%s]\n",
+                    static_cast<long long>(ctx), static_cast<long long>(nq), AttnKernelName(kernel), plan.dims.splits,
+                    pf_ms, pairs / (pf_ms * 1e-3) / 1e9, cudaGetErrorName(cudaGetLastError()));
       }
-      std::printf("      prefill 1 x %lld ctx, %lld causal queries (%s): %.3f ms, %.1f G (query-head, key) pairs/s [%s]\n",
-                  static_cast<long long>(ctx), static_cast<long long>(nq),
-                  AttentionUsesFastPath(at) ? "fast kernel" : "generic kernel", pf_ms, pairs / (pf_ms * 1e-3) / 1e9,
-                  cudaGetErrorName(cudaGetLastError()));
     }
   }
   return 0;

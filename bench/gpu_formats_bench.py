@@ -4,7 +4,7 @@ compute-free stream, in one process.
 
 For each format (K/V bits 2..8, asymmetric pairs) and head dim (64, 96, 128,
 256), 32 q heads over 8 kv heads, pages in random order, one query per
-sequence: the kernel the launcher picks (tqkv_gpu_attention, planned
+sequence: the kernel the attention plan picks (tqkv_gpu_attention, planned
 splits), the generic kernel on the same pages, a compute-free stream of the
 same packed bytes (a read-only reduction over a buffer of exactly the bytes
 the call reads: K and V rows of every token and kv head), and torch fp16
@@ -49,7 +49,7 @@ def main():
     stream = torch.cuda.current_stream().cuda_stream
     flag = torch.empty(8, dtype=torch.uint8, device=dev)
     print(f"device: {torch.cuda.get_device_name(0)}  torch {torch.__version__}")
-    print("format   d  shape      path     served_us stream_us stream/served  sdpa_us served/sdpa  generic/served  err")
+    print("format   d  shape      kernel         served_us stream_us stream/served  sdpa_us served/sdpa  generic/served  err")
     worst = {}
     for fmt, dim in formats:
         h = lib.tqkv_gpu_create(fmt.encode(), dim, KVH, QH, BS, 7)
@@ -63,14 +63,15 @@ def main():
             packed = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
             pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)
             out = torch.empty(batch, QH, dim, dtype=torch.float32, device=dev)
-            ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0),
-                           batch * QH * (1024 * (2 + 2 * dim) + 2 * dim) * 4 + 4096)
+            generic_id = lib.tqkv_gpu_attention_kernel_id(b"generic")
+            ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0, kid)
+                           for kid in (gb.SERVED, generic_id))
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
 
-            def call(fast=1):
+            def call(kernel=gb.SERVED):
                 return lib.tqkv_gpu_attention(h, kp.data_ptr(), vp.data_ptr(), stride, table.data_ptr(), nb,
                                               packed.data_ptr(), None, pos.data_ptr(), batch, ctx, q32.data_ptr(),
-                                              out.data_ptr(), ws.data_ptr(), ws.numel(), 0, fast, stream)
+                                              out.data_ptr(), ws.data_ptr(), ws.numel(), 0, kernel, stream)
 
             if call():
                 sys.exit(f"attention {fmt} d{dim}: {lib.tqkv_gpu_last_error().decode()}")
@@ -87,14 +88,14 @@ def main():
                 lambda: torch.nn.functional.scaled_dot_product_attention(q16, k, v, enable_gqa=True), args.iters)
             g = ""
             if (batch, ctx) in generic:
-                if call(0):
+                if call(generic_id):
                     sys.exit(f"attention (generic) {fmt} d{dim}: {lib.tqkv_gpu_last_error().decode()}")
-                g = f"{gb.timed_device(lambda: call(0), 5) / t_served:10.1f}x"
-            path = ("generic", "fast", "formats")[lib.tqkv_gpu_attention_path(h, stride)]
+                g = f"{gb.timed_device(lambda: call(generic_id), 5) / t_served:10.1f}x"
+            kernel = gb.kernel_name(lib, lib.tqkv_gpu_attention_kernel(h, batch, ctx, stride))
             frac = t_stream / t_served
             key = f"{fmt}/d{dim}"
             worst[key] = min(worst.get(key, frac), frac)
-            print(f"{fmt:6} {dim:4}  {batch:>2}x{ctx:<7} {path:8} {t_served * 1e3:9.1f} {t_stream * 1e3:9.1f} "
+            print(f"{fmt:6} {dim:4}  {batch:>2}x{ctx:<7} {kernel:14} {t_served * 1e3:9.1f} {t_stream * 1e3:9.1f} "
                   f"{frac:13.2f} {t_sdpa * 1e3:8.1f} {t_served / t_sdpa:11.2f} {g:>15} {err:.3f}", flush=True)
             del k, v, kp, vp, ws
             torch.cuda.empty_cache()

@@ -62,18 +62,18 @@ class Batch:
         self.has_tail = 1 if off or force_tail else 0
         self.q32 = q32
         self.out = torch.empty(batch, QH, D, dtype=torch.float32, device=dev)
-        # The served plan's workspace, or the generic kernel's at its most
-        # splits (1024 records of 2 + 2·D floats per query head) for run(0).
-        ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, self.max_ctx, stride, 0),
-                       batch * QH * (1024 * (2 + 2 * D) + D) * 4 + 4096)
+        # The served plan's workspace, or the generic kernel's.
+        self.generic = lib.tqkv_gpu_attention_kernel_id(b"generic")
+        ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, self.max_ctx, stride, 0, kid)
+                       for kid in (gb.SERVED, self.generic))
         self.ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
         self.stream = torch.cuda.current_stream().cuda_stream
 
-    def __call__(self, fast=1):
+    def __call__(self, kernel=gb.SERVED):
         return self.lib.tqkv_gpu_attention_tail(
             self.h, self.kp.data_ptr(), self.vp.data_ptr(), self.stride, self.table.data_ptr(),
             self.table.shape[1], self.packed.data_ptr(), None, self.pos.data_ptr(), self.batch, self.max_ctx,
-            self.q32.data_ptr(), self.out.data_ptr(), self.ws.data_ptr(), self.ws.numel(), 0, fast,
+            self.q32.data_ptr(), self.out.data_ptr(), self.ws.data_ptr(), self.ws.numel(), 0, kernel,
             self.tail_k.data_ptr(), self.tail_v.data_ptr(), 0, self.tail_off.data_ptr(), self.has_tail,
             self.stream)
 
@@ -148,9 +148,9 @@ def main():
                         f"(us by length {by_len}; tail path, no tail token {t_flag * 1e3:.1f})")
                 if batch * ctx <= 32768:  # the generic kernel, what a tail cost before the fast merge attended it
                     run = Batch(lib, h, k, v, table, kp, vp, stride, [ctx - BS] * batch, [5] * batch, q32)
-                    if run(0):
+                    if run(run.generic):
                         sys.exit(f"attention (generic kernel): {lib.tqkv_gpu_last_error().decode()}")
-                    line += f"; generic kernel, tail 5: {gb.timed_device(lambda: run(0), 5) * 1e3:.1f} us"
+                    line += f"; generic kernel, tail 5: {gb.timed_device(lambda: run(run.generic), 5) * 1e3:.1f} us"
                 print(line, flush=True)
                 summary.append((name, f, t0 * 1e3, tmax * 1e3, tmax / t0))
             else:

@@ -1,11 +1,12 @@
-// Launchers of the attention kernels: split planning, workspace layout,
-// dispatch of the fast path (switch over K bits, V bits, GQA group), of the
-// formats kernel (switch over value channels per lane and q heads per
-// block) and of the generic kernel (switch over values per lane).
+// Launchers of the attention kernels: the device probe, the kernels' facts
+// the plan reads (gpu/attention_plan.h), and the launch of a plan — one
+// switch per kernel over the configurations the served table lists, each
+// ending in cudaErrorNotSupported.
 #include <cudaTypedefs.h>
 
 #include <algorithm>
 
+#include "gpu/attention_plan.h"
 #include "gpu/kernels.h"
 #include "gpu/kernels/attention.cuh"
 #include "gpu/kernels/attention_fast.cuh"
@@ -17,133 +18,46 @@
 #include "gpu/launch_util.h"
 
 namespace tqkv::gpu {
-
-// Context splits over the packed tokens for blocks of `head_chunks` per
-// (query, kv head) (a formats launch with tails adds one split for them;
-// Dims).
-int PlanPackedSplits(const AttentionLaunch& a, int head_chunks);
-
 namespace {
 
-constexpr int64_t kMinSplitTokens = 256;
-// Shared stages per row-set block (the most that fit 2 blocks per SM next to
-// 64 KiB of tables; with 128-byte table rows 3 stages ran 4-9% slower).
-constexpr int kRowSetStages = 2;
-constexpr int64_t kRowSetMinTokens = 65536;  // served row sets: (query, head group) × context at least
+using K = AttnKernel;
 
-int StateSize(const GpuComponent& c, int dim) { return c.kind == kGpuDense ? dim : c.state_size; }
-int Vpl(const GpuComponent& c) { return (std::max(c.max_group_channels, 1) + 31) / 32; }
-
-// The fast merge's V layout: one group of <= 128 state channels at offset
-// 0 (it applies Πᵀ with one warp's strided registers).
-bool FastMergeFits(const GpuComponent& v) {
-  return v.num_groups == 1 && v.groups[0].channels <= 128 && v.groups[0].state_offset == 0 && v.state_size <= 128;
-}
-
-// Launches with a dense tail take the fast path only where the fast merge
-// runs, since that merge attends the tail (TailState).
-bool FastEligible(const AttentionLaunch& a) {
-  const GpuComponent& k = a.host_k;
-  const GpuComponent& v = a.host_v;
-  if (!a.allow_fast_path || a.dim != 128) return false;
-  if (a.has_tail && !FastMergeFits(v)) return false;
-  if (k.kind != kGpuMse || v.kind != kGpuMse || k.groups[0].qjl || v.groups[0].qjl) return false;
-  const int kb = k.groups[0].mse_bits, vb = v.groups[0].mse_bits;
-  if ((kb != 2 && kb != 4) || (vb != 2 && vb != 4)) return false;
-  const int g = a.q_heads / a.kv_heads;
-  if (g != 1 && g != 2 && g != 4 && g != 8) return false;
-  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3) == 0; };
-  return aligned(a.k_base) && aligned(a.v_base) && a.block_stride % 4 == 0 && k.row_bytes % 4 == 0 &&
-         v.row_bytes % 4 == 0;
-}
-
-// Value-state channels per lane of the formats kernel (lane l owns channels
-// l·CPL .. l·CPL + CPL − 1); 0: the state is wider than it is instantiated
-// for.
-int FormatsCpl(int sv) {
-  if (sv <= 64) return 2;
-  if (sv <= 96) return 3;
-  if (sv <= 128) return 4;
-  if (sv <= 256) return 8;
-  if (sv <= 512) return 16;
-  return 0;
-}
-
-// Q heads per formats-kernel block: the GQA group rounded up to a power of
-// two, at most 8 and at most 32 accumulators per lane.
-int FormatsHeads(int group, int cpl) {
-  int gc = 1;
-  while (gc < group && gc < 8 && 2 * gc * cpl <= 32) gc *= 2;
-  return gc;
-}
-
-constexpr size_t kFormatsMaxSmem = 160 * 1024;
-
-// The formats kernel (attention_formats.cuh) serves packed mse or recipe
-// K/V of up to 8 bits per index where no specialised kernel applies: its q
-// heads per block (FormatsHeads), or 0 where it does not serve the launch.
-int FormatsBlockHeads(const AttentionLaunch& a) {
-  if (!a.allow_fast_path || FastEligible(a)) return 0;
-  for (const GpuComponent* c : {&a.host_k, &a.host_v}) {
-    if (c->kind == kGpuDense || c->num_groups < 1 || c->num_groups > 2) return 0;
-    for (int gi = 0; gi < c->num_groups; ++gi)
-      if (c->groups[gi].mse_bits < 1 || c->groups[gi].mse_bits > 8) return 0;
-  }
-  const int sv = StateSize(a.host_v, a.dim), sk = StateSize(a.host_k, a.dim);
-  const int cpl = FormatsCpl(sv);
-  if (cpl == 0) return 0;
-  const int gc = FormatsHeads(a.q_heads / a.kv_heads, cpl);
-  return FormatSmem::Of(a.host_k, a.host_v, sk, sv, gc).total * sizeof(float) <= kFormatsMaxSmem ? gc : 0;
-}
-
-// Blocks per (query, kv head) of the generic kernel.
-int GenericHeadChunks(int group) { return (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock; }
+// The served configurations. Tiles: the bit pair's dequantisation modes
+// and blocks/SM budget (KM, MB of MmaDecodeKernel). Staged: stages per
+// warp, blocks/SM, stage layout, warps, TMA. Row sets: 8 stages, two tile
+// parities of 8 warps, two tiles a step.
+template <int KB, int VB>
+struct TilesCfg;
+template <>
+struct TilesCfg<4, 4> {
+  static constexpr int kKm = kMmaLut256 | kMmaTokM, kMb = 3;
+};
+template <>
+struct TilesCfg<2, 4> {
+  static constexpr int kKm = 0, kMb = 3;
+};
+template <>
+struct TilesCfg<2, 2> {
+  static constexpr int kKm = kMmaKReg | kMmaTokM, kMb = 4;
+};
+struct StagedCfg {
+  int stages, blocks_per_sm, layout, warps;
+  bool tma;
+};
+constexpr StagedCfg kStagedTmaCfg = {2, 4, kStagesDense, 4, true};
+constexpr StagedCfg kStagedHolesCfg = {2, 3, kStagesHoles, 4, false};
+constexpr StagedCfg kStagedHolesKCfg = {2, 2, kStagesHolesK, 8, false};
+constexpr int kRowSetStages = 8, kRowSetParities = 2, kRowSetTiles = 2;
 
 // Where a kernel without static shared memory finds its dynamic shared
-// memory in the shared window (the tensor-core kernel's table lookups take
+// memory in the shared window (the tensor-core kernels' table lookups take
 // it as an immediate, kMmaSmemWindowBase).
 __global__ void SmemWindowProbeKernel(uint32_t* out) {
   extern __shared__ uint32_t probe_smem[];
   *out = static_cast<uint32_t>(__cvta_generic_to_shared(probe_smem));
 }
 
-// Measured once per process; 0 if the probe could not run.
-uint32_t MmaSmemWindowBase() {
-  static const uint32_t base = [] {
-    uint32_t* d = nullptr;
-    uint32_t h = 0;
-    if (cudaMalloc(&d, sizeof(uint32_t)) != cudaSuccess) return (cudaGetLastError(), 0u);
-    SmemWindowProbeKernel<<<1, 1, 16>>>(d);
-    if (cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost) != cudaSuccess) h = 0;
-    cudaFree(d);
-    cudaGetLastError();
-    return h;
-  }();
-  return base;
-}
-
-// The tensor-core kernel (attention_mma.cuh): the fast path's formats with
-// fp32 norms right after the indices, rows at 4 mod 16 bytes with
-// kv_heads % 4 == 0 (one misalignment per kv head), 16-byte aligned pages,
-// pages of a power-of-two number of whole 16-token tiles, and dynamic
-// shared memory where the kernel expects it.
-bool MmaEligible(const AttentionLaunch& a) {
-  if (!FastEligible(a) || !a.allow_mma_path) return false;
-  for (const GpuComponent* c : {&a.host_k, &a.host_v}) {
-    const GpuGroup& g = c->groups[0];
-    const int b = g.mse_bits;
-    if (c->num_groups != 1 || g.channels != 128 || g.fp16_norms || g.index_offset != 0 || g.norm_offset != 16 * b ||
-        c->row_bytes != 16 * b + 4 || c->state_size != 128)
-      return false;
-  }
-  auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  const bool pow2 = (a.block_size & (a.block_size - 1)) == 0;
-  return a.kv_heads % 4 == 0 && a.block_size % 16 == 0 && pow2 && a.block_stride % 16 == 0 && aligned16(a.k_base) &&
-         aligned16(a.v_base) && MmaSmemWindowBase() == kMmaSmemWindowBase;
-}
-
-// The driver's cuTensorMapEncodeTiled (null where the driver has none: the
-// TMA variant is then not chosen).
+// The driver's cuTensorMapEncodeTiled, or null where it has none.
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -158,295 +72,64 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
-// Tensor-core kernel configuration by variant: MmaDecodeKernel's
-// dequantisation mode flags (kMmaKReg, kMmaLut256, kMmaOneBuf, kMmaTokM)
-// and the blocks/SM its registers are budgeted for, or a
-// StagedDecodeKernel configuration. Entry 0 is unused: variant 0 (served)
-// is chosen per launch from the H200 measurements (bench/RESULTS.md) in
-// MmaCfgOf: k4v2, and k4v4 with one K/V codebook, take the staged kernel;
-// the register-buffered kernel (MmaServedCfg) serves the rest: k4v4 with
-// 256-byte table rows (2-4% faster), k2v2 K centroids in registers at 4
-// blocks/SM (3-13% faster), k2v4 (unmeasured) 128-byte rows, all but k2v4
-// with tokens-on-M scores (1-3% faster for 4-bit keys; 7-13% for k2v2 since
-// the page stream). Variant 8 adds kMmaTokM to MmaServedCfg of any bit
-// pair. Retired variants (measured slower and deleted; bench/RESULTS.md)
-// run the served configuration: 2 (page streaming), 9-11 (one K/V table of
-// 128-byte rows in the register-buffered kernel), 12 (4 stages per warp).
-struct MmaCfg {
-  int km, mb;
-  int stages = 0;  // > 0: StagedDecodeKernel with this many stages per warp,
-  int mode = kStagesDense;  // where they live (StagedLayout),
-  int warps = kMmaWarps;    // and warps per block,
-  bool tma = false;         // rows arrive as tensor loads (dense stages)
-  bool rowset = false;      // RowSetDecodeKernel: 8 kv heads per block, `stages` per block,
-                            // warps / 8 tile parities,
-  int tiles = 1;            // and tiles per step
-};
-constexpr MmaCfg kMmaCfgs[] = {{0, 3},
-                               {0, 3},
-                               {0, 3},  // 2: retired
-                               {kMmaKReg, 3},
-                               {kMmaKReg, 4},
-                               {kMmaLut256, 3},
-                               {kMmaKReg | kMmaLut256, 3},
-                               {kMmaKReg | kMmaOneBuf, 4},
-                               {0, 3},  // 8: kMmaTokMVariant
-                               {0, 3},  // 9-12: retired
-                               {0, 3},
-                               {0, 3},
-                               {0, 3},
-                               {kMmaTokM, 4, 2},
-                               {kMmaTokM, 3, 2, kStagesHoles},
-                               {kMmaTokM, 2, 2, kStagesHolesK, 8},
-                               {kMmaTokM, 4, 2, kStagesDense, 4, true},
-                               {kMmaTokM | kMmaLut256, 2, kRowSetStages, kStagesDense, 8, true, true},
-                               {kMmaTokM | kMmaLut256, 1, 4, kStagesDense, 16, true, true},
-                               {kMmaTokM | kMmaLut256, 1, 8, kStagesDense, 16, true, true},
-                               {kMmaTokM | kMmaLut256, 1, 8, kStagesDense, 16, true, true, 2}};
-constexpr int kNumMmaCfgs = sizeof(kMmaCfgs) / sizeof(kMmaCfgs[0]);
-// Variant 8 ("tokm"): the served configuration of the bit pair with
-// tokens-on-M scores (kMmaTokM).
-constexpr int kMmaTokMVariant = 8;
-constexpr bool MmaVariantRetired(int v) { return v == 2 || (v >= 9 && v <= 12); }
-
-// Row sets need whole groups of kRowSetHeads kv heads that share one table
-// (uniform codebooks).
-bool RowSetsFit(const AttentionLaunch& a) { return a.kv_heads % kRowSetHeads == 0 && a.uniform_codebooks; }
-
-// The served configuration of a bit pair.
-constexpr MmaCfg MmaServedCfg(int kb, int vb) {
-  switch (kb * 10 + vb) {
-    case 44: return {kMmaLut256 | kMmaTokM, 3};
-    case 42: return {kMmaTokM, 3};
-    case 22: return {kMmaKReg | kMmaTokM, 4};
-    default: return {0, 3};
-  }
-}
-
-// The configuration this launch runs: register dequantisation of 4-bit
-// keys only with symmetric codebooks; 256-byte rows only where a table of
-// byte units is left.
-MmaCfg MmaCfgOf(const AttentionLaunch& a) {
-  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
-  const int v = MmaVariantRetired(a.mma_variant) ? 0 : a.mma_variant;
-  const bool one_codebook = kb == vb && a.uniform_codebooks &&
-                            a.host_k.groups[0].centroids == a.host_v.groups[0].centroids;
-  MmaCfg c = v > 0 && v < kNumMmaCfgs && v != kMmaTokMVariant ? kMmaCfgs[v] : MmaServedCfg(kb, vb);
-  // Served k4v2: the staged kernel with 8 warps per block and the K stages
-  // in the 256-byte-row K table's holes (variant 15, 8-10% faster than 4
-  // warps with 128-byte rows). k4v4 with one codebook: dense stages filled
-  // by TMA tensor loads, 4 blocks/SM (variant 16: 0-10% faster than the
-  // holes layouts 14 / 15 at every benchmark shape, 7% at 32 × 32K, in one
-  // run; for k4v2 mixed, -4..+6%). All 3-14% faster than the
-  // register-buffered kernels (bench/RESULTS.md).
-  if (v <= 0 && kb == 4 && vb == 2) c = kMmaCfgs[15];
-  if (v <= 0 && kb == 4 && vb == 4 && one_codebook) c = kMmaCfgs[TensorMapEncoder() != nullptr ? 16 : 14];
-  // Row sets of 16 warps with 8 stages, two tiles per step (variant 20)
-  // wherever they apply and the (query, head group) pairs hold >=
-  // kRowSetMinTokens tokens of context in all. 16-warp row sets (19) were
-  // 3-6% faster than the 8-warp row sets (17) for TQ4 and 5-11% for K4/V2
-  // at the four batch shapes, 4-11% faster than 16 / 15 at 1 × 64K and
-  // 1 × 128K, even at 2 × 32K; two tiles per step are 1-5% faster again
-  // (K4/V2 at 32 × 32K: 0.269 vs 0.284 ms). With less work their ~9 µs
-  // block prologue loses to the smaller blocks of 16 / 15 (1 × 32K: 0.037
-  // vs 0.033 ms, 1 × 8K: 0.032 vs 0.023; bench/RESULTS.md).
-  if (v <= 0 && kb == 4 && (vb == 2 || one_codebook) && RowSetsFit(a) &&
-      a.num_queries * (a.kv_heads / kRowSetHeads) * a.max_context >= kRowSetMinTokens)
-    c = kMmaCfgs[20];
-  if (v == kMmaTokMVariant) c.km |= kMmaTokM;
-  if (v > kMmaTokMVariant && v < kNumMmaCfgs && kb != 4) c = MmaServedCfg(kb, vb);  // 13-20: 4-bit keys
-  // The staged kernel: 4-bit keys with 2-bit values or one K/V codebook;
-  // stages in the table's holes only with one codebook.
-  if (c.mode == kStagesHoles && !(kb == 4 && vb == 4 && one_codebook)) c = kMmaCfgs[13];
-  if (c.stages > 0 && !(kb == 4 && (vb == 2 || one_codebook))) c = MmaServedCfg(kb, vb);
-  if (c.rowset && !RowSetsFit(a)) c = kMmaCfgs[vb == 4 ? 16 : 15];
-  if (c.tma && TensorMapEncoder() == nullptr) c = kMmaCfgs[13];
-  if ((c.km & kMmaKReg) && kb == 4 && !a.symmetric_codebooks) c.km &= ~kMmaKReg;
-  const bool k_bytes = kb == 4 && !(c.km & kMmaKReg);
-  if ((c.km & kMmaLut256) && !k_bytes && vb != 4) c.km &= ~kMmaLut256;
-  return c;
-}
-
-// Binds the configuration; F::template operator()<KM, MB>() is called with it.
-template <typename F>
-auto ByMmaCfg(const MmaCfg& c, F&& f) {
-  switch (c.km * 10 + c.mb) {
-    case kMmaKReg * 10 + 3: return f.template operator()<kMmaKReg, 3>();
-    case kMmaKReg * 10 + 4: return f.template operator()<kMmaKReg, 4>();
-    case kMmaLut256 * 10 + 3: return f.template operator()<kMmaLut256, 3>();
-    case (kMmaKReg | kMmaLut256) * 10 + 3: return f.template operator()<kMmaKReg | kMmaLut256, 3>();
-    case (kMmaKReg | kMmaOneBuf) * 10 + 4: return f.template operator()<kMmaKReg | kMmaOneBuf, 4>();
-    case kMmaOneBuf * 10 + 4: return f.template operator()<kMmaOneBuf, 4>();
-    case kMmaTokM * 10 + 3: return f.template operator()<kMmaTokM, 3>();
-    case (kMmaTokM | kMmaLut256) * 10 + 3: return f.template operator()<kMmaTokM | kMmaLut256, 3>();
-    case (kMmaTokM | kMmaKReg) * 10 + 4: return f.template operator()<kMmaTokM | kMmaKReg, 4>();
-    default: return f.template operator()<0, 3>();
-  }
-}
-
-// Resident blocks per SM of a configuration: its register budget, capped by
-// shared memory (228 KiB per SM, 1 KiB reserved per block).
-template <int KB, int VB, int G, int KM, int MB>
-constexpr int MmaResidentWith() {
-  const size_t per_block = MmaSmemBytes<KB, VB, G, KM>() + 1024;
-  const int by_smem = static_cast<int>((228u * 1024u) / per_block);
-  return by_smem < MB ? by_smem : MB;
-}
-
-// f.template operator()<KB, VB, G>() for the launch's bit pair and GQA
-// group, for occupancy planning (a pair or group the kernels do not serve
-// takes the last case; the launchers reject it).
-template <typename F>
-int ByBitsAndGroup(const AttentionLaunch& a, F&& f) {
-  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits, g = a.q_heads / a.kv_heads;
-  auto by_g = [&]<int KB, int VB>() -> int {
-    switch (g) {
-      case 1: return f.template operator()<KB, VB, 1>();
-      case 2: return f.template operator()<KB, VB, 2>();
-      case 4: return f.template operator()<KB, VB, 4>();
-      default: return f.template operator()<KB, VB, 8>();
-    }
-  };
-  switch (kb * 10 + vb) {
-    case 44: return by_g.template operator()<4, 4>();
-    case 42: return by_g.template operator()<4, 2>();
-    case 24: return by_g.template operator()<2, 4>();
-    default: return by_g.template operator()<2, 2>();
-  }
-}
-
-// Resident staged-kernel blocks per SM: its register budget, capped by
-// shared memory.
-template <int VB, int G, int S, int MB, int M, int NW>
-constexpr int StagedResidentWith() {
-  constexpr int mode = M == kStagesHoles && VB != 4 ? kStagesDense : M;
-  const size_t per_block = StagedSmemBytes<VB, VB == 4, mode, NW, S, G>() + 1024;
-  const int by_smem = static_cast<int>((228u * 1024u) / per_block);
-  return by_smem < MB ? by_smem : MB;
-}
-
-// f.template operator()<S, MB, M, NW, T>() for a staged configuration (T:
-// kTma).
-template <typename F>
-auto ByStagedCfg(const MmaCfg& c, F&& f) {
-  if (c.mode == kStagesHoles) return f.template operator()<2, 3, kStagesHoles, 4, false>();
-  if (c.mode == kStagesHolesK) return f.template operator()<2, 2, kStagesHolesK, 8, false>();
-  return c.tma ? f.template operator()<2, 4, kStagesDense, 4, true>()
-               : f.template operator()<2, 4, kStagesDense, 4, false>();
-}
-
-// Resident row-set blocks per SM: kRowSetBlocksPerSm<P> by registers,
-// capped by shared memory.
-template <int VB, int G, int S, int P>
-constexpr int RowSetResidentWith() {
-  const size_t per_block = RowSetLayout<VB, S, G, P>::kBytes + 1024;
-  const int by_smem = static_cast<int>((228u * 1024u) / per_block);
-  return by_smem < kRowSetBlocksPerSm<P> ? by_smem : kRowSetBlocksPerSm<P>;
-}
-
-// The row-set configurations: (stages, parities, tiles per step) of a
-// rowset MmaCfg.
-template <typename F>
-auto ByRowSetCfg(const MmaCfg& c, F&& f) {
-  if (c.warps == 2 * kRowSetHeads) {
-    if (c.stages == 8) return c.tiles == 2 ? f.template operator()<8, 2, 2>() : f.template operator()<8, 2, 1>();
-    return f.template operator()<4, 2, 1>();
-  }
-  return f.template operator()<kRowSetStages, 1, 1>();
-}
-
-int MmaResident(const AttentionLaunch& a) {
-  const MmaCfg cfg = MmaCfgOf(a);
-  if (cfg.rowset) {
-    return ByRowSetCfg(cfg, [&]<int S, int P, int T>() {
-      return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return RowSetResidentWith<VB == 4 ? 4 : 2, G, S, P>(); });
-    });
-  }
-  if (cfg.stages > 0) {
-    return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW, bool T>() -> int {
-      return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return StagedResidentWith<VB, G, S, MB, M, NW>(); });
-    });
-  }
-  return ByMmaCfg(cfg, [&]<int KM, int MB>() -> int {
-    return ByBitsAndGroup(a, []<int KB, int VB, int G>() { return MmaResidentWith<KB, VB, G, KM, MB>(); });
-  });
-}
-
-// The staged kernel rotates its block's queries itself (states == null)
-// where the K rotation is a block Hadamard: no preparation launch.
-bool StagedFoldsQuery(const AttentionLaunch& a) {
-  return MmaEligible(a) && MmaCfgOf(a).stages > 0 && a.host_k.groups[0].rotation == kGpuHadamard;
-}
-
-// Merge kernel of the specialised paths: one group of <= 128 channels.
-bool FastMergeEligible(const AttentionLaunch& a) { return FastEligible(a) && FastMergeFits(a.host_v); }
-
-AttnDims Dims(const AttentionLaunch& a) {
-  AttnDims d;
-  d.sk = StateSize(a.host_k, a.dim);
-  d.sv = StateSize(a.host_v, a.dim);
-  d.record = 2 + d.sv + a.dim;
-  d.group = a.q_heads / a.kv_heads;
-  d.formats_heads = FormatsBlockHeads(a);
-  d.head_chunks = FastEligible(a)       ? 1
-                  : d.formats_heads > 0 ? (d.group + d.formats_heads - 1) / d.formats_heads
-                                        : GenericHeadChunks(d.group);
-  d.splits = PlanPackedSplits(a, d.head_chunks);
-  const int64_t ctx = std::max<int64_t>(a.max_context, 1);
-  d.chunk = (ctx + d.splits - 1) / d.splits;
-  d.chunk = (d.chunk + 127) / 128 * 128;
-  if (a.has_tail && d.formats_heads > 0) d.tail_split = d.splits++;
-  return d;
-}
-
-size_t StatesBytes(const AttentionLaunch& a, const AttnDims& d) {
-  return ((static_cast<size_t>(a.num_queries) * a.q_heads * d.sk * sizeof(float)) + 255) / 256 * 256;
-}
-
-// States, then the split records.
-size_t WorkspaceBytes(const AttentionLaunch& a, const AttnDims& d) {
-  return StatesBytes(a, d) + static_cast<size_t>(a.num_queries) * a.q_heads * d.splits * d.record * sizeof(float);
+// Resident blocks per SM: the register budget `mb`, capped by shared
+// memory (228 KiB per SM, 1 KiB reserved per block).
+constexpr int Resident(size_t smem_per_block, int mb) {
+  const int by_smem = static_cast<int>((228u * 1024u) / (smem_per_block + 1024));
+  return by_smem < mb ? by_smem : mb;
 }
 
 template <int KB, int VB, int G>
-cudaError_t FastWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
-                     cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
-  FastDecodeKernel<KB, VB, G><<<grid, 32 * kAttnWarps, 0, stream>>>(a, d, states, recs);
-  return cudaGetLastError();
+KernelOccupancy OccupancyWith(K kernel) {
+  if constexpr (KB == 4) {
+    switch (kernel) {
+      case K::kRowSets: {
+        constexpr int kVb = VB == 4 ? 4 : 2;
+        using L = RowSetLayout<kVb, kRowSetStages, G, kRowSetParities>;
+        return {Resident(L::kBytes, kRowSetBlocksPerSm<kRowSetParities>), kRowSetParities, kRowSetHeads};
+      }
+      case K::kStagedTma:
+        if constexpr (VB == 4) {
+          constexpr StagedCfg c = kStagedTmaCfg;
+          return {Resident(StagedSmemBytes<4, true, c.layout, c.warps, c.stages, G>(), c.blocks_per_sm), c.warps, 1};
+        }
+        break;
+      case K::kStagedHoles:
+        if constexpr (VB == 4) {
+          constexpr StagedCfg c = kStagedHolesCfg;
+          return {Resident(StagedSmemBytes<4, true, c.layout, c.warps, c.stages, G>(), c.blocks_per_sm), c.warps, 1};
+        }
+        break;
+      case K::kStagedHolesK:
+        if constexpr (VB == 2) {
+          constexpr StagedCfg c = kStagedHolesKCfg;
+          return {Resident(StagedSmemBytes<2, false, c.layout, c.warps, c.stages, G>(), c.blocks_per_sm), c.warps,
+                  1};
+        }
+        break;
+      default: break;
+    }
+  }
+  if constexpr (!(KB == 4 && VB == 2)) {
+    if (kernel == K::kTiles) {
+      using C = TilesCfg<KB, VB>;
+      return {Resident(MmaSmemBytes<KB, VB, G, C::kKm>(), C::kMb), kMmaWarps, 1};
+    }
+  }
+  return {};
 }
 
 template <int KB, int VB>
-cudaError_t FastG(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r, cudaStream_t st) {
-  switch (d.group) {
-    case 1: return FastWith<KB, VB, 1>(a, d, s, r, st);
-    case 2: return FastWith<KB, VB, 2>(a, d, s, r, st);
-    case 4: return FastWith<KB, VB, 4>(a, d, s, r, st);
-    case 8: return FastWith<KB, VB, 8>(a, d, s, r, st);
-    default: return cudaErrorNotSupported;
+KernelOccupancy OccupancyG(K kernel, int group) {
+  switch (group) {
+    case 1: return OccupancyWith<KB, VB, 1>(kernel);
+    case 2: return OccupancyWith<KB, VB, 2>(kernel);
+    case 4: return OccupancyWith<KB, VB, 4>(kernel);
+    case 8: return OccupancyWith<KB, VB, 8>(kernel);
+    default: return {};
   }
 }
 
-template <int KB, int VB, int G, int TPS, int KM, int MB>
-cudaError_t MmaWithTps(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
-                       cudaStream_t stream) {
-  constexpr MmaCfg served = MmaServedCfg(KB, VB);
-  // Tokens-on-M scores: only the bit pair's served configuration.
-  constexpr bool tokm_served = KM == (served.km | kMmaTokM) && MB == served.mb;
-  if constexpr ((KM & kMmaTokM) != 0 && !tokm_served) {
-    return cudaErrorNotSupported;
-  } else {
-    constexpr size_t smem = MmaSmemBytes<KB, VB, G, KM>();
-    if (smem > 48 * 1024) {
-      cudaError_t e =
-          AllowDynamicSmem(reinterpret_cast<const void*>(MmaDecodeKernel<KB, VB, G, TPS, KM, MB>), smem);
-      if (e != cudaSuccess) return e;
-    }
-    const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
-    MmaDecodeKernel<KB, VB, G, TPS, KM, MB><<<grid, 32 * kMmaWarps, smem, stream>>>(a, d, states, recs);
-    return cudaGetLastError();
-  }
-}
 
 // The tensor maps of the TMA tile loads (StagedTensorMaps): per component,
 // dims = bytes (elem = 1) or 4-byte words (elem = 4) of a token's rows of
@@ -500,105 +183,126 @@ cudaError_t TileMaps(const AttentionLaunch& a, int elem, uint32_t kbox, uint32_t
   return cudaSuccess;
 }
 
-template <int VB, int G, int S, int MB, int M, int NW, bool T>
-cudaError_t StagedWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
-                       cudaStream_t stream) {
-  constexpr bool kShared = VB == 4;  // 4-bit V only with K's codebook (MmaCfgOf)
-  if constexpr (M == kStagesHoles && !kShared) {
-    return cudaErrorNotSupported;  // MmaCfgOf gives all-holes stages only to one K/V codebook
-  } else {
-    constexpr size_t smem = StagedSmemBytes<VB, kShared, M, NW, S, G>();
-    cudaError_t e =
-        AllowDynamicSmem(reinterpret_cast<const void*>(StagedDecodeKernel<VB, G, S, MB, kShared, M, NW, T>), smem);
-    if (e != cudaSuccess) return e;
-    const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads), d.splits);
-    StagedTensorMaps maps = {};
-    if constexpr (T) {
-      using L = StagedLayout<VB, kShared, M, NW, S>;
-      e = TileMaps(a, 1, L::kKSpan, L::kVSpan, &maps);
-      if (e != cudaSuccess) return e;
-    }
-    StagedDecodeKernel<VB, G, S, MB, kShared, M, NW, T><<<grid, 32 * NW, smem, stream>>>(a, d, states, recs, maps);
-    return cudaGetLastError();
+// The launch of a plan's decode kernel: grid over (query, kv head) × splits.
+struct Decode {
+  const AttentionLaunch& a;
+  const AttentionPlan& p;
+  const float* states;  // null: the kernel rotates its queries itself (AttentionPlan::fold_query)
+  float* recs;
+  cudaStream_t stream;
+  const AttnDims& d() const { return p.dims; }
+  dim3 Grid(int kv_heads_per_block = 1) const {
+    return dim3(static_cast<unsigned>(a.num_queries * (a.kv_heads / kv_heads_per_block)), p.dims.splits);
   }
+};
+
+template <int KB, int VB, int G>
+cudaError_t TilesWith(const Decode& x) {
+  using C = TilesCfg<KB, VB>;
+  constexpr size_t smem = MmaSmemBytes<KB, VB, G, C::kKm>();
+  auto* kernel = MmaDecodeKernel<KB, VB, G, kMmaTilesPerStep, C::kKm, C::kMb>;
+  if (smem > 48 * 1024) {
+    cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(kernel), smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<x.Grid(), 32 * kMmaWarps, smem, x.stream>>>(x.a, x.d(), x.states, x.recs);
+  return cudaGetLastError();
 }
 
-template <int VB, int G, int S, int P, int T>
-cudaError_t RowSetWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
-                       cudaStream_t stream) {
-  using L = RowSetLayout<VB, S, G, P>;
-  cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(RowSetDecodeKernel<VB, G, S, P, T>), L::kBytes);
+template <int VB, int G, StagedCfg C>
+cudaError_t StagedWith(const Decode& x) {
+  constexpr bool kShared = VB == 4;  // 4-bit V shares K's table
+  constexpr size_t smem = StagedSmemBytes<VB, kShared, C.layout, C.warps, C.stages, G>();
+  auto* kernel = StagedDecodeKernel<VB, G, C.stages, C.blocks_per_sm, kShared, C.layout, C.warps, C.tma>;
+  cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(kernel), smem);
   if (e != cudaSuccess) return e;
   StagedTensorMaps maps = {};
-  e = TileMaps(a, 4, L::kKTok, L::kVTok, &maps);
+  if constexpr (C.tma) {
+    using L = StagedLayout<VB, kShared, C.layout, C.warps, C.stages>;
+    e = TileMaps(x.a, 1, L::kKSpan, L::kVSpan, &maps);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<x.Grid(), 32 * C.warps, smem, x.stream>>>(x.a, x.d(), x.states, x.recs, maps);
+  return cudaGetLastError();
+}
+
+template <int VB, int G>
+cudaError_t RowSetWith(const Decode& x) {
+  using L = RowSetLayout<VB, kRowSetStages, G, kRowSetParities>;
+  auto* kernel = RowSetDecodeKernel<VB, G, kRowSetStages, kRowSetParities, kRowSetTiles>;
+  cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(kernel), L::kBytes);
   if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(a.num_queries * (a.kv_heads / kRowSetHeads)), d.splits);
-  RowSetDecodeKernel<VB, G, S, P, T><<<grid, 32 * kRowSetHeads * P, L::kBytes, stream>>>(a, d, states, recs, maps);
+  StagedTensorMaps maps = {};
+  e = TileMaps(x.a, 4, L::kKTok, L::kVTok, &maps);
+  if (e != cudaSuccess) return e;
+  kernel<<<x.Grid(kRowSetHeads), 32 * kRowSetHeads * kRowSetParities, L::kBytes, x.stream>>>(x.a, x.d(), x.states,
+                                                                                            x.recs, maps);
   return cudaGetLastError();
 }
 
 template <int KB, int VB, int G>
-cudaError_t MmaWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
-                    cudaStream_t stream) {
-  const MmaCfg cfg = MmaCfgOf(a);
-  if constexpr (KB == 4) {
-    if (cfg.rowset) {
-      return ByRowSetCfg(cfg, [&]<int S, int P, int T>() {
-        return RowSetWith<VB, G, S, P, T>(a, d, states, recs, stream);
-      });
-    }
-    if (cfg.stages > 0) {
-      return ByStagedCfg(cfg, [&]<int S, int MB, int M, int NW, bool T>() -> cudaError_t {
-        return StagedWith<VB, G, S, MB, M, NW, T>(a, d, states, recs, stream);
-      });
-    }
+cudaError_t FastWith(const Decode& x) {
+  FastDecodeKernel<KB, VB, G><<<x.Grid(), 32 * kAttnWarps, 0, x.stream>>>(x.a, x.d(), x.states, x.recs);
+  return cudaGetLastError();
+}
+
+// A specialised kernel at the launch's GQA group.
+template <int KB, int VB, int G>
+cudaError_t SpecialisedWith(const Decode& x) {
+  switch (x.p.kernel) {
+    case K::kRowSets:
+      if constexpr (KB == 4) return RowSetWith<VB, G>(x);
+      break;
+    case K::kStagedTma:
+      if constexpr (KB == 4 && VB == 4) return StagedWith<4, G, kStagedTmaCfg>(x);
+      break;
+    case K::kStagedHoles:
+      if constexpr (KB == 4 && VB == 4) return StagedWith<4, G, kStagedHolesCfg>(x);
+      break;
+    case K::kStagedHolesK:
+      if constexpr (KB == 4 && VB == 2) return StagedWith<2, G, kStagedHolesKCfg>(x);
+      break;
+    case K::kTiles:
+      if constexpr (!(KB == 4 && VB == 2)) return TilesWith<KB, VB, G>(x);
+      break;
+    case K::kCudaCore: return FastWith<KB, VB, G>(x);
+    default: break;
   }
-  return ByMmaCfg(cfg, [&]<int KM, int MB>() -> cudaError_t {
-    return MmaWithTps<KB, VB, G, kMmaTilesPerStep, KM, MB>(a, d, states, recs, stream);
-  });
+  return cudaErrorNotSupported;
 }
 
 template <int KB, int VB>
-cudaError_t MmaG(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r, cudaStream_t st) {
-  switch (d.group) {
-    case 1: return MmaWith<KB, VB, 1>(a, d, s, r, st);
-    case 2: return MmaWith<KB, VB, 2>(a, d, s, r, st);
-    case 4: return MmaWith<KB, VB, 4>(a, d, s, r, st);
-    case 8: return MmaWith<KB, VB, 8>(a, d, s, r, st);
+cudaError_t SpecialisedG(const Decode& x) {
+  switch (x.d().group) {
+    case 1: return SpecialisedWith<KB, VB, 1>(x);
+    case 2: return SpecialisedWith<KB, VB, 2>(x);
+    case 4: return SpecialisedWith<KB, VB, 4>(x);
+    case 8: return SpecialisedWith<KB, VB, 8>(x);
     default: return cudaErrorNotSupported;
   }
 }
 
-cudaError_t LaunchMma(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r, cudaStream_t st) {
-  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
-  switch (kb * 10 + vb) {
-    case 44: return MmaG<4, 4>(a, d, s, r, st);
-    case 42: return MmaG<4, 2>(a, d, s, r, st);
-    case 24: return MmaG<2, 4>(a, d, s, r, st);
-    case 22: return MmaG<2, 2>(a, d, s, r, st);
+cudaError_t LaunchSpecialised(const Decode& x) {
+  switch (x.a.host_k.groups[0].mse_bits * 10 + x.a.host_v.groups[0].mse_bits) {
+    case 44: return SpecialisedG<4, 4>(x);
+    case 42: return SpecialisedG<4, 2>(x);
+    case 24: return SpecialisedG<2, 4>(x);
+    case 22: return SpecialisedG<2, 2>(x);
     default: return cudaErrorNotSupported;
   }
 }
 
-cudaError_t LaunchFast(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r,
-                       cudaStream_t st) {
-  const int kb = a.host_k.groups[0].mse_bits, vb = a.host_v.groups[0].mse_bits;
-  switch (kb * 10 + vb) {
-    case 44: return FastG<4, 4>(a, d, s, r, st);
-    case 42: return FastG<4, 2>(a, d, s, r, st);
-    case 24: return FastG<2, 4>(a, d, s, r, st);
-    case 22: return FastG<2, 2>(a, d, s, r, st);
-    default: return cudaErrorNotSupported;
-  }
+size_t GenericSmemBytes(const AttentionLaunch& a, const AttnDims& d) {
+  return (kMaxHeadsPerBlock * (d.sk + a.dim) + kAttnWarps * kMaxHeadsPerBlock * (d.sv + a.dim) +
+          kAttnWarps * kMaxHeadsPerBlock * 2) *
+         sizeof(float);
 }
 
 // The generic kernel over every split of `d` (or, with d.tail_split >= 0,
 // over the dense tails as that one split).
 cudaError_t LaunchGeneric(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
                           cudaStream_t stream) {
-  const size_t smem = (kMaxHeadsPerBlock * (d.sk + a.dim) + kAttnWarps * kMaxHeadsPerBlock * (d.sv + a.dim) +
-                       kAttnWarps * kMaxHeadsPerBlock * 2) *
-                      sizeof(float);
+  const size_t smem = GenericSmemBytes(a, d);
   if (smem > 48 * 1024) {
     cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(GenericAttentionKernel), smem);
     if (e != cudaSuccess) return e;
@@ -609,42 +313,46 @@ cudaError_t LaunchGeneric(const AttentionLaunch& a, const AttnDims& d, const flo
 }
 
 template <int GC, int CPL>
-cudaError_t FormatsWith(const AttentionLaunch& a, const AttnDims& d, const float* states, float* recs,
-                        cudaStream_t stream) {
-  const size_t smem = FormatSmem::Of(a.host_k, a.host_v, d.sk, d.sv, GC).total * sizeof(float);
+cudaError_t FormatsWith(const Decode& x) {
+  const AttnDims& d = x.d();
+  const size_t smem = FormatsKernelSmemBytes(x.a, d.sk, d.sv, GC);
   cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(FormatDecodeKernel<GC, CPL>), smem);
   if (e != cudaSuccess) return e;
   const int packed_splits = d.tail_split >= 0 ? d.tail_split : d.splits;
-  const dim3 grid(static_cast<unsigned>(a.num_queries * a.kv_heads * d.head_chunks), packed_splits);
-  FormatDecodeKernel<GC, CPL><<<grid, 32 * kAttnWarps, smem, stream>>>(a, d, states, recs);
+  const dim3 grid(static_cast<unsigned>(x.a.num_queries * x.a.kv_heads * d.head_chunks), packed_splits);
+  FormatDecodeKernel<GC, CPL><<<grid, 32 * kAttnWarps, smem, x.stream>>>(x.a, d, x.states, x.recs);
   e = cudaGetLastError();
   if (e != cudaSuccess || d.tail_split < 0) return e;
   AttnDims tail = d;  // the generic kernel's own q-head chunks
   tail.head_chunks = GenericHeadChunks(d.group);
-  return LaunchGeneric(a, tail, states, recs, stream);
+  return LaunchGeneric(x.a, tail, x.states, x.recs, x.stream);
 }
 
-// Dispatch on (value channels per lane, q heads per block as planned);
-// every pair FormatsHeads can return is listed.
-cudaError_t LaunchFormats(const AttentionLaunch& a, const AttnDims& d, const float* s, float* r, cudaStream_t st) {
-  switch (FormatsCpl(d.sv) * 100 + d.formats_heads) {
-    case 201: return FormatsWith<1, 2>(a, d, s, r, st);
-    case 202: return FormatsWith<2, 2>(a, d, s, r, st);
-    case 204: return FormatsWith<4, 2>(a, d, s, r, st);
-    case 208: return FormatsWith<8, 2>(a, d, s, r, st);
-    case 301: return FormatsWith<1, 3>(a, d, s, r, st);
-    case 302: return FormatsWith<2, 3>(a, d, s, r, st);
-    case 304: return FormatsWith<4, 3>(a, d, s, r, st);
-    case 308: return FormatsWith<8, 3>(a, d, s, r, st);
-    case 401: return FormatsWith<1, 4>(a, d, s, r, st);
-    case 402: return FormatsWith<2, 4>(a, d, s, r, st);
-    case 404: return FormatsWith<4, 4>(a, d, s, r, st);
-    case 408: return FormatsWith<8, 4>(a, d, s, r, st);
-    case 801: return FormatsWith<1, 8>(a, d, s, r, st);
-    case 802: return FormatsWith<2, 8>(a, d, s, r, st);
-    case 804: return FormatsWith<4, 8>(a, d, s, r, st);
-    case 1601: return FormatsWith<1, 16>(a, d, s, r, st);
-    case 1602: return FormatsWith<2, 16>(a, d, s, r, st);
+// Value-state channels per lane of the formats kernel (lane l owns
+// channels l·CPL .. l·CPL + CPL − 1), as the plan sized them.
+int FormatsCpl(int sv) { return sv <= 64 ? 2 : sv <= 96 ? 3 : sv <= 128 ? 4 : sv <= 256 ? 8 : 16; }
+
+// Dispatch on (value channels per lane, q heads per block); every pair the
+// plan can choose is listed.
+cudaError_t LaunchFormats(const Decode& x) {
+  switch (FormatsCpl(x.d().sv) * 100 + x.d().formats_heads) {
+    case 201: return FormatsWith<1, 2>(x);
+    case 202: return FormatsWith<2, 2>(x);
+    case 204: return FormatsWith<4, 2>(x);
+    case 208: return FormatsWith<8, 2>(x);
+    case 301: return FormatsWith<1, 3>(x);
+    case 302: return FormatsWith<2, 3>(x);
+    case 304: return FormatsWith<4, 3>(x);
+    case 308: return FormatsWith<8, 3>(x);
+    case 401: return FormatsWith<1, 4>(x);
+    case 402: return FormatsWith<2, 4>(x);
+    case 404: return FormatsWith<4, 4>(x);
+    case 408: return FormatsWith<8, 4>(x);
+    case 801: return FormatsWith<1, 8>(x);
+    case 802: return FormatsWith<2, 8>(x);
+    case 804: return FormatsWith<4, 8>(x);
+    case 1601: return FormatsWith<1, 16>(x);
+    case 1602: return FormatsWith<2, 16>(x);
     default: return cudaErrorNotSupported;
   }
 }
@@ -672,8 +380,8 @@ cudaError_t MergeWith(const AttentionLaunch& a, const AttnDims& d, const float* 
 
 // Dispatch on values per lane (ceil(group channels / 32)).
 template <template <int> class F, typename... Args>
-cudaError_t ByVpl(int vpl, Args&&... args) {
-  switch (vpl) {
+cudaError_t ByVpl(const GpuComponent& c, Args&&... args) {
+  switch ((std::max(c.max_group_channels, 1) + 31) / 32) {
     case 1: return F<1>::Run(args...);
     case 2: return F<2>::Run(args...);
     case 3: return F<3>::Run(args...);
@@ -698,130 +406,85 @@ struct MergeF {
   }
 };
 
+// The fused merge as a programmatic dependent launch: its blocks launch and
+// load their rotation factors while the decode kernel finishes.
+cudaError_t LaunchFastMerge(const AttentionLaunch& a, const AttnDims& d, const float* recs, cudaStream_t stream) {
+  const int warps = MergeWarps(d.splits);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(a.num_queries * a.q_heads));
+  cfg.blockDim = dim3(32 * warps);
+  cfg.dynamicSmemBytes = MergeSmemBytes(warps);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return a.has_tail ? cudaLaunchKernelEx(&cfg, FastMergeKernel<true>, a, d, recs)
+                    : cudaLaunchKernelEx(&cfg, FastMergeKernel<false>, a, d, recs);
+}
+
 }  // namespace
 
-int PlanAttentionSplits(const AttentionLaunch& a) { return Dims(a).splits; }
+cudaError_t ProbeAttentionDevice(int device, AttentionDevice* dev) {
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&dev->num_sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  dev->tensor_maps = TensorMapEncoder() != nullptr;
+  uint32_t* d = nullptr;
+  uint32_t base = 0;
+  if ((e = cudaMalloc(&d, sizeof(uint32_t))) != cudaSuccess) return e;
+  SmemWindowProbeKernel<<<1, 1, 16>>>(d);
+  e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaMemcpy(&base, d, sizeof(base), cudaMemcpyDeviceToHost);
+  const cudaError_t freed = cudaFree(d);
+  if (e == cudaSuccess) e = freed;
+  dev->tensor_core_smem = e == cudaSuccess && base == kMmaSmemWindowBase;
+  return e;
+}
 
-int PlanPackedSplits(const AttentionLaunch& a, int head_chunks) {
-  if (a.splits > 0) return std::min(a.splits, 1024);  // the merge kernels take <= 1024 splits
-  if (MmaEligible(a)) {
-    // Fewest waves of resident blocks × tokens per block, plus a per-block
-    // overhead (tables, merge) worth ~kMmaBlockOverheadTokens tokens.
-    constexpr int64_t kMmaBlockOverheadTokens = 192;  // at 4 warps per block
-    const MmaCfg cfg = MmaCfgOf(a);
-    // Warps per kv head of a block (row sets: one per kv head and tile parity).
-    const int64_t warps = cfg.rowset ? cfg.warps / kRowSetHeads : cfg.stages > 0 ? cfg.warps : kMmaWarps;
-    const int64_t heads_per_block = cfg.rowset ? kRowSetHeads : 1;
-    const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads / heads_per_block);
-    const int64_t resident = static_cast<int64_t>(std::max(a.num_sms, 1)) * MmaResident(a);
-    const int64_t ctx = std::max<int64_t>(a.max_context, 1);
-    const int64_t max_splits = std::clamp<int64_t>((ctx + kMinSplitTokens - 1) / kMinSplitTokens, 1, 1024);
-    // A split count s is usable when no smaller count gives the same chunk
-    // (chunks are whole 128-token steps); a block's time is its chunk over
-    // its warps, plus the overhead.
-    auto chunk_of = [&](int64_t s) { return ((ctx + s - 1) / s + 127) / 128 * 128; };
-    auto usable = [&](int64_t s) {
-      const int64_t chunk = chunk_of(s);
-      return (ctx + chunk - 1) / chunk == s;
-    };
-    auto cost_of = [&](int64_t s) {
-      const int64_t waves = (blocks * s + resident - 1) / resident;
-      return static_cast<double>(waves) *
-             (static_cast<double>(chunk_of(s)) / warps + kMmaBlockOverheadTokens / kMmaWarps);
-    };
-    // Among the usable counts with the same number of waves the largest has
-    // the smallest chunk, so only that one per wave count can be best (the
-    // first of equal costs wins, as in a scan over every s; a scan cost ~5
-    // µs of host time per call at 512 candidates).
-    int64_t best = 1;
-    double best_cost = cost_of(1);
-    for (int64_t lo = 2; lo <= max_splits;) {
-      const int64_t waves = (blocks * lo + resident - 1) / resident;
-      const int64_t hi = std::min(max_splits, waves * resident / blocks);  // the last count with these waves
-      int64_t s = hi;
-      while (s >= lo && !usable(s)) --s;
-      if (s >= lo) {
-        const double cost = cost_of(s);
-        if (cost < best_cost) {
-          best = s;
-          best_cost = cost;
-        }
-      }
-      lo = hi + 1;
-    }
-    return static_cast<int>(best);
+KernelOccupancy TensorCoreOccupancy(AttnKernel kernel, int k_bits, int v_bits, int group) {
+  switch (k_bits * 10 + v_bits) {
+    case 44: return OccupancyG<4, 4>(kernel, group);
+    case 42: return OccupancyG<4, 2>(kernel, group);
+    case 24: return OccupancyG<2, 4>(kernel, group);
+    case 22: return OccupancyG<2, 2>(kernel, group);
+    default: return {};
   }
-  const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads * head_chunks);
-  const int64_t target = static_cast<int64_t>(std::max(a.num_sms, 1)) * 8;
-  int64_t splits = (target + blocks - 1) / blocks;
-  const int64_t by_ctx = std::max<int64_t>(1, (a.max_context + kMinSplitTokens - 1) / kMinSplitTokens);
-  splits = std::clamp<int64_t>(splits, 1, by_ctx);
-  return static_cast<int>(std::min<int64_t>(splits, 1024));
 }
 
-bool AttentionUsesFastPath(const AttentionLaunch& a) { return FastEligible(a); }
-
-bool AttentionUsesFormatsKernel(const AttentionLaunch& a) { return FormatsBlockHeads(a) > 0; }
-
-bool AttentionUsesRegisterDequant(const AttentionLaunch& a) {
-  return MmaEligible(a) && (MmaCfgOf(a).km & kMmaKReg) != 0;
+size_t FormatsKernelSmemBytes(const AttentionLaunch& a, int sk, int sv, int heads) {
+  return FormatSmem::Of(a.host_k, a.host_v, sk, sv, heads).total * sizeof(float);
 }
 
-bool AttentionUsesRowSets(const AttentionLaunch& a) { return MmaEligible(a) && MmaCfgOf(a).rowset; }
+int GenericHeadChunks(int group) { return (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock; }
 
-bool SymmetricF16Codebook(const float* c, int n) {
-  if (n < 2 || n % 2 != 0) return false;
-  for (int k = 0; k < n / 2; ++k) {
-    const __half lo = __float2half_rn(c[k]), hi = __float2half_rn(c[n - 1 - k]);
-    const unsigned short bl = *reinterpret_cast<const unsigned short*>(&lo);
-    const unsigned short bh = *reinterpret_cast<const unsigned short*>(&hi);
-    if ((bh & 0x8000u) != 0 || bl != (bh | 0x8000u)) return false;
-  }
-  return true;
-}
-
-size_t AttentionWorkspaceBytes(const AttentionLaunch& a) { return WorkspaceBytes(a, Dims(a)); }
-
-cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream) {
+cudaError_t LaunchAttention(const AttentionLaunch& a, const AttentionPlan& plan, cudaStream_t stream) {
   if (a.num_queries == 0) return cudaSuccess;
-  if (a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || a.dim <= 0) return cudaErrorInvalidValue;
+  if (a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || a.dim <= 0 || plan.dims.group != a.q_heads / a.kv_heads)
+    return cudaErrorInvalidValue;
+  if (a.workspace_bytes < plan.workspace_bytes) return cudaErrorInvalidValue;
   AttentionLaunch l = a;
   if (l.scale == 0.0f) l.scale = 1.0f / sqrtf(static_cast<float>(a.dim));
-  const AttnDims d = Dims(l);  // planned once per call (split planning is host time on every call)
-  if (a.workspace_bytes < WorkspaceBytes(l, d)) return cudaErrorInvalidValue;
+  const AttnDims& d = plan.dims;
   float* states = static_cast<float*>(l.workspace);
-  float* recs = reinterpret_cast<float*>(static_cast<char*>(l.workspace) + StatesBytes(l, d));
-  const bool fold = StagedFoldsQuery(l);
-  cudaError_t e = fold ? cudaSuccess : ByVpl<PrepareF>(Vpl(l.host_k), l, d, states, stream);
+  float* recs = reinterpret_cast<float*>(static_cast<char*>(l.workspace) + plan.states_bytes);
+  cudaError_t e = plan.fold_query ? cudaSuccess : ByVpl<PrepareF>(l.host_k, l, d, states, stream);
   if (e != cudaSuccess) return e;
-  if (MmaEligible(l)) {
-    e = LaunchMma(l, d, fold ? nullptr : states, recs, stream);
-  } else if (FastEligible(l)) {
-    e = LaunchFast(l, d, states, recs, stream);
-  } else if (d.formats_heads > 0) {
-    e = LaunchFormats(l, d, states, recs, stream);
-  } else {
-    e = LaunchGeneric(l, d, states, recs, stream);
+  const Decode x{l, plan, plan.fold_query ? nullptr : states, recs, stream};
+  switch (plan.kernel) {
+    case K::kRowSets:
+    case K::kStagedTma:
+    case K::kStagedHoles:
+    case K::kStagedHolesK:
+    case K::kTiles:
+    case K::kCudaCore: e = LaunchSpecialised(x); break;
+    case K::kFormats: e = LaunchFormats(x); break;
+    case K::kGeneric: e = LaunchGeneric(l, d, states, recs, stream); break;
+    default: e = cudaErrorNotSupported;
   }
   if (e != cudaSuccess) return e;
-  if (FastMergeEligible(l)) {
-    // A programmatic dependent launch: the merge's blocks launch and load
-    // their rotation factors while the decode kernel finishes.
-    const int warps = MergeWarps(d.splits);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(l.num_queries * l.q_heads));
-    cfg.blockDim = dim3(32 * warps);
-    cfg.dynamicSmemBytes = MergeSmemBytes(warps);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return l.has_tail ? cudaLaunchKernelEx(&cfg, FastMergeKernel<true>, l, d, static_cast<const float*>(recs))
-                      : cudaLaunchKernelEx(&cfg, FastMergeKernel<false>, l, d, static_cast<const float*>(recs));
-  }
-  return ByVpl<MergeF>(Vpl(l.host_v), l, d, recs, stream);
+  return plan.fast_merge ? LaunchFastMerge(l, d, recs, stream) : ByVpl<MergeF>(l.host_v, l, d, recs, stream);
 }
 
 }  // namespace tqkv::gpu

@@ -1,7 +1,8 @@
 // Fused paged attention kernels vs fp64 ReferenceAttention over the same
-// dequantized K/V: decode (fast path and generic), GQA, forced and planned
-// split-K, partial last blocks, dense tails, recipes, and causal prefill.
-// Pages not referenced by the block table are NaN-poisoned (0xFF).
+// dequantized K/V: every served kernel that can run a case (the plan's
+// choice first), GQA, forced and planned split-K, partial last blocks,
+// dense tails, recipes, and causal prefill. Pages not referenced by the
+// block table are NaN-poisoned (0xFF).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -13,11 +14,11 @@
 #include <gtest/gtest.h>
 
 #include "codec/attention.h"
-#include "codec/codebook.h"
 #include "codec/dtype.h"
 #include "codec/page_codec.h"
 #include "codec/quality.h"
 #include "codec/test_util.h"
+#include "gpu/attention_plan.h"
 #include "gpu/codec_tables.h"
 #include "gpu/kernels.h"
 #include "gpu/test_support.h"
@@ -37,11 +38,10 @@ struct Case {
   std::vector<int64_t> tail;    // per sequence (dense fp16 tail tokens)
   int queries_per_seq = 1;      // > 1: causal prefill over the last positions
   int splits = 0;
-  bool expect_fast = false;
+  bool expect_fast = false;  // the plan picks a specialised kernel
   bool qr = false;  // QR rotation (the staged kernel then reads prepared queries)
   int tail_dtype = kGpuF16;  // the tail rows as the launch reads them (kGpuF32: the fp16 values widened)
-  // The formats kernel serves it (run once more on the generic kernel).
-  bool expect_formats = false;
+  bool expect_formats = false;  // the plan picks the formats kernel
 };
 
 std::string Name(const Case& c) {
@@ -175,12 +175,6 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
       EXPECT_EQ(got, want) << "kv head " << h;
     }
   }
-  a.symmetric_codebooks = true;
-  for (int h = 0; h < H; ++h)
-    for (const RowCodec::Group& g : layer.k(h).groups())
-      a.symmetric_codebooks = a.symmetric_codebooks && g.codebook != nullptr &&
-                              SymmetricF16Codebook(g.codebook->centroids_f.data(),
-                                                   static_cast<int>(g.codebook->centroids_f.size()));
   a.k_base = dkp.as<uint8_t>();
   a.v_base = dvp.as<uint8_t>();
   a.block_stride = 0;  // K and V regions have different page sizes: use per-region strides below
@@ -205,7 +199,6 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.kv_heads = H;
   a.dim = dim;
   a.max_context = *std::max_element(positions.begin(), positions.end()) + 1;
-  a.splits = c.splits;
   // One stride for both regions: lay V pages at the same stride as K by
   // using the larger page size (re-upload with padding).
   const size_t stride = std::max(kg.page_bytes(), vg.page_bytes());
@@ -218,60 +211,35 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.k_base = dkpad.as<uint8_t>();
   a.v_base = dvpad.as<uint8_t>();
   a.block_stride = static_cast<int64_t>(stride);
-  EXPECT_EQ(AttentionUsesFastPath(a), c.expect_fast);
-  EXPECT_EQ(AttentionUsesFormatsKernel(a), c.expect_formats);
-  // The tensor-core kernel's variants (one kv head per block with shared-
-  // memory tables, K centroids from registers at 3
-  // and 4 blocks/SM, 256-byte table rows, registers with one tile buffer)
-  // on the shapes that reach it; 0 (the default) for the others. The
-  // register variants run once more with symmetric_codebooks off (4-bit
-  // keys then fall back to the table); 8: tokens-on-M scores on the served
-  // configuration; 13: the staged kernel (2 cp.async stages per warp), 14:
-  // its stages in the table's holes, 15: 8 warps with the K stages in the
-  // holes, 16: 13 with TMA tensor loads, 17: row sets (8 kv heads per
-  // block sharing 2 stages; kv_heads % 8 == 0, else 16 / 15), 18 / 19:
-  // row sets of 16 warps, two tile parities, 4 / 8 stages, 20: 19 with
-  // two tiles per step (4-bit keys;
-  // the served kernel otherwise). (2, 9-12: retired.) Runs take the K
-  // signs from k_signs where there are any (as served), and 16 and 19 run
-  // once more through the descriptors.
-  const bool mma_shape = c.expect_fast && H % 4 == 0;
-  const bool k4 = c.format.rfind("k4", 0) == 0;
+  AttentionDevice dev;
+  ASSERT_EQ(ProbeAttentionDevice(0, &dev), cudaSuccess);
+  AttentionPlan served;
+  ASSERT_EQ(PlanAttention(a, dev, &served, {.splits = c.splits}), cudaSuccess);
+  EXPECT_EQ(IsSpecialised(served.kernel), c.expect_fast) << AttnKernelName(served.kernel);
+  EXPECT_EQ(served.kernel == AttnKernel::kFormats, c.expect_formats) << AttnKernelName(served.kernel);
+  // Every served kernel that can run the launch, the plan's choice first;
+  // the kernels that rotate their own queries run once more with the K
+  // signs through the descriptors (k_signs null).
   struct Run {
-    int variant;
-    bool symmetric;
-    bool signs = true;  // k_signs (else null: the signs through k_comp)
+    AttnKernel kernel;
+    bool signs;
   };
-  const std::vector<Run> runs = {{0, true},  {1, true},  {3, true},  {4, true},  {5, true},  {6, true},
-                                 {7, true},  {8, true},  {13, true}, {14, true}, {15, true}, {16, true},
-                                 {17, true}, {18, true}, {19, true}, {3, false},
-                                 {20, true}, {4, false}, {6, false}, {7, false}, {16, true, false},
-                                 {19, true, false}};
-  // Formats cases run the formats kernel, then the generic kernel.
-  const size_t num_runs = mma_shape ? runs.size() : c.expect_formats ? 2 : 1;
-  for (size_t run = 0; run < num_runs; ++run) {
-    const int variant = mma_shape ? runs[run].variant : 0;
-    a.allow_fast_path = !(c.expect_formats && run == 1);
-    SCOPED_TRACE(c.expect_formats ? (a.allow_fast_path ? "formats kernel" : "generic kernel") : "");
-    if (c.expect_formats) EXPECT_EQ(AttentionUsesFormatsKernel(a), a.allow_fast_path);
-    a.symmetric_codebooks = runs[run].symmetric;
-    a.k_signs = runs[run].signs ? k_signs : nullptr;
-    SCOPED_TRACE("mma_variant " + std::to_string(variant) + (a.symmetric_codebooks ? "" : " (asymmetric fallback)") +
-                 (runs[run].signs ? "" : " (signs through the descriptors)"));
-    a.mma_variant = variant;
-    if (mma_shape) {
-      const bool kreg = variant == 3 || variant == 4 || variant == 6 || variant == 7 ||
-                        ((variant == 0 || variant >= 8) && c.format == "k2v2");
-      EXPECT_EQ(AttentionUsesRegisterDequant(a), kreg && (!k4 || a.symmetric_codebooks));
-      if (variant >= 17) {
-        EXPECT_EQ(AttentionUsesRowSets(a), k4 && H % 8 == 0 && a.uniform_codebooks);
-      }
-    }
-    DeviceBuffer ws = *DeviceBuffer::Allocate(AttentionWorkspaceBytes(a));
+  std::vector<Run> runs;
+  for (AttnKernel k : EligibleAttentionKernels(a, dev)) {
+    runs.push_back({k, true});
+    if (k_signs != nullptr && (k == AttnKernel::kRowSets || k == AttnKernel::kStagedTma)) runs.push_back({k, false});
+  }
+  ASSERT_FALSE(runs.empty());
+  for (const Run& run : runs) {
+    SCOPED_TRACE(std::string(AttnKernelName(run.kernel)) + (run.signs ? "" : " (signs through the descriptors)"));
+    a.k_signs = run.signs ? k_signs : nullptr;
+    AttentionPlan plan;
+    ASSERT_EQ(PlanAttention(a, dev, &plan, {.splits = c.splits, .kernel = run.kernel}), cudaSuccess);
+    DeviceBuffer ws = *DeviceBuffer::Allocate(plan.workspace_bytes);
     a.workspace = ws.get();
     a.workspace_bytes = ws.bytes();
     ASSERT_EQ(cudaMemset(dout.get(), 0xFF, nq * QH * dim * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(LaunchAttention(a, nullptr), cudaSuccess);
+    ASSERT_EQ(LaunchAttention(a, plan, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> out = ToHost<float>(dout, nq * QH * dim);
     // Per query relative error, and non-triviality.
@@ -303,13 +271,13 @@ std::vector<Case> Cases() {
   c.push_back({"k4v4", 128, 32, 8, {6000, 17}, {}, 1, 0, true});
   c.push_back({"k4v2", 128, 16, 4, {9000}, {}, 1, 0, true});
   c.push_back({"k4v2", 128, 16, 4, {100, 33}, {}, 20, 0, true});
-  // Register dequantisation paths at awkward sizes: odd batches, partial
+  // The specialised kernels at awkward sizes: odd batches, partial
   // last blocks, GQA 2 / 4 / 8, all four bit pairs.
   c.push_back({"k4v4", 128, 8, 4, {1, 17, 255}, {}, 1, 0, true});
   c.push_back({"k4v2", 128, 32, 4, {301, 2, 49}, {}, 1, 3, true});
   c.push_back({"k2v2", 128, 16, 4, {1100, 15, 33}, {}, 1, 0, true});
   c.push_back({"k2v4", 128, 64, 8, {513}, {}, 1, 0, true});
-  // G = 1 with 4-bit keys (variant 8: 7 of the 8 query columns are padding),
+  // G = 1 with 4-bit keys (7 of the tiles' 8 query columns are padding),
   // partial last blocks, forced splits.
   c.push_back({"k4v4", 128, 4, 4, {37, 1000, 16}, {}, 1, 3, true});
   // 3 quads of kv heads, odd lengths, G = 8 2-bit.
@@ -335,8 +303,7 @@ std::vector<Case> Cases() {
   c.push_back({"k4v2", 128, 16, 4, {333}, {}, 1, 0, true, true});
   // Dense tails on the fast path (the fast merge attends them): every tail
   // length 0..15 in mixed batches of different lengths (a sequence of tail
-  // tokens only; row sets, staged and register kernels through the variant
-  // runs), GQA 1 / 2 / 4 / 8, the CUDA-core kernel (kv_heads % 4 != 0),
+  // tokens only), GQA 1 / 2 / 4 / 8, the CUDA-core kernel (kv_heads % 4 != 0),
   // fp32 tail rows (as the server stages them), a QR rotation and prefill.
   const std::vector<int64_t> mixed = {4096, 0, 16, 33, 160, 1000, 2048, 17, 512, 64, 4000, 1, 256, 3000, 80, 700};
   const std::vector<int64_t> tails = {1, 7, 2, 3, 4, 5, 6, 0, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -350,7 +317,7 @@ std::vector<Case> Cases() {
   c.push_back({"k4v4", 128, 32, 8, {700, 45}, {9, 3}, 1, 0, true, true});
   c.push_back({"k4v4", 128, 32, 8, {100, 48}, {12, 3}, 23, 0, true});
   c.push_back({"k4v4", 128, 32, 8, {40, 7}, {5, 0}, 1, 0, true});
-  // Formats kernel (then the generic kernel): other bits, dims, recipes,
+  // The formats kernel (and the generic one): other bits, dims, recipes,
   // tails, G = 3 / 12 / 16. Dense layers take the generic kernel only.
   auto formats = [&](Case f) {
     f.expect_formats = true;
@@ -391,28 +358,6 @@ std::vector<Case> Cases() {
   formats({"turboquant35", 128, 4, 2, {48}, {}, 17, 3, false});
   formats({"k3v3", 96, 12, 4, {80, 30}, {5, 12}, 9, 0, false});
   return c;
-}
-
-// The Lloyd-Max codebooks the fast path serves are symmetric bit for bit at
-// fp16 (what the register dequantisation of 4-bit keys relies on); the
-// check rejects a codebook that is not.
-TEST(SymmetricF16Codebook, ServedCodebooksAreSymmetricAndPerturbedOnesAreNot) {
-  for (int bits : {2, 3, 4}) {
-    for (int dim : {64, 96, 128, 256}) {
-      auto cb = GetCodebook(dim, bits);
-      ASSERT_TRUE(cb.ok()) << cb.status();
-      const std::vector<float>& c = (*cb)->centroids_f;
-      EXPECT_TRUE(SymmetricF16Codebook(c.data(), static_cast<int>(c.size()))) << "d " << dim << " b " << bits;
-      for (size_t k = 0; k < c.size(); ++k) EXPECT_EQ(c[k], -c[c.size() - 1 - k]) << "fp32, k " << k;
-      std::vector<float> bad = c;
-      bad[1] = std::nextafter(bad[1], 0.0f) * 0.999f;  // beyond fp16 rounding
-      EXPECT_FALSE(SymmetricF16Codebook(bad.data(), static_cast<int>(bad.size())));
-    }
-  }
-  const float flipped[4] = {0.5f, 0.25f, -0.25f, -0.5f};  // descending: upper half negative
-  EXPECT_FALSE(SymmetricF16Codebook(flipped, 4));
-  const float odd[3] = {-1.0f, 0.0f, 1.0f};
-  EXPECT_FALSE(SymmetricF16Codebook(odd, 3));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AttentionKernels, ::testing::ValuesIn(Cases()),

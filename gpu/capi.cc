@@ -10,6 +10,7 @@
 #include <string>
 
 #include "codec/model_codec.h"
+#include "gpu/attention_plan.h"
 #include "gpu/codec_tables.h"
 #include "gpu/kernels.h"
 
@@ -20,25 +21,8 @@ thread_local std::string g_error;
 struct Handle {
   std::unique_ptr<tqkv::ModelCodec> codec;
   std::unique_ptr<tqkv::gpu::DeviceCodecTables> tables;
-  int sms = 132;
-  bool symmetric_k = false;
+  tqkv::gpu::AttentionDevice device;
 };
-
-// Every kv head's K codebook of layer 0 is symmetric at fp16.
-bool SymmetricKCodebooks(const tqkv::ModelCodec& codec) {
-  const tqkv::LayerCodec& layer = codec.layer(0);
-  for (int head = 0; head < layer.num_kv_heads(); ++head) {
-    const auto& groups = layer.k(head).groups();
-    if (groups.empty()) return false;
-    for (const auto& g : groups) {
-      if (g.codebook == nullptr ||
-          !tqkv::gpu::SymmetricF16Codebook(g.codebook->centroids_f.data(),
-                                           static_cast<int>(g.codebook->centroids_f.size())))
-        return false;
-    }
-  }
-  return true;
-}
 
 tqkv::gpu::AttentionLaunch MakeLaunch(const Handle* h) {
   tqkv::gpu::AttentionLaunch a;
@@ -49,12 +33,10 @@ tqkv::gpu::AttentionLaunch MakeLaunch(const Handle* h) {
   a.host_v = h->tables->host(0, 0, tqkv::Component::kValue);
   a.uniform_codebooks = h->tables->uniform_codebooks(0);
   a.k_signs = h->tables->k_head_signs(0);
-  a.symmetric_codebooks = h->symmetric_k;
   a.block_size = s.block_size;
   a.q_heads = s.num_q_heads;
   a.kv_heads = s.num_kv_heads;
   a.dim = s.head_dim;
-  a.num_sms = h->sms;
   return a;
 }
 
@@ -68,6 +50,19 @@ tqkv::gpu::AttentionLaunch PlanningLaunch(void* hp, int64_t num_queries, int64_t
   a.block_stride = block_stride;
   a.k_base = a.v_base = reinterpret_cast<const uint8_t*>(256);  // alignment only
   return a;
+}
+
+// The plan of `a` with a forced split count (0: planned) and kernel
+// (-1: the served choice, else an AttnKernel value).
+cudaError_t Plan(void* hp, const tqkv::gpu::AttentionLaunch& a, int splits, int kernel,
+                 tqkv::gpu::AttentionPlan* plan) {
+  tqkv::gpu::PlanOverrides o;
+  o.splits = splits;
+  if (kernel >= tqkv::gpu::kNumAttnKernels) return cudaErrorInvalidValue;
+  if (kernel >= 0) o.kernel = static_cast<tqkv::gpu::AttnKernel>(kernel);
+  const cudaError_t e = tqkv::gpu::PlanAttention(a, static_cast<Handle*>(hp)->device, plan, o);
+  if (e != cudaSuccess) g_error = cudaGetErrorString(e);
+  return e;
 }
 
 }  // namespace
@@ -90,12 +85,15 @@ void* tqkv_gpu_create(const char* format, int dim, int kv_heads, int q_heads, in
     g_error = tables.status().ToString();
     return nullptr;
   }
-  auto* h = new Handle{std::move(*codec), std::move(*tables)};
-  h->symmetric_k = SymmetricKCodebooks(*h->codec);
+  auto h = std::make_unique<Handle>(std::move(*codec), std::move(*tables));
   int dev = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&h->sms, cudaDevAttrMultiProcessorCount, dev);
-  return h;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = tqkv::gpu::ProbeAttentionDevice(dev, &h->device);
+  if (e != cudaSuccess) {
+    g_error = cudaGetErrorString(e);
+    return nullptr;
+  }
+  return h.release();
 }
 
 void tqkv_gpu_destroy(void* h) { delete static_cast<Handle*>(h); }
@@ -127,24 +125,50 @@ int tqkv_gpu_encode(void* hp, const void* k, const void* v, int dtype, int64_t t
   return static_cast<int>(e);
 }
 
-// Workspace bytes of a decode/prefill call (see tqkv_gpu_attention).
-uint64_t tqkv_gpu_attention_workspace(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride,
-                                      int splits) {
-  tqkv::gpu::AttentionLaunch a = PlanningLaunch(hp, num_queries, max_context, block_stride);
-  a.splits = splits;
-  if (splits < 0) {  // −v: planned splits of tensor-core variant v (benchmarks)
-    a.splits = 0;
-    a.mma_variant = -splits;
-  }
-  return tqkv::gpu::AttentionWorkspaceBytes(a);
+// The kernel of that name (AttnKernelName), or -1.
+int tqkv_gpu_attention_kernel_id(const char* name) {
+  const auto k = tqkv::gpu::AttnKernelByName(name);
+  return k.has_value() ? static_cast<int>(*k) : -1;
 }
 
-// Planned split count of a decode/prefill call with tensor-core variant v.
+// The name of kernel `id`, or null.
+const char* tqkv_gpu_attention_kernel_name(int id) {
+  return tqkv::gpu::AttnKernelName(static_cast<tqkv::gpu::AttnKernel>(id));
+}
+
+// Workspace bytes of a decode/prefill call with `splits` (0: planned) on
+// `kernel` (-1: the served choice); 0 where that kernel cannot run it.
+uint64_t tqkv_gpu_attention_workspace(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride,
+                                      int splits, int kernel) {
+  tqkv::gpu::AttentionPlan plan;
+  const auto a = PlanningLaunch(hp, num_queries, max_context, block_stride);
+  return Plan(hp, a, splits, kernel, &plan) == cudaSuccess ? plan.workspace_bytes : 0;
+}
+
+// Planned split count of a decode/prefill call on `kernel` (-1: the served
+// choice), or -1 where that kernel cannot run it.
 int tqkv_gpu_attention_splits(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride,
-                              int variant) {
-  tqkv::gpu::AttentionLaunch a = PlanningLaunch(hp, num_queries, max_context, block_stride);
-  a.mma_variant = variant;
-  return tqkv::gpu::PlanAttentionSplits(a);
+                              int kernel) {
+  tqkv::gpu::AttentionPlan plan;
+  const auto a = PlanningLaunch(hp, num_queries, max_context, block_stride);
+  return Plan(hp, a, 0, kernel, &plan) == cudaSuccess ? plan.dims.splits : -1;
+}
+
+// The kernel the plan chooses for a decode/prefill call, or -1.
+int tqkv_gpu_attention_kernel(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride) {
+  tqkv::gpu::AttentionPlan plan;
+  const auto a = PlanningLaunch(hp, num_queries, max_context, block_stride);
+  return Plan(hp, a, 0, -1, &plan) == cudaSuccess ? static_cast<int>(plan.kernel) : -1;
+}
+
+// The served kernels that can run such a call, preferred first, into
+// ids[0 .. max); returns how many there are.
+int tqkv_gpu_attention_eligible(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride, int* ids,
+                                int max) {
+  const auto a = PlanningLaunch(hp, num_queries, max_context, block_stride);
+  const auto eligible = tqkv::gpu::EligibleAttentionKernels(a, static_cast<Handle*>(hp)->device);
+  for (size_t i = 0; i < eligible.size() && static_cast<int>(i) < max; ++i) ids[i] = static_cast<int>(eligible[i]);
+  return static_cast<int>(eligible.size());
 }
 
 // Paged attention with dense tails: tokens at and past packed_tokens[s] of
@@ -155,7 +179,7 @@ int tqkv_gpu_attention_tail(void* hp, const uint8_t* k_base, const uint8_t* v_ba
                             const int32_t* block_table, int max_blocks, const int64_t* packed_tokens,
                             const int32_t* query_seq, const int64_t* positions, int64_t num_queries,
                             int64_t max_context, const float* q, float* out, void* workspace,
-                            uint64_t workspace_bytes, int splits, int allow_fast, const void* tail_k,
+                            uint64_t workspace_bytes, int splits, int kernel, const void* tail_k,
                             const void* tail_v, int tail_dtype, const int64_t* tail_offset, int has_tail,
                             void* stream) {
   auto* h = static_cast<Handle*>(hp);
@@ -174,38 +198,31 @@ int tqkv_gpu_attention_tail(void* hp, const uint8_t* k_base, const uint8_t* v_ba
   a.out = out;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
-  a.splits = splits;
-  a.allow_fast_path = allow_fast != 0;
-  a.allow_mma_path = allow_fast != 2;  // 2: the CUDA-core fast kernel (comparison)
-  a.mma_variant = allow_fast >= 10 ? allow_fast - 10 : 0;  // 10 + v: tensor-core variant v (benchmarks)
   a.tail_k = tail_k;
   a.tail_v = tail_v;
   a.tail_dtype = tail_dtype;
   a.tail_offset = tail_offset;
   a.has_tail = has_tail != 0;
-  cudaError_t e = tqkv::gpu::LaunchAttention(a, static_cast<cudaStream_t>(stream));
+  tqkv::gpu::AttentionPlan plan;
+  cudaError_t e = Plan(hp, a, splits, kernel, &plan);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  e = tqkv::gpu::LaunchAttention(a, plan, static_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) g_error = cudaGetErrorString(e);
   return static_cast<int>(e);
 }
 
 // Paged attention, no dense tail. K page p at k_base + p·block_stride, V
-// page at v_base + p·block_stride. q/out fp32 [nq, q_heads, dim].
+// page at v_base + p·block_stride. q/out fp32 [nq, q_heads, dim]. splits:
+// 0 planned, else forced; kernel: -1 the served choice, else a kernel id
+// (tqkv_gpu_attention_kernel_id), refused where it cannot run the call.
 int tqkv_gpu_attention(void* hp, const uint8_t* k_base, const uint8_t* v_base, int64_t block_stride,
                        const int32_t* block_table, int max_blocks, const int64_t* packed_tokens,
                        const int32_t* query_seq, const int64_t* positions, int64_t num_queries,
                        int64_t max_context, const float* q, float* out, void* workspace, uint64_t workspace_bytes,
-                       int splits, int allow_fast, void* stream) {
+                       int splits, int kernel, void* stream) {
   return tqkv_gpu_attention_tail(hp, k_base, v_base, block_stride, block_table, max_blocks, packed_tokens, query_seq,
                                  positions, num_queries, max_context, q, out, workspace, workspace_bytes, splits,
-                                 allow_fast, nullptr, nullptr, tqkv::gpu::kGpuF16, nullptr, 0, stream);
-}
-
-// The kernel a decode call over pages at `block_stride` runs: 1 a
-// specialised kernel, 2 the formats kernel, 0 the generic kernel.
-int tqkv_gpu_attention_path(void* hp, int64_t block_stride) {
-  tqkv::gpu::AttentionLaunch a = PlanningLaunch(hp, 1, 1, block_stride);
-  if (tqkv::gpu::AttentionUsesFastPath(a)) return 1;
-  return tqkv::gpu::AttentionUsesFormatsKernel(a) ? 2 : 0;
+                                 kernel, nullptr, nullptr, tqkv::gpu::kGpuF16, nullptr, 0, stream);
 }
 
 }  // extern "C"

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "codec/cpu_backend.h"
 #include "codec/status_macros.h"
+#include "gpu/attention_plan.h"
 #include "gpu/block_cache.h"
 #include "gpu/codec_tables.h"
 #include "gpu/cuda_util.h"
@@ -38,13 +39,13 @@ class Staging {
 class CudaBackend : public ComputeBackend {
  public:
   CudaBackend(const CudaBackendOptions& o, CudaStream stream, CudaEvent attend_start, CudaEvent attend_stop,
-              std::unique_ptr<DeviceBlockCache> cache, std::unique_ptr<DeviceBlockCache> tail_cache, int sms)
+              std::unique_ptr<DeviceBlockCache> cache, std::unique_ptr<DeviceBlockCache> tail_cache, const AttentionDevice& device)
       : options_(o),
         stream_(std::move(stream)),
         attend_start_(std::move(attend_start)),
         attend_stop_(std::move(attend_stop)),
         cache_(std::move(cache)),
-        sms_(sms),
+        device_(device),
         tail_cache_(std::move(tail_cache)) {}
 
   std::string name() const override { return "cuda"; }
@@ -260,9 +261,9 @@ class CudaBackend : public ComputeBackend {
     a.dim = b.shape.dim;
     a.scale = static_cast<float>(b.shape.effective_scale());
     a.max_context = max_ctx;
-    a.num_sms = sms_;
-    a.allow_fast_path = options_.fast_path;
-    const size_t ws = AttentionWorkspaceBytes(a);
+    AttentionPlan plan;
+    TQ_CUDA_RETURN_IF_ERROR(PlanAttention(a, device_, &plan), "attention plan");
+    const size_t ws = plan.workspace_bytes;
     const size_t ws_off = Align(st.size());
     TQ_RETURN_IF_ERROR(dev_.Reserve(ws_off + ws));
     uint8_t* d = dev_.as<uint8_t>();
@@ -292,7 +293,7 @@ class CudaBackend : public ComputeBackend {
                                           static_cast<int>(up.pieces.size()), d, sm),
                             "scatter layers and tail rows");
     TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_start_.get(), sm), "cudaEventRecord");
-    TQ_CUDA_RETURN_IF_ERROR(LaunchAttention(a, sm), "attention");
+    TQ_CUDA_RETURN_IF_ERROR(LaunchAttention(a, plan, sm), "attention");
     TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_stop_.get(), sm), "cudaEventRecord");
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out_off, d + out_off, nq * qrow * sizeof(float),
                                             cudaMemcpyDeviceToHost, sm),
@@ -544,7 +545,7 @@ class CudaBackend : public ComputeBackend {
   CudaStream stream_ ABSL_GUARDED_BY(mu_);
   CudaEvent attend_start_ ABSL_GUARDED_BY(mu_), attend_stop_ ABSL_GUARDED_BY(mu_);  // around the kernels
   std::unique_ptr<DeviceBlockCache> cache_ ABSL_GUARDED_BY(mu_);
-  const int sms_;
+  const AttentionDevice device_;  // what the attention plan needs of the GPU
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<const ModelCodec*, std::unique_ptr<DeviceCodecTables>> tables_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, SeqSlots> seq_slots_ ABSL_GUARDED_BY(mu_);         // by sequence key
@@ -564,9 +565,8 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const CudaBack
   if (options.device < 0 || options.device >= n)
     return absl::InvalidArgumentError(absl::StrCat("CUDA device ", options.device, " outside [0, ", n, ")"));
   TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "cudaSetDevice");
-  int sms = 0;
-  TQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options.device),
-                          "cudaDeviceGetAttribute");
+  AttentionDevice device;
+  TQ_CUDA_RETURN_IF_ERROR(ProbeAttentionDevice(options.device, &device), "attention device probe");
   TQ_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
   size_t arena = options.arena_bytes;
   if (arena == 0) {
@@ -582,7 +582,7 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const CudaBack
   TQ_ASSIGN_OR_RETURN(auto tail_cache, DeviceBlockCache::Create(options.tail_arena_bytes));
   return std::unique_ptr<ComputeBackend>(new CudaBackend(options, std::move(stream), std::move(attend_start),
                                                          std::move(attend_stop), std::move(cache),
-                                                         std::move(tail_cache), sms));
+                                                         std::move(tail_cache), device));
 }
 
 }  // namespace tqkv::gpu

@@ -24,8 +24,6 @@ struct CudaBackendOptions {
   // sizes it from the device: `arena_fraction` of the memory free at creation.
   size_t arena_bytes = 0;
   double arena_fraction = 0.6;
-  // Allow the specialised d=128 mse decode kernel. Default true.
-  bool fast_path = true;
   // Bytes of the dense-tail arena (fp32 rows of up to 16 tokens per tail:
   // 128 KiB a tail at 8 kv heads × d 128, so the default holds 4,096 live
   // (sequence, layer) tails; beyond it the least recently used are copied

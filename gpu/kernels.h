@@ -22,6 +22,7 @@
 namespace tqkv::gpu {
 
 inline constexpr unsigned long long kNoBadSlot = ~0ull;
+struct AttentionPlan;
 // The served variant of the specialised encode (EncodeLaunch below), as
 // measured on the H200 (bench/RESULTS.md): warp shuffles for the FWHT's
 // cross-lane stages (the shared-memory transposes issue 5% fewer
@@ -161,19 +162,10 @@ struct AttentionLaunch {
   int32_t q_heads = 0, kv_heads = 0, dim = 0;
   float scale = 0;            // softmax scale (1/sqrt(dim) when 0)
   int64_t max_context = 0;    // max over queries of positions + 1 (host value)
-  int32_t num_sms = 132;      // SMs of the device (split planning)
-  int32_t splits = 0;         // context splits per query; 0 = plan automatically
-  bool allow_fast_path = true;
-  bool allow_mma_path = true;  // tensor-core kernel where eligible (else the CUDA-core fast kernel)
   // Every kv head uses one K codebook and one V codebook (the same device
   // tables; DeviceCodecTables::uniform_codebooks): lets the tensor-core
-  // kernel stream 4 kv heads per block with one dequantisation table.
+  // kernels stream several kv heads per block with one dequantisation table.
   bool uniform_codebooks = false;
-  // Every kv head's K codebook is symmetric at fp16 (SymmetricF16Codebook
-  // of its centroids): lets the tensor-core kernel dequantise 4-bit keys in
-  // registers (kMmaKReg in gpu/kernels/attention_mma.cuh). Without it those
-  // variants fall back to the shared-memory table for 4-bit keys.
-  bool symmetric_codebooks = false;
   // Every kv head's K rotation is one Hadamard group with host_k's block
   // structure and no channel map (DeviceCodecTables::k_head_signs): head
   // h's forward signs s1 at k_signs[2·h·dim], s2 at k_signs[(2h + 1)·dim].
@@ -182,61 +174,14 @@ struct AttentionLaunch {
   // memory latency before the first tile instead of two). Null: through
   // k_comp.
   const float* k_signs = nullptr;
-  // Tensor-core kernel variant (benchmarks): 0 = default (served: k4v4
-  // with one K/V codebook and k4v2 with uniform codebooks as 20 where
-  // kv_heads % 8 == 0 and queries × kv_heads / 8 × max_context >= 64K,
-  // else k4v4 (one codebook) as 16 and k4v2 as 15;
-  // other k4v4 as 5 + 8,
-  // k2v2 as 4 + 8, k2v4 as 1), 1 = one kv head per block with 128-byte-row
-  // tables, 3 = K centroids from registers, 4 = variant 3 budgeted for 4
-  // blocks/SM, 5 = tables with 256-byte rows (one prmt per lookup address),
-  // 6 = variant 3 with 256-byte V rows, 7 = K centroids from registers with
-  // one raw tile buffer (no prefetch) and one score chain per n-tile,
-  // budgeted for 4 blocks/SM, 8 = the bit pair's register-buffered
-  // configuration with tokens-on-M scores, 13 = the staged kernel
-  // (attention_staged.cuh) with 2 cp.async stages per warp at 4 blocks/SM,
-  // 14 = staged with the stages in the holes of a 256-byte-row K/V table
-  // (one codebook; else 13), 15 = staged with 8 warps per block and the K
-  // stages in the holes of a 256-byte-row K table, 16 = 13 with each tile's
-  // K and V rows arriving as two TMA tensor loads, 17 = row sets
-  // (attention_rowset.cuh: a block per query and 8 kv heads, a warp per kv
-  // head, 2 shared TMA stages, 256-byte table rows; kv_heads % 8 == 0 and
-  // uniform codebooks, else 16 / 15), 18 = row sets of 16 warps per block
-  // (one per SM), warp w taking kv head w mod 8 on the tiles of parity
-  // w / 8, 4 stages, 19 = 18 with 8 stages, 20 = 19 computing two tiles
-  // per step (13-20: 4-bit keys; others run the default).
-  // Retired variants, measured slower and deleted (bench/RESULTS.md), run
-  // the default: 2 (page streaming), 9-11 (one K/V table in the register-
-  // buffered kernel), 12 (4 stages per warp).
-  int32_t mma_variant = 0;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
-// Context splits the launch will use (deterministic in the host fields).
-int PlanAttentionSplits(const AttentionLaunch& a);
-size_t AttentionWorkspaceBytes(const AttentionLaunch& a);
-// True when a specialised kernel (mse K/V at d = 128, bits 2 or 4, GQA
-// group 1..8 with power-of-two size; a dense tail is attended by its merge)
-// serves this launch: the
-// tensor-core kernel when kv_heads % 4 == 0, pages are 16-byte aligned and
-// hold whole 16-token tiles, else the CUDA-core one.
-bool AttentionUsesFastPath(const AttentionLaunch& a);
-// True when the formats kernel (gpu/kernels/attention_formats.cuh) serves
-// this launch: packed mse or recipe K/V of 1..8 bits per index, value
-// states of <= 512 floats, where no specialised kernel applies; a dense
-// tail is attended by the generic kernel as one more split.
-bool AttentionUsesFormatsKernel(const AttentionLaunch& a);
-// True when LaunchAttention(a) runs the tensor-core kernel with K centroids
-// dequantised in registers (variant and codebook permitting).
-bool AttentionUsesRegisterDequant(const AttentionLaunch& a);
-// True when LaunchAttention(a) runs the row-set kernel (8 kv heads per
-// block, gpu/kernels/attention_rowset.cuh).
-bool AttentionUsesRowSets(const AttentionLaunch& a);
-// Host check: centroids c[0..n) rounded to fp16 are symmetric bit for bit
-// (fp16(c[n-1-k]) = fp16(c[k]) with the sign flipped) and the upper half is
-// positive, as the register dequantisation of 4-bit keys needs.
-bool SymmetricF16Codebook(const float* centroids, int n);
-cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream);
+// Runs `plan` (PlanAttention in gpu/attention_plan.h, made for this
+// launch's host fields) with a.workspace of at least plan.workspace_bytes.
+// Returns cudaErrorInvalidValue for a smaller workspace or a plan of other
+// shapes, cudaErrorNotSupported for a plan no served kernel runs.
+cudaError_t LaunchAttention(const AttentionLaunch& a, const AttentionPlan& plan, cudaStream_t stream);
 
 }  // namespace tqkv::gpu
 

@@ -24,12 +24,13 @@ NVCC_FLAGS = [
     "-lineinfo",
 ]
 
-def cuda_library(name, srcs, hdrs = [], nvcc_srcs = [], deps = [], copts = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], nvcc_srcs = [], cc_srcs = [], deps = [], copts = [], **kwargs):
     """A cc_library whose srcs are .cu files compiled by nvcc.
 
     Args:
       name: target name.
       srcs: .cu files.
+      cc_srcs: host-only .cc files of the same library (the host compiler).
       hdrs: headers exported to users of the library (plain C++ headers).
       nvcc_srcs: extra files the .cu files include (.cuh, headers of deps);
         they are inputs of every nvcc action.
@@ -55,7 +56,7 @@ def cuda_library(name, srcs, hdrs = [], nvcc_srcs = [], deps = [], copts = [], *
         objs.append(obj)
     native.cc_library(
         name = name,
-        srcs = objs,
+        srcs = objs + cc_srcs,
         hdrs = hdrs,
         deps = deps + ["@cuda//:cudart"],
         alwayslink = True,

@@ -54,7 +54,7 @@ if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
   timeout 120 "$HERE/memory_probe" > "$LOGS/memory_probe.log" 2>&1; echo "memory_probe rc=$?" | tee -a "$LOGS/summary.txt"
   timeout 120 "$HERE/decode_floor" > "$LOGS/decode_floor.log" 2>&1; echo "decode_floor rc=$?" | tee -a "$LOGS/summary.txt"
   if [ -z "${SKIP_ATTENTION_BENCH:-}" ]; then
-    timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 --variants 8,13,14,15,16,17,18,19,20 \
+    timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 \
       > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
   fi
   if [ -z "${SKIP_FORMATS_BENCH:-}" ]; then

@@ -29,7 +29,7 @@ for fmt in sys.argv[4].split(","):
         assert rc == 0, lib.tqkv_gpu_last_error()
     t, hs = evt(call)
     h0 = time.perf_counter()
-    for _ in range(200): lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, 0)
+    for _ in range(200): lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, -1)
     plan = (time.perf_counter() - h0) / 200 * 1e6
     g = torch.cuda.CUDAGraph(); s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""One decode call (served kernel or a variant) and one torch SDPA call at one
+"""One decode call (the served kernel or another served one) and one torch SDPA call at one
 shape, bracketed by cudaProfilerStart/Stop for Nsight Compute.
 
-  ncu --profile-from-start off [--section ...] python3 attention_ncu.py LIB gpu_attention_bench.py SHAPE FORMAT [VARIANT]
-e.g. 32x32768 k4v4 20 (measurement log, bench/history/results-log-2026-11.md:
+  ncu --profile-from-start off [--section ...] python3 attention_ncu.py LIB gpu_attention_bench.py SHAPE FORMAT [KERNEL]
+e.g. 32x32768 k4v4 rowsets (measurement log, bench/history/results-log-2026-11.md:
 "two tiles per step, 2-bit V pair lookups, device-time timing"). Pages
 are encoded from random fp16 K/V and randomly permuted, as in the benchmark.
 """
@@ -18,7 +18,7 @@ spec.loader.exec_module(b)
 lib = b.load(sys.argv[1])
 batch, ctx = map(int, sys.argv[3].split("x"))
 fmt = sys.argv[4]
-variant = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+kernel_arg = sys.argv[5] if len(sys.argv) > 5 else "served"
 dev = torch.device("cuda")
 stream = torch.cuda.current_stream().cuda_stream
 torch.manual_seed(0)
@@ -36,18 +36,19 @@ packed = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
 pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)
 q32 = q16.float().reshape(batch, b.QH, b.D).contiguous()
 out = torch.empty(batch, b.QH, b.D, dtype=torch.float32, device=dev)
-ws = torch.empty(lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, -variant if variant else 0),
-                 dtype=torch.uint8, device=dev)
+kernel = b.SERVED if kernel_arg == "served" else lib.tqkv_gpu_attention_kernel_id(kernel_arg.encode())
+if kernel == -1 and kernel_arg != "served":
+    sys.exit(f"unknown kernel {kernel_arg}")
+ws = torch.empty(lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0, kernel), dtype=torch.uint8, device=dev)
 call = b.attention_call(lib, h, kp, vp, stride, table, packed, pos, q32, out, ws, stream)
-fast = 10 + variant if variant else 1
 sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q16, k, v, enable_gqa=True)
 for _ in range(3):
-    assert call(fast) == 0, lib.tqkv_gpu_last_error()
+    assert call(kernel) == 0, lib.tqkv_gpu_last_error()
     sdpa()
 torch.cuda.synchronize()
 torch.cuda.cudart().cudaProfilerStart()
-call(fast)
+call(kernel)
 sdpa()
 torch.cuda.synchronize()
 torch.cuda.cudart().cudaProfilerStop()
-print(f"{fmt} {batch}x{ctx} variant {variant}: profiled one call and one SDPA call")
+print(f"{fmt} {batch}x{ctx} kernel {kernel_arg}: profiled one call and one SDPA call")

@@ -18,7 +18,7 @@ QH, KVH, D, BS = 32, 8, 128, 16
 stream = torch.cuda.current_stream().cuda_stream
 h = lib.tqkv_gpu_create(fmt.encode(), D, KVH, QH, BS, 7)
 kp, vp, stride, ws, args = b.random_decode(lib, h, batch, ctx, ws_extra=8 << 20)  # the stamps past the records
-splits = lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, 0)
+splits = lib.tqkv_gpu_attention_splits(h, batch, ctx, stride, -1)
 states = (batch * QH * 128 * 4 + 255) // 256 * 256
 nrec = batch * QH * splits * 258
 off = states + (nrec + 1) // 2 * 2 * 4

@@ -10,6 +10,7 @@
 
 #include <math_constants.h>
 
+#include "gpu/attention_plan.h"
 #include "gpu/kernels.h"
 #include "gpu/kernels/common.cuh"
 
@@ -18,20 +19,6 @@ namespace tqkv::gpu {
 inline constexpr int kAttnWarps = 4;
 inline constexpr int kMaxHeadsPerBlock = 8;  // generic kernel: q heads per block
 inline constexpr float kLog2e = 1.4426950408889634f;
-
-struct AttnDims {
-  int sk = 0;       // query state floats
-  int sv = 0;       // value state floats
-  int record = 0;   // 2 + sv + dim
-  int splits = 1;
-  int64_t chunk = 0;  // tokens per split
-  int group = 1;      // q heads per kv head
-  int head_chunks = 1;
-  // >= 0: GenericAttentionKernel attends only the dense tails, as this
-  // split's record (the other splits' kernel takes packed tokens only).
-  int tail_split = -1;
-  int formats_heads = 0;  // > 0: the formats kernel runs, with this many q heads per block
-};
 
 // Query qi's sequence (AttentionLaunch::query_seq; null: sequence qi).
 __device__ __forceinline__ int SeqOf(const AttentionLaunch& a, int64_t qi) {

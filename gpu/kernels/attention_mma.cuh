@@ -52,25 +52,15 @@ struct MmaBits {
 };
 
 // Dequantisation modes of MmaDecodeKernel (template KM, bit flags; the
-// benchmark variants in gpu/attention.cu pick them).
-//   kMmaKReg: K centroids come from registers instead of a shared-memory
-//     table. 2-bit keys: the 4 fp16 centroids as a low-byte and a high-byte
-//     register; one prmt per fp16 pair (selector nibbles i, i|4 per index,
-//     built with a shift, a lop3 and one imad per 4 index pairs). 4-bit keys
-//     need a codebook symmetric at fp16 (c[15-k] = -c[k] bitwise apart from
-//     the sign; AttentionLaunch::symmetric_codebooks): index i maps to the
-//     magnitude m[j], j = i & 7 for i >= 8 and 7 - i for i < 8, the 8
-//     magnitudes' low and high bytes fit in 4 registers, one prmt per plane
-//     dequantises 4 indices, a sign-mode prmt + lop3 puts the sign into the
-//     high bytes and two prmts interleave the planes into fp16 pairs
-//     (~18 integer ops per 8 indices, no shared-memory traffic).
+// served configuration of each bit pair in gpu/attention.cu picks them).
+//   kMmaKReg (2-bit keys): K centroids come from registers instead of a
+//     shared-memory table: the 4 fp16 centroids as a low-byte and a
+//     high-byte register; one prmt per fp16 pair (selector nibbles i, i|4
+//     per index, built with a shift, a lop3 and one imad per 4 index pairs).
 //   kMmaLut256: tables of byte units (4-bit rows) use 256-byte rows (entry e
 //     of lane l at byte 256e + 4l, V at +128), so one prmt of the index word
 //     with the lane's offset is the lookup address (128-byte rows need a
 //     shift and a lop3).
-//   kMmaOneBuf: one raw tile buffer per warp (load a step's rows, then
-//     compute them; no prefetch of the next step), for register budgets of
-//     4+ blocks/SM where more resident warps hide the load latency instead.
 //   kMmaTokM: "tokens on M" scores Sᵀ[t, h] = K̂[t, :] · q[h, :]: the
 //     dequantised K tile (16 tokens × 16 channels) is A, the query fragment
 //     is B (n = heads), one mma per k-tile (8 per tile instead of 16 with
@@ -81,7 +71,6 @@ struct MmaBits {
 //     transposed to P's B fragment with 4 shuffles and 2 prmts per tile.
 inline constexpr int kMmaKReg = 1;
 inline constexpr int kMmaLut256 = 2;
-inline constexpr int kMmaOneBuf = 4;
 inline constexpr int kMmaTokM = 8;
 
 // Piece positions (0..31: index p of the thread's 32-channel K piece, in bit
@@ -129,10 +118,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   using Raw = MmaTileRaw<KB, VB>;
   constexpr bool kKReg = (KM & kMmaKReg) != 0, kRow256 = (KM & kMmaLut256) != 0;
   constexpr bool kTokM = (KM & kMmaTokM) != 0;
-  // Score chains per n-tile: two (k-tile parity) hide mma latency; one
-  // saves 8 registers where more resident warps hide it (kMmaOneBuf).
-  constexpr bool kOneBuf = (KM & kMmaOneBuf) != 0;
-  constexpr int kPar = kOneBuf ? 0 : 1;
+  static_assert(!kKReg || KB == 2, "register dequantisation serves 2-bit keys");
+  // Score chains per n-tile: two (k-tile parity) hide mma latency.
   constexpr int PK = 4 * KB;  // K piece bytes per thread
   constexpr int PV = 2 * VB;  // V piece bytes per thread
   constexpr int KW = Raw::kKW, VW = Raw::kVW;
@@ -167,7 +154,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
         PackHalf2(cent[16 + (ent & ((1 << VB) - 1))], cent[16 + (ent >> VB)]);
   }
   const uint32_t vbase = kRow256 ? (lane4 | 128u) : lane4;
-  KRegTable<KB> ktab;
+  KRegTable ktab;
   if constexpr (kKReg) ktab.Build(cent);
 
   const int mis = 4 * (kvh & 3);
@@ -205,7 +192,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   const int kstep = a.kv_heads * krb;  // token rows within a page
   const int vstep = a.kv_heads * vrb;
   const int32_t* btab = a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
-  const int bs_shift = __ffs(a.block_size) - 1;  // block_size: a power of two (MmaEligible)
+  const int bs_shift = __ffs(a.block_size) - 1;  // block_size: a power of two (the plan: TensorCore)
   const uint32_t bs_mask = static_cast<uint32_t>(a.block_size) - 1u;
   const uint64_t stride = static_cast<uint64_t>(a.block_stride);
   // In-page byte offsets of the thread's pieces: K rows g, g + 8; V rows 2i,
@@ -269,35 +256,20 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
 #pragma unroll
       for (int w = 0; w < KW; ++w) kws[nt][w] = PK * i + 4 * w < mis ? r.kt[nt][w] : r.k[nt][w];
     };
-    if constexpr (kOneBuf) {  // tail pieces die before the mmas (fewer live registers)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        kmerge(nt);
-        hold[nt] = __uint_as_float(PickWord<KW>(r.kt[nt], kwn));
-      }
-    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      if constexpr (!kOneBuf) kmerge(nt);
+      kmerge(nt);
       const uint32_t(&kw)[KW] = kws[nt];
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[nt][0][e] = sc[nt][1][e] = 0.0f;
-      if constexpr (kKReg && KB == 4) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {  // word q: k-tiles 2q, 2q + 1
-          uint32_t b[4];
-          ktab.Dequant4(kw[q], b);
-          MmaF16(sc[nt][0], qa[2 * q][0], 0u, qa[2 * q][1], 0u, b[0], b[1]);
-          MmaF16(sc[nt][kPar], qa[2 * q + 1][0], 0u, qa[2 * q + 1][1], 0u, b[2], b[3]);
-        }
-      } else if constexpr (kKReg) {
+      if constexpr (kKReg) {
 #pragma unroll
         for (int q = 0; q < 2; ++q) {  // word q: k-tiles 4q .. 4q + 3
           uint32_t b[8];
           ktab.Dequant2(kw[q], b);
 #pragma unroll
           for (int k = 0; k < 4; ++k)
-            MmaF16(sc[nt][k & kPar], qa[4 * q + k][0], 0u, qa[4 * q + k][1], 0u, b[2 * k], b[2 * k + 1]);
+            MmaF16(sc[nt][k & 1], qa[4 * q + k][0], 0u, qa[4 * q + k][1], 0u, b[2 * k], b[2 * k + 1]);
         }
       } else {
 #pragma unroll
@@ -307,18 +279,18 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
           const int s0 = u0 % KU::kUnitsPerWord;
           const uint32_t b0 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w, s0, lane4));
           const uint32_t b1 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w, s0 + 1, lane4));
-          MmaF16(sc[nt][kk & kPar], qa[kk][0], 0u, qa[kk][1], 0u, b0, b1);
+          MmaF16(sc[nt][kk & 1], qa[kk][0], 0u, qa[kk][1], 0u, b0, b1);
         }
       }
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      if constexpr (!kOneBuf) hold[nt] = __uint_as_float(PickWord<KW>(r.kt[nt], kwn));
+      hold[nt] = __uint_as_float(PickWord<KW>(r.kt[nt], kwn));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float nk = __shfl_sync(kFullMask, hold[nt], 4 * (2 * i + e) + ikn);
         const bool valid = tt + 8 * nt + 2 * i + e < t1;
-        const float x = kPar ? sc[nt][0][e] + sc[nt][kPar][e] : sc[nt][0][e];
+        const float x = sc[nt][0][e] + sc[nt][1][e];
         s[2 * nt + e] = valid ? x * nk : -CUDART_INF_F;
       }
     }
@@ -388,16 +360,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) sc[0][e] = sc[1][e] = 0.0f;
-    if constexpr (kKReg && KB == 4) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {  // word q: k-tiles 2q, 2q + 1
-        uint32_t b0[4], b1[4];
-        ktab.Dequant4(kw[0][q], b0);
-        ktab.Dequant4(kw[1][q], b1);
-        MmaF16(sc[0], b0[0], b1[0], b0[1], b1[1], qa[2 * q][0], qa[2 * q][1]);
-        MmaF16(sc[kPar], b0[2], b1[2], b0[3], b1[3], qa[2 * q + 1][0], qa[2 * q + 1][1]);
-      }
-    } else if constexpr (kKReg) {
+    if constexpr (kKReg) {
 #pragma unroll
       for (int q = 0; q < 2; ++q) {  // word q: k-tiles 4q .. 4q + 3
         uint32_t b0[8], b1[8];
@@ -405,7 +368,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
         ktab.Dequant2(kw[1][q], b1);
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          MmaF16(sc[k & kPar], b0[2 * k], b1[2 * k], b0[2 * k + 1], b1[2 * k + 1], qa[4 * q + k][0],
+          MmaF16(sc[k & 1], b0[2 * k], b1[2 * k], b0[2 * k + 1], b1[2 * k + 1], qa[4 * q + k][0],
                  qa[4 * q + k][1]);
       }
     } else {
@@ -417,7 +380,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
         const uint32_t a1 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w1, s0, lane4));
         const uint32_t a2 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w0, s0 + 1, lane4));
         const uint32_t a3 = LdsTable<0>(LutOff<KU::kUnitBits, kRow256>(w1, s0 + 1, lane4));
-        MmaF16(sc[kk & kPar], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
+        MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
       }
     }
 #pragma unroll
@@ -426,7 +389,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
       const bool valid = tt + g + 8 * nt < t1;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float x = kPar ? sc[0][2 * nt + e] + sc[kPar][2 * nt + e] : sc[0][2 * nt + e];
+        const float x = sc[0][2 * nt + e] + sc[1][2 * nt + e];
         s[2 * nt + e] = valid ? x * nk : -CUDART_INF_F;
       }
     }
@@ -506,35 +469,24 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     }
   };
 
-  if constexpr ((KM & kMmaOneBuf) != 0) {
-    // Steps st = warp, warp + 4, ...: load the step's rows, then compute.
-    const int nsteps = (ntiles + TPS - 1) / TPS;
-    for (int st = warp; st < nsteps; st += kMmaWarps) {
-      Raw r[TPS];
+  // Steps st = warp, warp + 4, ...; step st covers tiles TPS·st .. TPS·st + TPS − 1.
+  // Double-buffered: the next step's rows load while this one computes.
+  const int nsteps = (ntiles + TPS - 1) / TPS;
+  Raw ra[TPS], rb[TPS];
+  auto load_step = [&](int st, Raw (&r)[TPS]) {
 #pragma unroll
-      for (int k = 0; k < TPS; ++k) load(st * TPS + k, r[k]);
-      step(st * TPS, r);
-    }
-  } else {
-    // Steps st = warp, warp + 4, ...; step st covers tiles TPS·st .. TPS·st + TPS − 1.
-    // Double-buffered: the next step's rows load while this one computes.
-    const int nsteps = (ntiles + TPS - 1) / TPS;
-    Raw ra[TPS], rb[TPS];
-    auto load_step = [&](int st, Raw (&r)[TPS]) {
-#pragma unroll
-      for (int k = 0; k < TPS; ++k) load(st * TPS + k, r[k]);
-    };
-    int st = warp;
-    if (st < nsteps) load_step(st, ra);
-    while (st < nsteps) {
-      if (st + kMmaWarps < nsteps) load_step(st + kMmaWarps, rb);
-      step(st * TPS, ra);
-      st += kMmaWarps;
-      if (st >= nsteps) break;
-      if (st + kMmaWarps < nsteps) load_step(st + kMmaWarps, ra);
-      step(st * TPS, rb);
-      st += kMmaWarps;
-    }
+    for (int k = 0; k < TPS; ++k) load(st * TPS + k, r[k]);
+  };
+  int st = warp;
+  if (st < nsteps) load_step(st, ra);
+  while (st < nsteps) {
+    if (st + kMmaWarps < nsteps) load_step(st + kMmaWarps, rb);
+    step(st * TPS, ra);
+    st += kMmaWarps;
+    if (st >= nsteps) break;
+    if (st + kMmaWarps < nsteps) load_step(st + kMmaWarps, ra);
+    step(st * TPS, rb);
+    st += kMmaWarps;
   }
   if constexpr (kTokM) {
 #pragma unroll

@@ -3,7 +3,7 @@
 // RowSetDecodeKernel in attention_rowset.cuh): the fp16 mma, fp16 packing
 // and byte permutes, lookup addresses for tables of 128- or 256-byte rows
 // and the lookups themselves (immediates past the dynamic shared memory's
-// window base), register dequantisation of symmetric codebooks, the
+// window base), register dequantisation of 2-bit keys, the
 // tokens-on-M softmax and value mmas, the page stream, and the block merge
 // of the warps' records.
 #ifndef TQKV_GPU_KERNELS_MMA_WARP_CUH_
@@ -76,53 +76,27 @@ __device__ __forceinline__ uint32_t HalfBits(float x) {
   return static_cast<uint32_t>(*reinterpret_cast<const unsigned short*>(&h));
 }
 
-// Register tables of the K centroids (kMmaKReg). KB = 4: lo[q]/hi[q] hold
-// the low/high bytes of the fp16 magnitudes m[4q .. 4q+3], m[k] = c[8 + k].
-// KB = 2: lo[0]/hi[0] hold the low/high bytes of fp16 c[0..3].
-template <int KB>
+// Register table of 2-bit K centroids (kMmaKReg): lo/hi hold the low/high
+// bytes of fp16 c[0..3].
 struct KRegTable {
-  uint32_t lo[KB == 4 ? 2 : 1], hi[KB == 4 ? 2 : 1];
+  uint32_t lo = 0, hi = 0;
   __device__ __forceinline__ void Build(const float* cent) {
-    constexpr int kN = KB == 4 ? 8 : 4, kOff = KB == 4 ? 8 : 0;
 #pragma unroll
-    for (int q = 0; q < kN / 4; ++q) {
-      uint32_t l = 0, h = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const uint32_t x = HalfBits(cent[kOff + 4 * q + b]);
-        l |= (x & 0xFFu) << (8 * b);
-        h |= (x >> 8) << (8 * b);
-      }
-      lo[q] = l;
-      hi[q] = h;
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t x = HalfBits(cent[b]);
+      lo |= (x & 0xFFu) << (8 * b);
+      hi |= (x >> 8) << (8 * b);
     }
   }
-  // 4-bit: fp16 pairs of the 4 byte units of index word w (r[s] = centroids
-  // of nibbles 2s, 2s + 1).
-  __device__ __forceinline__ void Dequant4(uint32_t w, uint32_t (&r)[4]) const {
-    const uint32_t x = w & 0x88888888u;
-    const uint32_t j = ~(w ^ (x - (x >> 3))) & 0x77777777u;  // magnitude index per nibble
-    const uint32_t jh = j >> 16;
-    const uint32_t ll = Prmt(lo[0], lo[1], j), lh = Prmt(lo[0], lo[1], jh);
-    uint32_t hl = Prmt(hi[0], hi[1], j), hh = Prmt(hi[0], hi[1], jh);
-    // Sign-mode prmt: byte k = 0xFF iff nibble k (of 4) is >= 8 (positive).
-    const uint32_t w4 = w << 4;
-    hl |= ~Prmt(w4, w, 0xD9C8u) & 0x80808080u;
-    hh |= ~Prmt(w4, w, 0xFBEAu) & 0x80808080u;
-    r[0] = Prmt(ll, hl, 0x5140u);
-    r[1] = Prmt(ll, hl, 0x7362u);
-    r[2] = Prmt(lh, hh, 0x5140u);
-    r[3] = Prmt(lh, hh, 0x7362u);
-  }
-  // 2-bit: fp16 pairs of the 16 fields f0..f15 of w: r[2k] = (c[f_k],
-  // c[f_{k+4}]), r[2k+1] = (c[f_{k+8}], c[f_{k+12}]).
+  // fp16 pairs of the 16 fields f0..f15 of w: r[2k] = (c[f_k], c[f_{k+4}]),
+  // r[2k+1] = (c[f_{k+8}], c[f_{k+12}]).
   __device__ __forceinline__ void Dequant2(uint32_t w, uint32_t (&r)[8]) const {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint32_t u = (w >> (2 * k)) & 0x03030303u;
       const uint32_t v = u * 0x11u + 0x40404040u;  // per byte: nibbles (f, f | 4)
-      r[2 * k] = Prmt(lo[0], hi[0], v);
-      r[2 * k + 1] = Prmt(lo[0], hi[0], v >> 16);
+      r[2 * k] = Prmt(lo, hi, v);
+      r[2 * k + 1] = Prmt(lo, hi, v >> 16);
     }
   }
 };
