@@ -12,6 +12,7 @@
 #define TQKV_CODEC_BACKEND_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,24 @@ class ComputeBackend {
   virtual absl::Status EncodeBlock(const ModelCodec& codec, int first, int last,
                                    const std::vector<DenseView>& k, const std::vector<DenseView>& v,
                                    uint8_t* out) = 0;
+
+  // One block of EncodeBlocks: k, v and out as EncodeBlock takes them.
+  struct EncodeItem {
+    std::vector<DenseView> k, v;
+    uint8_t* out = nullptr;
+  };
+  // Encodes layers [first, last) of several blocks: the bytes EncodeBlock
+  // writes for each, in one batch where the backend can (a GPU: one upload,
+  // one launch per layer, one download). On an error some outputs may be
+  // written, others not. Default: EncodeBlock of each.
+  virtual absl::Status EncodeBlocks(const ModelCodec& codec, int first, int last,
+                                    std::span<const EncodeItem> items) {
+    for (const EncodeItem& item : items) {
+      absl::Status s = EncodeBlock(codec, first, last, item.k, item.v, item.out);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
 
   // Decodes layers [first, last) of a block payload (pointing at layer
   // `first`) into dense tensors k[i], v[i] of `block_size` tokens.

@@ -118,6 +118,80 @@ class CudaBackend : public ComputeBackend {
     return absl::OkStatus();
   }
 
+  // One upload of every block's dense rows (per layer, all blocks' tokens
+  // back to back), one encode launch per layer over all blocks (slot
+  // b·block_size + t; rows past a block's tokens stay zero), one download.
+  // Blocks whose K and V do not share one dtype take EncodeBlock each.
+  absl::Status EncodeBlocks(const ModelCodec& codec, int first, int last,
+                            std::span<const EncodeItem> items) override {
+    if (items.empty()) return absl::OkStatus();
+    const DType dt = items[0].k.empty() ? DType::kF16 : items[0].k[0].dtype;
+    for (const EncodeItem& item : items) {
+      TQ_RETURN_IF_ERROR(ValidateEncodeArgs(codec, first, last, item.k, item.v));
+      for (size_t i = 0; i < item.k.size(); ++i)
+        if (item.k[i].dtype != dt || item.v[i].dtype != dt || item.k[i].tokens != item.k[0].tokens)
+          return ComputeBackend::EncodeBlocks(codec, first, last, items);
+    }
+    absl::MutexLock lock(&mu_);
+    TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
+    TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
+    const ModelShape& s = codec.shape();
+    const size_t base = codec.layer_offset(first);
+    const size_t out_bytes = codec.layer_range_bytes(first, last);
+    const size_t n = items.size();
+    int64_t tokens = 0;  // rows of one layer over all blocks
+    for (const EncodeItem& item : items) tokens += item.k[0].tokens;
+    const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim * DTypeSize(dt);
+    Staging st;
+    std::vector<size_t> k_off, v_off;
+    for (int l = first; l < last; ++l) {
+      k_off.push_back(st.Add(tokens * row));
+      v_off.push_back(st.Add(tokens * row));
+    }
+    const size_t slots_off = st.Add(sizeof(int64_t) * tokens);
+    const size_t flag_off = st.Add(sizeof(unsigned long long));
+    const size_t pages_off = st.Add(n * out_bytes);
+    TQ_RETURN_IF_ERROR(host_.Reserve(std::max(pages_off, n * out_bytes)));
+    TQ_RETURN_IF_ERROR(dev_.Reserve(st.size()));
+    uint8_t* h = host_.as<uint8_t>();
+    int64_t* slots = reinterpret_cast<int64_t*>(h + slots_off);
+    int64_t at = 0;
+    for (size_t b = 0; b < n; ++b) {
+      const int64_t t_b = items[b].k[0].tokens;
+      for (size_t i = 0; i < items[b].k.size(); ++i) {
+        std::memcpy(h + k_off[i] + at * row, items[b].k[i].data, t_b * row);
+        std::memcpy(h + v_off[i] + at * row, items[b].v[i].data, t_b * row);
+      }
+      for (int64_t t = 0; t < t_b; ++t) slots[at + t] = static_cast<int64_t>(b) * s.block_size + t;
+      at += t_b;
+    }
+    uint8_t* d = dev_.as<uint8_t>();
+    cudaStream_t sm = stream_.get();
+    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, pages_off, cudaMemcpyHostToDevice, sm), "upload dense");
+    TQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d + pages_off, 0, n * out_bytes, sm), "zero pages");
+    for (int l = first; l < last; ++l) {
+      const size_t i = l - first;
+      EncodeLaunch a;
+      uint8_t* kp = d + pages_off + codec.layer_offset(l) - base;  // block b's layer l at + b · out_bytes
+      SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), static_cast<int64_t>(n),
+                    reinterpret_cast<const int64_t*>(d + slots_off),
+                    reinterpret_cast<unsigned long long*>(d + flag_off), &a);
+      a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(out_bytes);
+      a.k = d + k_off[i];
+      a.v = d + v_off[i];
+      a.dtype = static_cast<int32_t>(dt);
+      a.tokens = tokens;
+      a.host_k = &tables->host(l, 0, Component::kKey);
+      a.host_v = &tables->host(l, 0, Component::kValue);
+      TQ_CUDA_RETURN_IF_ERROR(LaunchEncode(a, sm), absl::StrCat("encode layer ", l));
+    }
+    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d + pages_off, n * out_bytes, cudaMemcpyDeviceToHost, sm),
+                            "download pages");
+    TQ_RETURN_IF_ERROR(stream_.Synchronize("encode"));
+    for (size_t b = 0; b < n; ++b) std::memcpy(items[b].out, h + b * out_bytes, out_bytes);
+    return absl::OkStatus();
+  }
+
   absl::Status DecodeBlock(const ModelCodec& codec, int first, int last, const uint8_t* payload,
                            const std::vector<MutableDenseView>& k,
                            const std::vector<MutableDenseView>& v) override {

@@ -25,6 +25,64 @@ TEST(CudaBackend, UnavailableWithoutDevice) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable) << b.status();
 }
 
+// A batch of blocks (full and partial, whole model and a layer range, one
+// batch with mixed input dtypes) encodes to the CPU backend's bytes.
+TEST(CudaBackend, EncodeBlocksMatchesCpuEncodeOfEachBlock) {
+  TQ_SKIP_WITHOUT_GPU();
+  for (const char* format : {"k4v4", "k3v2", "turboquant35", "fp16"}) {
+    SCOPED_TRACE(format);
+    const int layers = 3, H = 2, QH = 8, dim = 128, bs = 16;
+    auto fmt = *ParseFormat(format);
+    RecipeMetadata meta;
+    if (fmt.needs_metadata()) meta = ::tqkv::testing_util::MakeMetadata(std::string(format).substr(0, 12), dim, layers, H);
+    auto codec = *ModelCodec::Create({layers, H, QH, dim, bs}, {.format = format, .dense_last_layers = 1, .seed = 3},
+                                     fmt.needs_metadata() ? &meta : nullptr);
+    CpuBackend cpu({.threads = 0});
+    auto gpu_or = CreateCudaBackend({.arena_bytes = 4 * ((codec->block_bytes() + 255) / 256 * 256)});
+    ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+    ComputeBackend& gpu = **gpu_or;
+    const std::vector<int> tokens = {16, 16, 9, 16, 1, 16, 15};
+    struct Range {
+      int first, last;
+      bool mixed;  // block 3's input is fp32 (the batch falls back to one block at a time)
+    };
+    for (const Range r : {Range{0, layers, false}, Range{1, 3, false}, Range{0, layers, true}}) {
+      SCOPED_TRACE("layers [" + std::to_string(r.first) + ", " + std::to_string(r.last) + ")" +
+                   (r.mixed ? " mixed dtypes" : ""));
+      const size_t bytes = codec->layer_range_bytes(r.first, r.last);
+      std::deque<std::vector<uint16_t>> halves;
+      std::deque<std::vector<float>> floats;
+      std::vector<ComputeBackend::EncodeItem> items(tokens.size());
+      std::vector<std::vector<uint8_t>> got(tokens.size(), std::vector<uint8_t>(bytes, 0x5A));
+      for (size_t b = 0; b < tokens.size(); ++b) {
+        const int t = tokens[b];
+        for (int l = r.first; l < r.last; ++l) {
+          for (int c = 0; c < 2; ++c) {
+            std::vector<float> rows = RandomRows(t * H, dim, 100 * b + 10 * l + c, c == 0 ? 2 : 0);
+            DenseView view;
+            if (r.mixed && b == 3) {
+              floats.push_back(std::move(rows));
+              view = {floats.back().data(), DType::kF32, t, H, dim};
+            } else {
+              halves.push_back(ToHalf(rows));
+              view = {halves.back().data(), DType::kF16, t, H, dim};
+            }
+            (c == 0 ? items[b].k : items[b].v).push_back(view);
+          }
+        }
+        items[b].out = got[b].data();
+      }
+      absl::Status s = gpu.EncodeBlocks(*codec, r.first, r.last, items);
+      ASSERT_TRUE(s.ok()) << s;
+      for (size_t b = 0; b < tokens.size(); ++b) {
+        std::vector<uint8_t> want(bytes, 0x11);
+        ASSERT_TRUE(cpu.EncodeBlock(*codec, r.first, r.last, items[b].k, items[b].v, want.data()).ok());
+        EXPECT_EQ(got[b], want) << "block " << b << " (" << tokens[b] << " tokens)";
+      }
+    }
+  }
+}
+
 TEST(CudaBackend, MatchesCpuBackend) {
   TQ_SKIP_WITHOUT_GPU();
   for (const char* format : {"k4v4", "k3v2", "turboquant35", "fp16"}) {

@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include "codec/status_macros.h"
 #include "service/convert.h"
 #include "service/net_address.h"
+#include "service/put_session.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames are little-endian");
 
@@ -52,9 +54,22 @@ struct Conn {
   size_t in_off = 0;
   bool preface_ok = false;
   bool closing = false;    // close once the queued replies are written
+  // After a protocol error: the rest of the input is discarded; `skip`
+  // bytes of an oversized frame are still read (and dropped) after the
+  // error reply, so that a client still sending it can read the reply.
+  bool failed = false;
+  uint64_t skip = 0;
+  bool half_closed = false;  // shutdown(SHUT_WR) sent while skipping
   uint32_t interest = 0;   // epoll events registered
   std::deque<Reply> out;
   uint64_t queued = 0;     // unwritten reply bytes
+  // The open put stream (DataPlanePut frames up to the commit frame): its
+  // session, the tenant its frames must come from, and its first error
+  // (then the session is gone and nothing of the stream stays reserved).
+  std::unique_ptr<PutSession> put;
+  std::string put_tenant;
+  absl::Status put_error;
+  bool put_open = false;
 };
 
 // Tags for the non-connection epoll entries.
@@ -251,8 +266,14 @@ class DataPlaneServer::Loop {
       if (!Flush(c)) return;
     }
     if (c->closing && c->out.empty()) {
-      Close(c);
-      return;
+      if (c->skip == 0) {
+        Close(c);
+        return;
+      }
+      if (!c->half_closed) {  // the client reads the reply, then EOF, while we drain its frame
+        shutdown(c->fd, SHUT_WR);
+        c->half_closed = true;
+      }
     }
     UpdateInterest(c);
   }
@@ -261,6 +282,11 @@ class DataPlaneServer::Loop {
   bool ReadInput(Conn* c) {
     for (;;) {
       const ssize_t n = read(c->fd, scratch_, sizeof scratch_);
+      if (n > 0 && c->failed) {
+        c->skip -= std::min<uint64_t>(c->skip, static_cast<uint64_t>(n));
+        if (static_cast<size_t>(n) < sizeof scratch_) return true;
+        continue;
+      }
       if (n > 0) {
         c->in.append(scratch_, static_cast<size_t>(n));
         if (static_cast<size_t>(n) < sizeof scratch_) return true;
@@ -268,6 +294,7 @@ class DataPlaneServer::Loop {
       }
       if (n == 0) {  // the client is done sending: answer what is complete, then close
         c->closing = true;
+        c->skip = 0;
         return true;
       }
       if (errno == EINTR) continue;
@@ -279,7 +306,7 @@ class DataPlaneServer::Loop {
 
   // Serves every complete frame while the reply queue has room.
   void Process(Conn* c) {
-    while (c->queued < options_.max_queued_reply_bytes) {
+    while (!c->failed && c->queued < options_.max_queued_reply_bytes) {
       const size_t avail = c->in.size() - c->in_off;
       const char* p = c->in.data() + c->in_off;
       if (!c->preface_ok) {
@@ -298,8 +325,9 @@ class DataPlaneServer::Loop {
       std::memcpy(&n, p, 4);
       if (n > options_.max_request_bytes) {
         Fail(c, absl::ResourceExhaustedError(
-                    absl::StrCat("request frame of ", n, " bytes is over the data plane's limit of ",
-                                 options_.max_request_bytes)));
+                 absl::StrCat("request frame of ", n, " bytes is over the data plane's limit of ",
+                              options_.max_request_bytes)),
+             4 + uint64_t{n} - avail);
         break;
       }
       if (avail < 4 + size_t{n}) break;
@@ -309,7 +337,7 @@ class DataPlaneServer::Loop {
         break;
       }
       c->in_off += 4 + size_t{n};
-      Serve(c, req);
+      Serve(c, &req);
     }
     if (c->in_off == c->in.size()) {
       c->in.clear();
@@ -321,28 +349,74 @@ class DataPlaneServer::Loop {
   }
 
   // A protocol error: one reply with `s`, then the connection closes and
-  // the rest of its input is ignored.
-  void Fail(Conn* c, const absl::Status& s) {
+  // the rest of its input is ignored (`skip`: bytes of the failed frame
+  // still to come, read and dropped before the close).
+  void Fail(Conn* c, const absl::Status& s, uint64_t skip = 0) {
     RecordCall(*env_, "DataGetBlocks", c->peer, s, 0.0);
     v1::DataPlaneReply head;
     head.set_code(static_cast<uint32_t>(s.code()));
     head.set_message(std::string(s.message()));
     Queue(c, head, {}, 0);
     c->closing = true;
+    c->failed = true;
+    c->skip = skip;
     c->in.clear();
     c->in_off = 0;
   }
 
-  void Serve(Conn* c, const v1::DataPlaneRequest& req) {
+  // One frame of a put stream (see the proto's "Puts"); fills *head on a
+  // commit.
+  // A frame whose identity fails fails its stream (its blocks would be
+  // missing from the commit otherwise).
+  absl::Status ServePut(Conn* c, const absl::StatusOr<Identity>& id, v1::DataPlanePut* put,
+                        v1::DataPlaneReply* head) {
+    if (!c->put_open) {
+      if (id.ok()) c->put = service_->NewPutSession(*id);
+      c->put_tenant = id.ok() ? id->tenant : "";
+      c->put_error = absl::OkStatus();
+      c->put_open = true;
+    }
+    absl::Status s = c->put_error;
+    if (s.ok() && !id.ok()) s = id.status();
+    if (s.ok() && id->tenant != c->put_tenant)
+      s = absl::PermissionDeniedError("every frame of a data-plane put stream must carry the same identity");
+    if (s.ok() && put->has_header()) {
+      v1::PutBlocksRequest msg;
+      msg.mutable_header()->Swap(put->mutable_header());
+      s = c->put->OnMessage(msg);
+    }
+    if (s.ok() && put->blocks_size() > 0)  // one batch: dense blocks are encoded together
+      s = c->put->OnBlocks(put->blocks());
+    if (s.ok() && put->commit()) {
+      absl::StatusOr<v1::PutBlocksResponse> r = c->put->Finish();
+      if (r.ok()) *head->mutable_put() = std::move(*r);
+      s = r.status();
+    }
+    if (!s.ok()) {
+      c->put.reset();  // releases the stream's reservations; nothing was committed
+      c->put_error = s;
+    }
+    if (put->commit()) {
+      c->put.reset();
+      c->put_open = false;
+    }
+    return s;
+  }
+
+  void Serve(Conn* c, v1::DataPlaneRequest* request) {
+    const v1::DataPlaneRequest& req = *request;
     const auto start = std::chrono::steady_clock::now();
     const bool attend = req.op_case() == v1::DataPlaneRequest::kAttend;
     const bool append = req.op_case() == v1::DataPlaneRequest::kAppend;
+    const bool put = req.op_case() == v1::DataPlaneRequest::kPut;
     absl::Status status;
     v1::DataPlaneReply head;
     GetPlan plan;
     std::vector<iovec> payload;
     uint64_t payload_bytes = 0;
-    if (absl::StatusOr<Identity> id = env_->auth->Authenticate(req.authorization()); !id.ok()) {
+    if (absl::StatusOr<Identity> id = env_->auth->Authenticate(req.authorization()); put) {
+      status = ServePut(c, id, request->mutable_put(), &head);
+    } else if (!id.ok()) {
       status = id.status();
     } else if (attend) {
       absl::StatusOr<v1::AttendResponse> r = service_->Attend(*id, req.attend());
@@ -359,7 +433,7 @@ class DataPlaneServer::Loop {
         status = r.status();
       }
     } else if (req.op_case() != v1::DataPlaneRequest::kGetBlocks) {
-      status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks, attend, append)");
+      status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks, attend, append, put)");
     } else if (req.get_blocks().dense()) {
       status = absl::InvalidArgumentError(
           "the data plane serves packed blocks; read dense blocks with gRPC GetBlocks");
@@ -388,7 +462,7 @@ class DataPlaneServer::Loop {
     }
     Queue(c, head, std::move(payload), payload_bytes);
     c->out.back().blocks = std::move(plan.blocks);
-    RecordCall(*env_, attend ? "DataAttend" : append ? "DataAppend" : "DataGetBlocks", c->peer, status,
+    RecordCall(*env_, attend ? "DataAttend" : append ? "DataAppend" : put ? "DataPutBlocks" : "DataGetBlocks", c->peer, status,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 
@@ -441,7 +515,7 @@ class DataPlaneServer::Loop {
 
   void UpdateInterest(Conn* c) {
     uint32_t want = 0;
-    if (!c->closing && c->queued < options_.max_queued_reply_bytes) want |= EPOLLIN;
+    if ((!c->closing || c->skip > 0) && c->queued < options_.max_queued_reply_bytes) want |= EPOLLIN;
     if (!c->out.empty()) want |= EPOLLOUT;
     if (want == c->interest) return;
     c->interest = want;

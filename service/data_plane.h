@@ -1,5 +1,5 @@
-// DataPlaneServer: bulk reads of packed blocks over plain TCP, next to the
-// gRPC control plane. The wire format is documented in
+// DataPlaneServer: bulk reads of packed blocks, puts, Attend and Append
+// over plain TCP, next to the gRPC control plane. The wire format is documented in
 // proto/tqkv/v1/tqkv.proto ("Data plane"): length-prefixed DataPlaneRequest
 // frames in, one DataPlaneReply header plus the raw payloads out per
 // request, in order.
@@ -13,10 +13,12 @@
 //
 // Semantics are KvService::PrepareGet's (tenancy from the bearer token,
 // model and fingerprint checks, all-or-nothing: a missing block fails the
-// request before any payload byte is sent), KvService::Attend's and
-// KvService::Append's. Each request is recorded in the RPC metrics as
-// method "DataGetBlocks", "DataAttend" or "DataAppend" (latency = time to
-// prepare the reply) and failures are logged like RPC failures.
+// request before any payload byte is sent), KvService::Attend's,
+// KvService::Append's and PutSession's (a put stream spans a connection's
+// `put` frames up to its commit frame; the connection closing first leaves
+// nothing). Each request is recorded in the RPC metrics as method
+// "DataGetBlocks", "DataAttend", "DataAppend" or "DataPutBlocks" (latency =
+// time to prepare the reply) and failures are logged like RPC failures.
 //
 // Threads: `threads` event loops (epoll, level-triggered). Loop 0 accepts
 // and deals connections out round-robin (leaving it to the kernel's wake-up

@@ -49,7 +49,8 @@ absl::Status PutSession::OnHeader(const v1::PutHeader& h) {
   return absl::OkStatus();
 }
 
-absl::Status PutSession::FillPayload(const v1::PutBlock& b, uint8_t* out) {
+absl::Status PutSession::FillPayload(const v1::PutBlock& b, uint8_t* out,
+                                     std::vector<ComputeBackend::EncodeItem>* batch) {
   const ModelCodec& codec = *model_->codec;
   const size_t bytes = codec.layer_range_bytes(first_, last_);
   if (packed_) {
@@ -76,15 +77,20 @@ absl::Status PutSession::FillPayload(const v1::PutBlock& b, uint8_t* out) {
                                                    " tokens; expected equal counts in [1, ",
                                                    s.block_size, "]"));
   if (out == nullptr) return absl::OkStatus();
-  std::vector<DenseView> kv, vv;
+  ComputeBackend::EncodeItem item;
+  item.out = out;
   for (int i = 0; i < last_ - first_; ++i) {
-    kv.push_back(SliceView(k, i, 0, tokens));
-    vv.push_back(SliceView(v, i, 0, tokens));
+    item.k.push_back(SliceView(k, i, 0, tokens));
+    item.v.push_back(SliceView(v, i, 0, tokens));
   }
-  return ctx_.backend->EncodeBlock(codec, first_, last_, kv, vv, out);
+  if (batch != nullptr) {
+    batch->push_back(std::move(item));
+    return absl::OkStatus();
+  }
+  return ctx_.backend->EncodeBlock(codec, first_, last_, item.k, item.v, out);
 }
 
-absl::Status PutSession::OnBlock(const v1::PutBlock& b) {
+absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b) {
   absl::Status hs = storage::ValidateBlockHash(b.block_hash());
   if (!hs.ok()) return absl::InvalidArgumentError(absl::StrCat("block_hash: ", hs.message()));
   if (!b.parent_hash().empty()) {
@@ -97,27 +103,64 @@ absl::Status PutSession::OnBlock(const v1::PutBlock& b) {
   if (hashes_.size() > ctx_.max_blocks_per_stream)
     return absl::InvalidArgumentError(absl::StrCat("a PutBlocks stream may carry at most ",
                                                    ctx_.max_blocks_per_stream, " blocks"));
+  // Check the input before reserving so a bad block evicts nothing.
+  TQ_RETURN_IF_ERROR(FillPayload(b, nullptr, nullptr));
   const ModelCodec& codec = *model_->codec;
   const uint64_t bytes = codec.layer_range_bytes(first_, last_);
   const storage::BlockAccounting acc = model_->RangeAccounting(first_, last_);
   storage::BlockKey key{id_.tenant, model_->model_id, b.block_hash()};
+  // The reservation's bytes stay where they are when handles_ / parts_
+  // grow (a heap buffer each).
+  uint8_t* out = nullptr;
   if (whole_) {
-    // Check the input before reserving so a bad block evicts nothing.
-    TQ_RETURN_IF_ERROR(FillPayload(b, nullptr));
     TQ_ASSIGN_OR_RETURN(storage::PutHandle h,
                         ctx_.store->BeginPut(key, b.parent_hash(), acc, bytes, {.durable = durable_}));
-    TQ_RETURN_IF_ERROR(FillPayload(b, h.buffer().data()));
+    out = h.buffer().data();
     handles_.push_back(std::move(h));
   } else {
-    StagingArea::Part p{std::move(key), b.parent_hash(), first_, last_, std::string(bytes, '\0')};
-    TQ_RETURN_IF_ERROR(FillPayload(b, reinterpret_cast<uint8_t*>(p.bytes.data())));
+    parts_.push_back({std::move(key), b.parent_hash(), first_, last_, std::string(bytes, '\0')});
+    out = reinterpret_cast<uint8_t*>(parts_.back().bytes.data());
     staged_part_bytes_ += bytes;
-    parts_.push_back(std::move(p));
   }
   response_.set_packed_bytes(response_.packed_bytes() + bytes);
   response_.set_dense_equivalent_bytes(response_.dense_equivalent_bytes() +
                                        acc.dense_equivalent_bytes);
-  return absl::OkStatus();
+  return out;
+}
+
+absl::Status PutSession::OnBlock(const v1::PutBlock& b) {
+  TQ_ASSIGN_OR_RETURN(uint8_t* out, Admit(b));
+  return FillPayload(b, out, nullptr);
+}
+
+absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks) {
+  absl::Status s = error_;
+  if (s.ok() && !model_) s = absl::InvalidArgumentError("the first PutBlocks message must be the header");
+  // Dense blocks are encoded in batches of about kBatchInputBytes.
+  constexpr size_t kBatchInputBytes = size_t{64} << 20;
+  std::vector<ComputeBackend::EncodeItem> batch;
+  size_t batch_bytes = 0;
+  auto flush = [&] {
+    absl::Status e = batch.empty() ? absl::OkStatus()
+                                   : ctx_.backend->EncodeBlocks(*model_->codec, first_, last_, batch);
+    batch.clear();
+    batch_bytes = 0;
+    return e;
+  };
+  for (const v1::PutBlock& b : blocks) {
+    if (!s.ok()) break;
+    absl::StatusOr<uint8_t*> out = Admit(b);
+    s = out.ok() ? FillPayload(b, *out, &batch) : out.status();
+    batch_bytes += b.k().data().size() + b.v().data().size();
+    if (s.ok() && batch_bytes >= kBatchInputBytes) s = flush();
+  }
+  if (s.ok()) s = flush();
+  if (!s.ok() && error_.ok()) {
+    error_ = s;
+    handles_.clear();  // releases every reservation
+    parts_.clear();
+  }
+  return s;
 }
 
 void PutSession::RollBack(const std::vector<storage::BlockKey>& committed) {

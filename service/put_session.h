@@ -16,6 +16,7 @@
 #define TQKV_SERVICE_PUT_SESSION_H_
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,11 @@ class PutSession {
   //   (or durable without a disk tier).
   // RESOURCE_EXHAUSTED: the host budget cannot hold the stream's blocks.
   absl::Status OnMessage(const v1::PutBlocksRequest& msg);
+  // Consumes several blocks after the header (a data-plane frame): as
+  // OnMessage of each, with the same errors, but dense blocks are encoded
+  // in batches (ComputeBackend::EncodeBlocks). `blocks` must stay valid
+  // until it returns.
+  absl::Status OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks);
 
   // Commits the stream (see file comment). REQUIRES: called at most once.
   absl::StatusOr<v1::PutBlocksResponse> Finish();
@@ -64,9 +70,13 @@ class PutSession {
  private:
   absl::Status OnHeader(const v1::PutHeader& h);
   absl::Status OnBlock(const v1::PutBlock& b);
+  // Checks the block (hash, data) and reserves its bytes (a store
+  // reservation or a staged part); returns where they go.
+  absl::StatusOr<uint8_t*> Admit(const v1::PutBlock& b);
   // Checks the block's data and fills `out` (layer_range_bytes(first_,
-  // last_) bytes) from it; out == nullptr only checks.
-  absl::Status FillPayload(const v1::PutBlock& b, uint8_t* out);
+  // last_) bytes) from it; out == nullptr only checks. With `batch`, a
+  // dense block is appended to it for a later EncodeBlocks instead.
+  absl::Status FillPayload(const v1::PutBlock& b, uint8_t* out, std::vector<ComputeBackend::EncodeItem>* batch);
   void RollBack(const std::vector<storage::BlockKey>& committed);
 
   const PutContext ctx_;

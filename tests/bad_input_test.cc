@@ -1,10 +1,12 @@
 // Every kind of bad input gets its precise status code and leaves the
 // store unchanged (same Stats of every model, same lookups). One test per
-// case, each against a fresh real server.
+// case, each against a fresh real server. Every put goes over gRPC and
+// over the data plane, which must answer with the same code.
 #include <grpcpp/grpcpp.h>
 
 #include <fstream>
 
+#include "client/cpp/data_plane_client.h"
 #include "tests/fixture.h"
 
 namespace tqkv::testing {
@@ -44,8 +46,18 @@ class BadInputTest : public ServerTest {
   v1::PutBlock Block(const std::string& hash, uint64_t seed) {
     return client::DenseBlock(client::SmallModel("x").layout(), hash, "", seed);
   }
+  // The same put over gRPC PutBlocks and over the data plane: both must
+  // fail (or succeed) with the same code; returns it.
   absl::StatusCode Put(const v1::PutHeader& h, const std::vector<v1::PutBlock>& blocks) {
-    return client_->PutBlocks(h, blocks).status().code();
+    const absl::StatusCode grpc_code = client_->PutBlocks(h, blocks).status().code();
+    client::DataPlaneClientOptions o;
+    o.target = server_->data_address();
+    auto dp = client::DataPlaneClient::Connect(o);
+    EXPECT_TRUE(dp.ok()) << dp.status();
+    if (!dp.ok()) return grpc_code;
+    const absl::StatusOr<v1::PutBlocksResponse> data = (*dp)->PutBlocks(h, blocks);
+    EXPECT_EQ(data.status().code(), grpc_code) << "data-plane twin: " << data.status();
+    return grpc_code;
   }
   uint32_t Hits(const std::vector<std::string>& hashes) {
     v1::LookupRequest lr;

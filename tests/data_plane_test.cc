@@ -1,5 +1,7 @@
-// The data plane (bulk packed reads over plain TCP) against the real server:
-// bytes identical to gRPC GetBlocks and to a local CPU encode, layer ranges,
+// The data plane (bulk packed reads and puts over plain TCP) against the
+// real server: bytes identical to gRPC GetBlocks and to a local CPU encode,
+// puts that store what gRPC PutBlocks stores and commit nothing when they
+// fail or break, layer ranges,
 // every request error with its code and a connection that stays usable,
 // protocol errors on raw sockets (bad preface, oversized and unparsable
 // frames, truncated streams), pipelining, auth and tenancy, blocks served
@@ -155,6 +157,142 @@ TEST_F(DataPlaneTest, ServesTheStoredBytesLikeGrpcGetBlocks) {
   EXPECT_EQ(out.payload(0), grpc_range[0]);
   EXPECT_EQ(out.payload(1), grpc_range[1]);
   EXPECT_EQ(out.payload(0).size(), codec->layer_range_bytes(1, 2));
+}
+
+// Puts over the data plane store exactly what gRPC PutBlocks stores for the
+// same input: dense whole blocks in many frames, packed blocks, layer
+// ranges put in two streams; a repeated put counts the blocks as present.
+TEST_F(DataPlaneTest, PutsStoreTheBytesOfGrpcPutBlocks) {
+  const v1::ModelRef model = RegisterSmall();
+  const v1::ModelLayout layout = client::SmallModel("x").layout();
+  const std::vector<std::string> via_grpc = client::HashChain(11, 24), via_dp = client::HashChain(12, 24);
+  PutDense(model, via_grpc, 700);
+  std::vector<v1::PutBlock> blocks;
+  for (size_t i = 0; i < via_dp.size(); ++i)
+    blocks.push_back(client::DenseBlock(layout, via_dp[i], i ? via_dp[i - 1] : "", 700 + i));
+  v1::PutHeader header;
+  *header.mutable_model() = model;
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  const uint64_t frames_before = DataGetRequests("DataPutBlocks");
+  // Frames of 3 blocks: 8 of them, then the commit frame.
+  const size_t frame_bytes = 3 * blocks[0].ByteSizeLong() - 1;
+  absl::StatusOr<v1::PutBlocksResponse> put = dp->PutBlocks(header, blocks, frame_bytes);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->committed(), via_dp.size());
+  EXPECT_EQ(put->already_present(), 0u);
+  EXPECT_EQ(DataGetRequests("DataPutBlocks") - frames_before, 9u);
+  const std::vector<std::string> want = GrpcPayloads(Req(model, via_grpc));
+  const std::vector<std::string> got = GrpcPayloads(Req(model, via_dp));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "block " << i;
+
+  // The same blocks again: present, nothing new.
+  put = dp->PutBlocks(header, blocks, frame_bytes);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->committed(), 0u);
+  EXPECT_EQ(put->already_present(), via_dp.size());
+
+  // Packed: the stored payloads under new hashes, in one frame.
+  const std::vector<std::string> packed_hashes = client::HashChain(13, 5);
+  v1::PutHeader packed = header;
+  packed.set_packed(true);
+  std::vector<v1::PutBlock> packed_blocks(packed_hashes.size());
+  for (size_t i = 0; i < packed_hashes.size(); ++i) {
+    packed_blocks[i].set_block_hash(packed_hashes[i]);
+    packed_blocks[i].set_payload(want[i]);
+  }
+  put = dp->PutBlocks(packed, packed_blocks);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->committed(), packed_hashes.size());
+  const std::vector<std::string> got_packed = GrpcPayloads(Req(model, packed_hashes));
+  ASSERT_EQ(got_packed.size(), packed_hashes.size());
+  for (size_t i = 0; i < packed_hashes.size(); ++i) EXPECT_EQ(got_packed[i], want[i]);
+
+  // Layer-range puts: layer 0, then layer 1, in two streams each, over gRPC
+  // and over the data plane; visible after the second, with equal bytes.
+  const std::string ranged_grpc = client::ChainHash("ranged", 1, 1), ranged_dp = client::ChainHash("ranged", 2, 1);
+  for (int layer = 0; layer < 2; ++layer) {
+    v1::PutHeader h = header;
+    h.set_first_layer(layer);
+    h.set_last_layer(layer + 1);
+    auto g = client_->PutBlocks(h, {client::DenseBlock(layout, ranged_grpc, "", 800, layer, layer + 1)});
+    ASSERT_TRUE(g.ok()) << g.status();
+    put = dp->PutBlocks(h, {client::DenseBlock(layout, ranged_dp, "", 800, layer, layer + 1)});
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(put->staged(), layer == 0 ? 1u : 0u);
+    EXPECT_EQ(put->committed(), layer == 0 ? 0u : 1u);
+  }
+  const std::vector<std::string> ranged = GrpcPayloads(Req(model, {ranged_grpc, ranged_dp}));
+  ASSERT_EQ(ranged.size(), 2u);
+  EXPECT_EQ(ranged[1], ranged[0]);
+}
+
+// A put stream that fails or breaks commits nothing: a frame before the
+// header, a bad block in the middle (the frames after it and the commit
+// get its error), a connection closed before the commit. The connection
+// of a failed stream serves the next stream.
+TEST_F(DataPlaneTest, FailedOrBrokenPutStreamsCommitNothing) {
+  const v1::ModelRef model = RegisterSmall();
+  const v1::ModelLayout layout = client::SmallModel("x").layout();
+  const std::vector<std::string> chain = client::HashChain(21, 6);
+  auto lookup_hits = [&](const std::vector<std::string>& hashes) {
+    v1::LookupRequest lr;
+    *lr.mutable_model() = model;
+    for (const auto& h : hashes) lr.add_block_hashes(h);
+    auto r = client_->Lookup(lr);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->hits() : 9999u;
+  };
+  auto put_frame = [&](bool header, std::vector<v1::PutBlock> blocks, bool commit) {
+    v1::DataPlaneRequest r;
+    if (header) *r.mutable_put()->mutable_header()->mutable_model() = model;
+    for (auto& b : blocks) *r.mutable_put()->add_blocks() = std::move(b);
+    r.mutable_put()->set_commit(commit);
+    return Frame(r);
+  };
+  const int fd = RawConnect();
+  SendRaw(fd, "TQKVDP01");
+  // Blocks before any header; the commit frame ends that stream.
+  SendRaw(fd, put_frame(false, {client::DenseBlock(layout, chain[0], "", 1)}, false));
+  SendRaw(fd, put_frame(false, {client::DenseBlock(layout, chain[1], "", 2)}, true));
+  v1::DataPlaneReply head;
+  std::string payload;
+  ASSERT_TRUE(ReadReply(fd, &head, &payload));
+  EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument)) << head.message();
+  ASSERT_TRUE(ReadReply(fd, &head, &payload));
+  EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument)) << head.message();
+  EXPECT_FALSE(head.has_put());
+  // A good block, then a block with a wrong shape, then more frames and the
+  // commit: every frame from the bad one on carries its error.
+  v1::PutBlock bad = client::DenseBlock(layout, chain[1], chain[0], 2);
+  bad.mutable_k()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  SendRaw(fd, put_frame(true, {client::DenseBlock(layout, chain[0], "", 1)}, false));
+  SendRaw(fd, put_frame(false, {bad}, false));
+  SendRaw(fd, put_frame(false, {client::DenseBlock(layout, chain[2], chain[1], 3)}, false));
+  SendRaw(fd, put_frame(false, {}, true));
+  const StatusCode want[] = {StatusCode::kOk, StatusCode::kInvalidArgument, StatusCode::kInvalidArgument,
+                             StatusCode::kInvalidArgument};
+  for (StatusCode code : want) {
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(code)) << head.message();
+  }
+  EXPECT_EQ(lookup_hits({chain[0]}), 0u);
+  // The connection serves the next stream.
+  SendRaw(fd, put_frame(true, {client::DenseBlock(layout, chain[3], "", 4)}, true));
+  ASSERT_TRUE(ReadReply(fd, &head, &payload));
+  EXPECT_EQ(head.code(), 0u) << head.message();
+  EXPECT_EQ(head.put().committed(), 1u);
+  EXPECT_EQ(lookup_hits({chain[3]}), 1u);
+  // A stream whose connection closes before its commit frame.
+  SendRaw(fd, put_frame(true, {client::DenseBlock(layout, chain[4], "", 5)}, false));
+  SendRaw(fd, put_frame(false, {client::DenseBlock(layout, chain[5], chain[4], 6)}, false));
+  ASSERT_TRUE(ReadReply(fd, &head, &payload));
+  ASSERT_TRUE(ReadReply(fd, &head, &payload));
+  EXPECT_EQ(head.code(), 0u) << head.message();
+  close(fd);
+  EXPECT_EQ(lookup_hits({chain[4]}), 0u);
+  EXPECT_EQ(lookup_hits({chain[5]}), 0u);
 }
 
 TEST_F(DataPlaneTest, RequestErrorsGetTheirCodeAndTheConnectionStaysUsable) {

@@ -135,14 +135,89 @@ absl::StatusOr<v1::AppendResponse> DataPlaneClient::Append(const v1::AppendReque
   return std::move(*scratch_.reply_.mutable_append());
 }
 
-absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks* out) {
+absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHeader& header,
+                                                                  std::vector<v1::PutBlock> blocks,
+                                                                  size_t frame_bytes) {
+  constexpr int kInFlight = 8;
+  if (absl::Status s = EnsureConnected(); !s.ok()) return s;
+  // The stream lives on this connection: if it breaks, the server drops the
+  // stream and the client must not go on over a new one.
+  const int stream_fd = fd_;
+  auto lost = [&] {
+    return absl::UnavailableError("data plane connection lost during a put stream; nothing was committed");
+  };
+  int in_flight = 0;
+  absl::Status first_error;
+  v1::DataPlaneReply reply;
+  // Sends `dr` as the stream's next frame; then reads replies until at most
+  // `keep` frames are in flight. An I/O failure ends the call.
+  // An I/O failure after the server reported an error (it closes the
+  // connection after a protocol error) reports that error.
+  auto frame = [&](v1::DataPlaneRequest* dr, int keep) -> absl::Status {
+    if (fd_ != stream_fd) return first_error.ok() ? lost() : first_error;
+    if (absl::Status s = SendFrame(dr); !s.ok()) return first_error.ok() ? s : first_error;
+    ++in_flight;
+    dr->Clear();
+    while (in_flight > keep) {
+      absl::Status s = ReceiveBare(&reply);
+      --in_flight;
+      if (!s.ok() && first_error.ok()) first_error = s;
+      if (fd_ != stream_fd) return first_error.ok() ? lost() : first_error;
+    }
+    return absl::OkStatus();
+  };
+  v1::DataPlaneRequest dr;
+  *dr.mutable_put()->mutable_header() = header;
+  size_t bytes = 0;
+  for (v1::PutBlock& b : blocks) {
+    bytes += b.ByteSizeLong();
+    dr.mutable_put()->add_blocks()->Swap(&b);
+    if (bytes < frame_bytes) continue;
+    bytes = 0;
+    if (absl::Status s = frame(&dr, kInFlight - 1); !s.ok()) return s;
+    if (!first_error.ok()) break;  // end the failed stream: its commit frame returns the error
+  }
+  dr.mutable_put()->set_commit(true);
+  if (absl::Status s = frame(&dr, 0); !s.ok()) return s;
+  if (!first_error.ok()) return first_error;
+  return std::move(*reply.mutable_put());
+}
+
+absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr) {
   if (absl::Status s = EnsureConnected(); !s.ok()) return s;
   if (!options_.token.empty()) dr->set_authorization(absl::StrCat("Bearer ", options_.token));
   const uint32_t n = static_cast<uint32_t>(dr->ByteSizeLong());
   frame_.resize(4 + size_t{n});
   std::memcpy(frame_.data(), &n, 4);
   dr->SerializeToArray(frame_.data() + 4, static_cast<int>(n));
-  if (absl::Status s = SendAll(frame_.data(), frame_.size()); !s.ok()) return s;
+  return SendAll(frame_.data(), frame_.size());
+}
+
+absl::Status DataPlaneClient::ReceiveBare(v1::DataPlaneReply* reply) {
+  constexpr size_t kPrefix = 12;
+  char prefix[kPrefix];
+  size_t have = 0;
+  if (absl::Status s = Recv(prefix, kPrefix, kPrefix, &have, MSG_WAITALL); !s.ok()) return s;
+  uint32_t h;
+  uint64_t p;
+  std::memcpy(&h, prefix, 4);
+  std::memcpy(&p, prefix + 4, 8);
+  if (h > options_.max_header_bytes || p != 0)
+    return Broken(absl::InternalError(absl::StrCat("unexpected data plane reply: ", h, " header and ", p,
+                                                   " payload bytes")));
+  head_.resize(h);
+  have = 0;
+  if (h > 0) {
+    if (absl::Status s = Recv(head_.data(), h, h, &have, MSG_WAITALL); !s.ok()) return s;
+  }
+  if (!reply->ParseFromArray(head_.data(), static_cast<int>(h)))
+    return Broken(absl::InternalError("data plane reply header does not parse"));
+  if (reply->code() != 0) return absl::Status(static_cast<absl::StatusCode>(reply->code()), reply->message());
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks* out) {
+  if (absl::Status s = SendFrame(dr); !s.ok()) return s;
 
   // One recv usually brings the prefix, the header and the payload's first
   // bytes; the rest of the payload is received in place.

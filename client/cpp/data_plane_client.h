@@ -1,4 +1,4 @@
-// DataPlaneClient: bulk reads of packed blocks, Attend and Append, over tqkv's data
+// DataPlaneClient: bulk reads of packed blocks, puts, Attend and Append, over tqkv's data
 // plane (plain TCP next to gRPC; wire format in proto/tqkv/v1/tqkv.proto,
 // "Data plane").
 // One blocking connection, like a Redis client: a call writes one request
@@ -79,12 +79,24 @@ class DataPlaneClient {
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& req);
   // KvStore.Append over the data plane: same request, response and errors.
   absl::StatusOr<v1::AppendResponse> Append(const v1::AppendRequest& req);
+  // KvStore.PutBlocks over the data plane, as one two-phase stream: the
+  // header, the blocks in frames of about `frame_bytes` (up to 8 frames in
+  // flight), then the commit. Returns the commit's response (as gRPC
+  // PutBlocks'), or the first error with nothing committed. `blocks` are
+  // moved into the frames (no copy of their tensors or payloads).
+  absl::StatusOr<v1::PutBlocksResponse> PutBlocks(const v1::PutHeader& header, std::vector<v1::PutBlock> blocks,
+                                                  size_t frame_bytes = size_t{8} << 20);
 
  private:
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
   absl::Status EnsureConnected();
   // Sends *req (adding the token) and receives its reply into *out.
   absl::Status Exchange(v1::DataPlaneRequest* req, DataPlaneBlocks* out);
+  // Sends *req as one frame (adding the token).
+  absl::Status SendFrame(v1::DataPlaneRequest* req);
+  // Receives one reply that carries no payload into *reply, reading exactly
+  // its bytes (replies of pipelined frames follow it); its status.
+  absl::Status ReceiveBare(v1::DataPlaneReply* reply);
   absl::Status SendAll(const char* p, size_t n);
   // Receives into p[*have, cap) until *have >= want.
   absl::Status Recv(char* p, size_t cap, size_t want, size_t* have, int flags);
