@@ -8,8 +8,9 @@
 //           GetBlocks of --batch hashes vs MGET of --batch keys). Measured
 //           twice for tqkv: over gRPC and over the data plane (--tqkv_data,
 //           DataPlaneClient: one blocking socket per thread, like hiredis).
-//   put     PutBlocks of dense fp16 K/V encoded to k4v4 (TQ4) by the server:
-//           GB/s of fp16 input vs a plain memcpy of the same bytes.
+//   put     PutBlocks of dense fp16 K/V encoded to k4v4 (TQ4) by the server,
+//           and of the packed blocks, over gRPC and over the data plane:
+//           GB/s of input vs a loopback TCP stream and a memcpy.
 //   lookup  Lookup of a 1,000-hash chain: p50/p99 latency vs Redis EXISTS of
 //           1,000 keys (one command) and vs a 1-hash Lookup.
 //
@@ -17,8 +18,12 @@
 //        [--mode all|get|put|lookup]
 //        [--threads 8] [--seconds 3] [--batch 8] [--put_gib 2]
 // bench/service_bench.sh starts both servers and runs this.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -340,13 +345,65 @@ void BenchGet(const Flags& f, const Layout& l, const std::string& label) {
 }
 
 // ---- put -------------------------------------------------------------------
+// Bytes/s of a loopback TCP stream of `bytes` in writes of `chunk` (one
+// writer, one reader thread): the transport floor of a put, without tqkv.
+double RawTcpStream(size_t bytes, size_t chunk) {
+  const int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(ls, 1) != 0 ||
+      getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    Die("raw TCP stream: bind/listen");
+  std::thread reader([&] {
+    const int fd = accept(ls, nullptr, nullptr);
+    std::vector<char> buf(1 << 20);
+    size_t got = 0;
+    while (got < bytes) {
+      const ssize_t r = read(fd, buf.data(), buf.size());
+      if (r <= 0) break;
+      got += static_cast<size_t>(r);
+    }
+    const char ack = 1;
+    (void)!write(fd, &ack, 1);
+    close(fd);
+  });
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) Die("raw TCP stream: connect");
+  std::string data(chunk, 'x');
+  const auto t0 = Clock::now();
+  for (size_t sent = 0; sent < bytes;) {
+    const ssize_t w = write(fd, data.data(), std::min(chunk, bytes - sent));
+    if (w <= 0) Die("raw TCP stream: write");
+    sent += static_cast<size_t>(w);
+  }
+  char ack;
+  (void)!read(fd, &ack, 1);  // the reader has every byte
+  const double secs = Seconds(Clock::now() - t0);
+  reader.join();
+  close(fd);
+  close(ls);
+  return bytes / secs;
+}
+
+// Puts of one path: `streams` concurrent streams of kBlocksPerStream blocks
+// per round, over enough rounds to move `gib` of input.
+struct PutPath {
+  const char* name;
+  // Puts `hashes` as one stream on stream slot `s`; returns the response.
+  std::function<v1::PutBlocksResponse(int s, const std::vector<std::string>& hashes)> put;
+  size_t block_input_bytes;  // bytes of input a block carries
+};
+
 void BenchPut(const Flags& f) {
   // Llama-3-8B-like block: 32 layers, 8 kv heads, d 128, 16 tokens = 2 MiB fp16 K+V.
   const Layout l{32, 8, 128, 16};
   constexpr int kBlocksPerStream = 16;
   const int streams = 2;  // one per core
   auto stub = NewStub(f.tqkv);
-  auto model = Ref(Register(stub.get(), "bench_put", l, "k4v4"));
+  auto reg = Register(stub.get(), "bench_put", l, "k4v4");
+  auto model = Ref(reg);
   size_t elems = size_t{l.layers} * l.block_size * l.kv_heads * l.head_dim;
   std::vector<std::string> k, v;
   for (int i = 0; i < 8; ++i) {
@@ -354,53 +411,128 @@ void BenchPut(const Flags& f) {
     v.push_back(RandomHalfBytes(elems, 400 + i));
   }
   std::vector<std::unique_ptr<v1::KvStore::Stub>> stubs;
-  for (int s = 0; s < streams; ++s) stubs.push_back(NewStub(f.tqkv));
-
-  const size_t per_round = size_t{streams} * kBlocksPerStream * l.dense_bytes();
-  const int rounds = std::max<int>(1, f.put_gib * (1ull << 30) / per_round);
-  double put_s = 0;
-  uint64_t packed = 0, committed = 0;
-  for (int round = 0; round < rounds; ++round) {
-    std::vector<std::vector<std::string>> hs(streams);
-    for (int s = 0; s < streams; ++s)
-      for (int i = 0; i < kBlocksPerStream; ++i)
-        hs[s].push_back(Hash("put" + std::to_string(round) + "." + std::to_string(s), i));
-    std::vector<v1::PutBlocksResponse> resp(streams);
-    auto t0 = Clock::now();
-    std::vector<std::thread> ts;
-    for (int s = 0; s < streams; ++s)
-      ts.emplace_back([&, s] { resp[s] = PutDense(stubs[s].get(), model, l, hs[s], k, v); });
-    for (auto& t : ts) t.join();
-    put_s += Seconds(Clock::now() - t0);
-    for (int s = 0; s < streams; ++s) {
-      packed += resp[s].packed_bytes();
-      committed += resp[s].committed();
-      Delete(stub.get(), model, hs[s]);  // keep memory flat; not timed
-    }
+  std::vector<std::unique_ptr<tqkv::client::DataPlaneClient>> dps;
+  for (int s = 0; s < streams; ++s) {
+    stubs.push_back(NewStub(f.tqkv));
+    auto dp = tqkv::client::DataPlaneClient::Connect({.target = f.tqkv_data});
+    if (!dp.ok()) Die("data plane connect: " + std::string(dp.status().message()));
+    dps.push_back(std::move(*dp));
   }
-  const double input = double(rounds) * per_round;
-  if (committed != uint64_t(rounds) * streams * kBlocksPerStream) Die("PutBlocks: not all committed");
+  // The packed payloads of the 8 dense blocks, for the packed puts.
+  std::vector<std::string> seed_hashes;
+  for (int i = 0; i < 8; ++i) seed_hashes.push_back(Hash("put-seed", i));
+  PutDense(stub.get(), model, l, seed_hashes, k, v);
+  std::vector<std::string> packed_payloads;
+  {
+    v1::GetBlocksRequest g;
+    *g.mutable_model() = model;
+    for (const auto& h : seed_hashes) g.add_block_hashes(h);
+    tqkv::client::DataPlaneBlocks out;
+    if (absl::Status st = dps[0]->GetBlocks(g, &out); !st.ok()) Die("GetBlocks: " + std::string(st.message()));
+    for (size_t i = 0; i < out.size(); ++i) packed_payloads.emplace_back(out.payload(i));
+  }
+  auto dense_blocks = [&](const std::vector<std::string>& hashes) {
+    std::vector<v1::PutBlock> blocks(hashes.size());
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      blocks[i].set_block_hash(hashes[i]);
+      FillDenseBlock(&blocks[i], l, k[i % k.size()], v[i % v.size()]);
+    }
+    return blocks;
+  };
+  auto packed_blocks = [&](const std::vector<std::string>& hashes) {
+    std::vector<v1::PutBlock> blocks(hashes.size());
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      blocks[i].set_block_hash(hashes[i]);
+      blocks[i].set_payload(packed_payloads[i % packed_payloads.size()]);
+    }
+    return blocks;
+  };
+  v1::PutHeader dense_header, packed_header;
+  *dense_header.mutable_model() = model;
+  packed_header = dense_header;
+  packed_header.set_packed(true);
+  auto grpc_put = [&](int s, const v1::PutHeader& h, std::vector<v1::PutBlock> blocks) {
+    grpc::ClientContext ctx;
+    v1::PutBlocksResponse resp;
+    auto w = stubs[s]->PutBlocks(&ctx, &resp);
+    v1::PutBlocksRequest req;
+    *req.mutable_header() = h;
+    if (!w->Write(req)) Die("PutBlocks: header write failed");
+    for (auto& b : blocks) {
+      req.mutable_block()->Swap(&b);
+      if (!w->Write(req)) break;  // the status says why
+    }
+    w->WritesDone();
+    Check(w->Finish(), "PutBlocks");
+    return resp;
+  };
+  auto dp_put = [&](int s, const v1::PutHeader& h, std::vector<v1::PutBlock> blocks) {
+    auto r = dps[s]->PutBlocks(h, std::move(blocks));
+    if (!r.ok()) Die("data plane PutBlocks: " + std::string(r.status().message()));
+    return *r;
+  };
+  const size_t packed_bytes = packed_payloads[0].size();
+  const std::vector<PutPath> paths = {
+      {"dense, gRPC", [&](int s, const auto& hs) { return grpc_put(s, dense_header, dense_blocks(hs)); },
+       l.dense_bytes()},
+      {"dense, data plane", [&](int s, const auto& hs) { return dp_put(s, dense_header, dense_blocks(hs)); },
+       l.dense_bytes()},
+      {"packed, gRPC", [&](int s, const auto& hs) { return grpc_put(s, packed_header, packed_blocks(hs)); },
+       packed_bytes},
+      {"packed, data plane", [&](int s, const auto& hs) { return dp_put(s, packed_header, packed_blocks(hs)); },
+       packed_bytes},
+  };
 
-  // Baseline: memcpy of the same number of bytes from the same buffers.
+  // Baselines in the same run: memcpy of the dense bytes, and a loopback TCP
+  // stream of 2 GiB in 8 MiB writes.
+  const double input_target = f.put_gib * (1ull << 30);
   std::vector<std::string> dst(k.size(), std::string(k[0].size(), '\0'));
   size_t copied = 0;
   auto t0 = Clock::now();
-  while (copied < input) {
-    for (size_t i = 0; i < k.size() && copied < input; ++i) {
+  while (copied < input_target) {
+    for (size_t i = 0; i < k.size() && copied < input_target; ++i) {
       std::memcpy(dst[i].data(), k[i].data(), k[i].size());
       std::memcpy(dst[(i + 1) % dst.size()].data(), v[i].data(), v[i].size());
       copied += k[i].size() + v[i].size();
     }
   }
-  double memcpy_s = Seconds(Clock::now() - t0);
+  const double memcpy_bps = copied / Seconds(Clock::now() - t0);
   volatile char sink = dst[0][7];
   (void)sink;
-  std::printf("put  k4v4 dense fp16 in  block %zu B  %d streams x %d blocks x %d rounds:  "
-              "%.3f GB/s of fp16 input (packed %.2fx smaller)  memcpy %.3f GB/s  ratio %.3fx\n",
-              l.dense_bytes(), streams, kBlocksPerStream, rounds, input / put_s / 1e9,
-              input / double(packed), copied / memcpy_s / 1e9,
-              (input / put_s) / (copied / memcpy_s));
-  std::fflush(stdout);
+  const double tcp_bps = RawTcpStream(size_t{2} << 30, size_t{8} << 20);
+  std::printf("put  baselines: memcpy %.3f GB/s, raw loopback TCP stream %.3f GB/s\n", memcpy_bps / 1e9,
+              tcp_bps / 1e9);
+
+  for (const PutPath& path : paths) {
+    const size_t per_round = size_t{streams} * kBlocksPerStream * path.block_input_bytes;
+    const size_t dense_per_round = size_t{streams} * kBlocksPerStream * l.dense_bytes();
+    const int rounds = std::max<int>(1, input_target / dense_per_round);
+    double put_s = 0;
+    uint64_t committed = 0;
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::vector<std::string>> hs(streams);
+      for (int s = 0; s < streams; ++s)
+        for (int i = 0; i < kBlocksPerStream; ++i)
+          hs[s].push_back(Hash(std::string(path.name) + std::to_string(round) + "." + std::to_string(s), i));
+      std::vector<v1::PutBlocksResponse> resp(streams);
+      t0 = Clock::now();
+      std::vector<std::thread> ts;
+      for (int s = 0; s < streams; ++s) ts.emplace_back([&, s] { resp[s] = path.put(s, hs[s]); });
+      for (auto& t : ts) t.join();
+      put_s += Seconds(Clock::now() - t0);
+      for (int s = 0; s < streams; ++s) {
+        committed += resp[s].committed();
+        Delete(stub.get(), model, hs[s]);  // keep memory flat; not timed
+      }
+    }
+    if (committed != uint64_t(rounds) * streams * kBlocksPerStream) Die("PutBlocks: not all committed");
+    const double bps = double(rounds) * per_round / put_s;
+    std::printf("put  %-18s k4v4, %zu B of input a block, %d streams x %d blocks x %d rounds: %.3f GB/s of input "
+                "(%.3fx the TCP stream, %.3fx memcpy)\n",
+                path.name, path.block_input_bytes, streams, kBlocksPerStream, rounds, bps / 1e9, bps / tcp_bps,
+                bps / memcpy_bps);
+    std::fflush(stdout);
+  }
 }
 
 // ---- lookup ----------------------------------------------------------------
