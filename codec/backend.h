@@ -74,6 +74,13 @@ struct BackendStats {
   uint64_t evictions = 0;              // blocks demoted (dropped) from device
 };
 
+// Argument checks every backend applies (INVALID_ARGUMENT naming the field).
+absl::Status ValidateEncodeArgs(const ModelCodec& codec, int first, int last,
+                                const std::vector<DenseView>& k, const std::vector<DenseView>& v);
+absl::Status ValidateDecodeArgs(const ModelCodec& codec, int first, int last,
+                                const std::vector<MutableDenseView>& k, const std::vector<MutableDenseView>& v);
+absl::Status ValidateAttendBatch(const ModelCodec& codec, const AttendBatch& batch);
+
 // Thread safety: every method may be called concurrently.
 class ComputeBackend {
  public:

@@ -31,11 +31,6 @@ class CpuBackend : public ComputeBackend {
   std::unique_ptr<ThreadPool> pool_;
 };
 
-// Shared argument checks for backends (INVALID_ARGUMENT naming the field).
-absl::Status ValidateEncodeArgs(const ModelCodec& codec, int first, int last,
-                                const std::vector<DenseView>& k, const std::vector<DenseView>& v);
-absl::Status ValidateAttendBatch(const ModelCodec& codec, const AttendBatch& batch);
-
 }  // namespace tqkv
 
 #endif  // TQKV_CODEC_CPU_BACKEND_H_

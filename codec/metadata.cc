@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "codec/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tqkv {
 namespace {

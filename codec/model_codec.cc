@@ -1,7 +1,7 @@
 #include "codec/model_codec.h"
 
 #include "absl/strings/str_cat.h"
-#include "codec/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tqkv {
 namespace {

@@ -7,8 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "codec/cpu_backend.h"
-#include "codec/status_macros.h"
+#include "base/status_macros.h"
 #include "gpu/attention_plan.h"
 #include "gpu/block_cache.h"
 #include "gpu/codec_tables.h"
@@ -195,16 +194,8 @@ class CudaBackend : public ComputeBackend {
   absl::Status DecodeBlock(const ModelCodec& codec, int first, int last, const uint8_t* payload,
                            const std::vector<MutableDenseView>& k,
                            const std::vector<MutableDenseView>& v) override {
+    TQ_RETURN_IF_ERROR(ValidateDecodeArgs(codec, first, last, k, v));
     const ModelShape& s = codec.shape();
-    if (first < 0 || last > s.num_layers || first >= last || k.size() != size_t(last - first) ||
-        v.size() != k.size())
-      return absl::InvalidArgumentError("bad layer range or output count");
-    for (size_t i = 0; i < k.size(); ++i)
-      for (const MutableDenseView* t : {&k[i], &v[i]})
-        if (t->tokens != s.block_size || t->heads != s.num_kv_heads || t->dim != s.head_dim || !t->data)
-          return absl::InvalidArgumentError(absl::StrCat("decode output of layer ", first + i,
-                                                         " must be [", s.block_size, ", ", s.num_kv_heads,
-                                                         ", ", s.head_dim, "]"));
     absl::MutexLock lock(&mu_);
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
     TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));

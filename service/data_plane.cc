@@ -20,7 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "codec/status_macros.h"
+#include "base/status_macros.h"
 #include "service/convert.h"
 #include "service/net_address.h"
 #include "service/put_session.h"

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "codec/status_macros.h"
+#include "base/status_macros.h"
 #include "service/convert.h"
 
 namespace tqkv::service {

@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "codec/rotation.h"
-#include "codec/status_macros.h"
+#include "base/status_macros.h"
 #include "service/convert.h"
 
 namespace tqkv::service {

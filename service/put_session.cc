@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "codec/status_macros.h"
+#include "base/status_macros.h"
 #include "service/convert.h"
 
 namespace tqkv::service {

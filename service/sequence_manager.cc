@@ -11,7 +11,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "codec/status_macros.h"
+#include "base/status_macros.h"
 #include "service/convert.h"
 
 namespace tqkv::service {

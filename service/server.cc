@@ -10,7 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "codec/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tqkv::service {
 

@@ -1,7 +1,7 @@
 // Status propagation helpers. Abseil 20220623 (Debian 12) ships Status and
 // StatusOr but not its status macros, so tqkv defines the two it needs.
-#ifndef TQKV_CODEC_STATUS_MACROS_H_
-#define TQKV_CODEC_STATUS_MACROS_H_
+#ifndef TQKV_BASE_STATUS_MACROS_H_
+#define TQKV_BASE_STATUS_MACROS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,4 +24,4 @@
   if (!tmp.ok()) return tmp.status();             \
   lhs = std::move(tmp).value()
 
-#endif  // TQKV_CODEC_STATUS_MACROS_H_
+#endif  // TQKV_BASE_STATUS_MACROS_H_
