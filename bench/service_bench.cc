@@ -16,7 +16,7 @@
 //
 // Usage: service_bench --tqkv HOST:PORT --tqkv_data HOST:PORT --redis HOST:PORT
 //        [--mode all|get|put|lookup]
-//        [--threads 8] [--seconds 3] [--batch 8] [--put_gib 2]
+//        [--threads 8] [--seconds 3] [--batch 8] [--put_gib 2] [--put_frame_mib 8,32]
 // bench/service_bench.sh starts both servers and runs this.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
@@ -39,6 +39,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cpp/data_plane_client.h"
 #include "proto/tqkv/v1/tqkv.grpc.pb.h"
@@ -57,6 +59,7 @@ struct Flags {
   double seconds = 3.0;
   int batch = 8;
   double put_gib = 2.0;
+  std::vector<int> put_frame_mib = {8, 32};  // data-plane put frame sizes to time
 };
 
 [[noreturn]] void Die(const std::string& msg) {
@@ -394,6 +397,7 @@ struct PutPath {
   // Puts `hashes` as one stream on stream slot `s`; returns the response.
   std::function<v1::PutBlocksResponse(int s, const std::vector<std::string>& hashes)> put;
   size_t block_input_bytes;  // bytes of input a block carries
+  int frame_mib;             // data plane: frame size; 0: gRPC
 };
 
 void BenchPut(const Flags& f) {
@@ -466,22 +470,26 @@ void BenchPut(const Flags& f) {
     Check(w->Finish(), "PutBlocks");
     return resp;
   };
+  size_t frame_bytes = size_t{8} << 20;
   auto dp_put = [&](int s, const v1::PutHeader& h, std::vector<v1::PutBlock> blocks) {
-    auto r = dps[s]->PutBlocks(h, std::move(blocks));
+    auto r = dps[s]->PutBlocks(h, std::move(blocks), frame_bytes);
     if (!r.ok()) Die("data plane PutBlocks: " + std::string(r.status().message()));
     return *r;
   };
   const size_t packed_bytes = packed_payloads[0].size();
-  const std::vector<PutPath> paths = {
+  std::vector<PutPath> paths = {
       {"dense, gRPC", [&](int s, const auto& hs) { return grpc_put(s, dense_header, dense_blocks(hs)); },
-       l.dense_bytes()},
-      {"dense, data plane", [&](int s, const auto& hs) { return dp_put(s, dense_header, dense_blocks(hs)); },
-       l.dense_bytes()},
+       l.dense_bytes(), 0},
       {"packed, gRPC", [&](int s, const auto& hs) { return grpc_put(s, packed_header, packed_blocks(hs)); },
-       packed_bytes},
-      {"packed, data plane", [&](int s, const auto& hs) { return dp_put(s, packed_header, packed_blocks(hs)); },
-       packed_bytes},
+       packed_bytes, 0},
   };
+  for (int mib : f.put_frame_mib) {
+    paths.push_back({"dense, data plane", [&](int s, const auto& hs) { return dp_put(s, dense_header, dense_blocks(hs)); },
+                     l.dense_bytes(), mib});
+    paths.push_back({"packed, data plane", [&](int s, const auto& hs) { return dp_put(s, packed_header, packed_blocks(hs)); },
+                     packed_bytes, mib});
+  }
+
 
   // Baselines in the same run: memcpy of the dense bytes, and a loopback TCP
   // stream of 2 GiB in 8 MiB writes.
@@ -504,6 +512,7 @@ void BenchPut(const Flags& f) {
               tcp_bps / 1e9);
 
   for (const PutPath& path : paths) {
+    frame_bytes = size_t(std::max(path.frame_mib, 1)) << 20;
     const size_t per_round = size_t{streams} * kBlocksPerStream * path.block_input_bytes;
     const size_t dense_per_round = size_t{streams} * kBlocksPerStream * l.dense_bytes();
     const int rounds = std::max<int>(1, input_target / dense_per_round);
@@ -513,7 +522,7 @@ void BenchPut(const Flags& f) {
       std::vector<std::vector<std::string>> hs(streams);
       for (int s = 0; s < streams; ++s)
         for (int i = 0; i < kBlocksPerStream; ++i)
-          hs[s].push_back(Hash(std::string(path.name) + std::to_string(round) + "." + std::to_string(s), i));
+          hs[s].push_back(Hash(std::string(path.name) + std::to_string(path.frame_mib) + "r" + std::to_string(round) + "." + std::to_string(s), i));
       std::vector<v1::PutBlocksResponse> resp(streams);
       t0 = Clock::now();
       std::vector<std::thread> ts;
@@ -527,9 +536,11 @@ void BenchPut(const Flags& f) {
     }
     if (committed != uint64_t(rounds) * streams * kBlocksPerStream) Die("PutBlocks: not all committed");
     const double bps = double(rounds) * per_round / put_s;
-    std::printf("put  %-18s k4v4, %zu B of input a block, %d streams x %d blocks x %d rounds: %.3f GB/s of input "
+    const std::string name =
+        path.frame_mib > 0 ? absl::StrCat(path.name, ", ", path.frame_mib, " MiB frames") : std::string(path.name);
+    std::printf("put  %-35s k4v4, %zu B of input a block, %d streams x %d blocks x %d rounds: %.3f GB/s of input "
                 "(%.3fx the TCP stream, %.3fx memcpy)\n",
-                path.name, path.block_input_bytes, streams, kBlocksPerStream, rounds, bps / 1e9, bps / tcp_bps,
+                name.c_str(), path.block_input_bytes, streams, kBlocksPerStream, rounds, bps / 1e9, bps / tcp_bps,
                 bps / memcpy_bps);
     std::fflush(stdout);
   }
@@ -616,6 +627,10 @@ Flags ParseFlags(int argc, char** argv) {
     else if (name == "--seconds") f.seconds = std::stod(val());
     else if (name == "--batch") f.batch = std::stoi(val());
     else if (name == "--put_gib") f.put_gib = std::stod(val());
+    else if (name == "--put_frame_mib") {
+      f.put_frame_mib.clear();
+      for (absl::string_view x : absl::StrSplit(val(), ',')) f.put_frame_mib.push_back(std::stoi(std::string(x)));
+    }
     else Die("unknown flag " + a);
   }
   return f;
