@@ -4,16 +4,26 @@
 
 namespace tqkv {
 
-absl::Status ValidateEncodeArgs(const ModelCodec& codec, int first, int last,
-                                const std::vector<DenseView>& k, const std::vector<DenseView>& v) {
+namespace {
+
+// Layers [first, last) inside the model, and one K and one V tensor each.
+absl::Status ValidateLayers(const ModelCodec& codec, int first, int last, size_t nk, size_t nv) {
   const ModelShape& s = codec.shape();
   if (first < 0 || last > s.num_layers || first >= last)
     return absl::InvalidArgumentError(
         absl::StrCat("layer range [", first, ", ", last, ") outside [0, ", s.num_layers, ")"));
-  if (k.size() != static_cast<size_t>(last - first) || v.size() != k.size())
-    return absl::InvalidArgumentError(absl::StrCat("expected ", last - first,
-                                                   " K and V tensors, got ", k.size(), " and ",
-                                                   v.size()));
+  if (nk != static_cast<size_t>(last - first) || nv != nk)
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", last - first, " K and V tensors, got ", nk, " and ", nv));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateEncodeArgs(const ModelCodec& codec, int first, int last,
+                                const std::vector<DenseView>& k, const std::vector<DenseView>& v) {
+  if (absl::Status st = ValidateLayers(codec, first, last, k.size(), v.size()); !st.ok()) return st;
+  const ModelShape& s = codec.shape();
   for (size_t i = 0; i < k.size(); ++i) {
     for (const DenseView* t : {&k[i], &v[i]}) {
       if (t->heads != s.num_kv_heads || t->dim != s.head_dim || t->tokens < 0 ||
@@ -64,14 +74,8 @@ absl::Status ValidateAttendBatch(const ModelCodec& codec, const AttendBatch& b) 
 
 absl::Status ValidateDecodeArgs(const ModelCodec& codec, int first, int last,
                                 const std::vector<MutableDenseView>& k, const std::vector<MutableDenseView>& v) {
+  if (absl::Status st = ValidateLayers(codec, first, last, k.size(), v.size()); !st.ok()) return st;
   const ModelShape& s = codec.shape();
-  if (first < 0 || last > s.num_layers || first >= last)
-    return absl::InvalidArgumentError(
-        absl::StrCat("layer range [", first, ", ", last, ") outside [0, ", s.num_layers, ")"));
-  if (k.size() != static_cast<size_t>(last - first) || v.size() != k.size())
-    return absl::InvalidArgumentError(absl::StrCat("expected ", last - first,
-                                                   " K and V outputs, got ", k.size(), " and ",
-                                                   v.size()));
   for (size_t i = 0; i < k.size(); ++i)
     for (const MutableDenseView* t : {&k[i], &v[i]})
       if (t->tokens != s.block_size || t->heads != s.num_kv_heads || t->dim != s.head_dim || t->data == nullptr)

@@ -51,118 +51,62 @@ class CudaBackend : public ComputeBackend {
 
   absl::Status EncodeBlock(const ModelCodec& codec, int first, int last, const std::vector<DenseView>& k,
                            const std::vector<DenseView>& v, uint8_t* out) override {
-    TQ_RETURN_IF_ERROR(ValidateEncodeArgs(codec, first, last, k, v));
-    absl::MutexLock lock(&mu_);
-    TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
-    TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
-    const ModelShape& s = codec.shape();
-    const size_t base = codec.layer_offset(first);
-    const size_t out_bytes = codec.layer_range_bytes(first, last);
-    Staging st;
-    std::vector<size_t> k_off, v_off;
-    std::vector<int32_t> dtypes;
-    for (size_t i = 0; i < k.size(); ++i) {
-      // K and V share one dtype per launch; mixed dtypes go through fp32.
-      const bool same = k[i].dtype == v[i].dtype;
-      const DType dt = same ? k[i].dtype : DType::kF32;
-      dtypes.push_back(static_cast<int32_t>(dt));
-      const size_t bytes = static_cast<size_t>(k[i].tokens) * s.num_kv_heads * s.head_dim * DTypeSize(dt);
-      k_off.push_back(st.Add(bytes));
-      v_off.push_back(st.Add(bytes));
-    }
-    const size_t slots_off = st.Add(sizeof(int64_t) * s.block_size);
-    const size_t flag_off = st.Add(sizeof(unsigned long long));
-    const size_t pages_off = st.Add(out_bytes);
-    TQ_RETURN_IF_ERROR(host_.Reserve(std::max(st.size(), out_bytes)));
-    TQ_RETURN_IF_ERROR(dev_.Reserve(st.size()));
-    uint8_t* h = host_.as<uint8_t>();
-    for (size_t i = 0; i < k.size(); ++i) {
-      const size_t n = static_cast<size_t>(k[i].tokens) * s.num_kv_heads * s.head_dim;
-      for (int c = 0; c < 2; ++c) {
-        const DenseView& t = c == 0 ? k[i] : v[i];
-        uint8_t* dst = h + (c == 0 ? k_off[i] : v_off[i]);
-        if (static_cast<int32_t>(t.dtype) == dtypes[i]) {
-          std::memcpy(dst, t.data, t.bytes());
-        } else {
-          std::vector<float> tmp(n);
-          ToFloat(t.dtype, t.data, tmp.data(), n);
-          std::memcpy(dst, tmp.data(), n * sizeof(float));
-        }
-      }
-    }
-    int64_t* slots = reinterpret_cast<int64_t*>(h + slots_off);
-    for (int t = 0; t < s.block_size; ++t) slots[t] = t;
-    uint8_t* d = dev_.as<uint8_t>();
-    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, pages_off, cudaMemcpyHostToDevice, stream_.get()), "upload dense");
-    TQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d + pages_off, 0, out_bytes, stream_.get()), "zero pages");
-    for (int l = first; l < last; ++l) {
-      const size_t i = l - first;
-      EncodeLaunch a;
-      uint8_t* kp = d + pages_off + codec.layer_offset(l) - base;  // one block: K page, V page
-      SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), /*num_blocks=*/1,
-                    reinterpret_cast<const int64_t*>(d + slots_off),
-                    reinterpret_cast<unsigned long long*>(d + flag_off), &a);
-      a.k = d + k_off[i];
-      a.v = d + v_off[i];
-      a.dtype = dtypes[i];
-      a.tokens = k[i].tokens;
-      a.host_k = &tables->host(l, 0, Component::kKey);
-      a.host_v = &tables->host(l, 0, Component::kValue);
-      TQ_CUDA_RETURN_IF_ERROR(LaunchEncode(a, stream_.get()), absl::StrCat("encode layer ", l));
-    }
-    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d + pages_off, out_bytes, cudaMemcpyDeviceToHost, stream_.get()),
-                            "download pages");
-    TQ_RETURN_IF_ERROR(stream_.Synchronize("encode"));
-    std::memcpy(out, h, out_bytes);
-    return absl::OkStatus();
+    const EncodeItem item{k, v, out};
+    return EncodeBlocks(codec, first, last, std::span<const EncodeItem>(&item, 1));
   }
 
   // One upload of every block's dense rows (per layer, all blocks' tokens
-  // back to back), one encode launch per layer over all blocks (slot
-  // b·block_size + t; rows past a block's tokens stay zero), one download.
-  // Blocks whose K and V do not share one dtype take EncodeBlock each.
+  // back to back; fp32 for all when the inputs' dtypes differ), one encode
+  // launch per layer over all blocks (slot b·block_size + t; rows past a
+  // block's tokens stay zero), one download.
   absl::Status EncodeBlocks(const ModelCodec& codec, int first, int last,
                             std::span<const EncodeItem> items) override {
     if (items.empty()) return absl::OkStatus();
-    const DType dt = items[0].k.empty() ? DType::kF16 : items[0].k[0].dtype;
-    for (const EncodeItem& item : items) {
-      TQ_RETURN_IF_ERROR(ValidateEncodeArgs(codec, first, last, item.k, item.v));
+    for (const EncodeItem& item : items) TQ_RETURN_IF_ERROR(ValidateEncodeArgs(codec, first, last, item.k, item.v));
+    DType dt = items[0].k[0].dtype;
+    for (const EncodeItem& item : items)
       for (size_t i = 0; i < item.k.size(); ++i)
-        if (item.k[i].dtype != dt || item.v[i].dtype != dt || item.k[i].tokens != item.k[0].tokens)
-          return ComputeBackend::EncodeBlocks(codec, first, last, items);
-    }
+        if (item.k[i].dtype != dt || item.v[i].dtype != dt) dt = DType::kF32;
     absl::MutexLock lock(&mu_);
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
     TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
     const ModelShape& s = codec.shape();
     const size_t base = codec.layer_offset(first);
     const size_t out_bytes = codec.layer_range_bytes(first, last);
-    const size_t n = items.size();
-    int64_t tokens = 0;  // rows of one layer over all blocks
-    for (const EncodeItem& item : items) tokens += item.k[0].tokens;
-    const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim * DTypeSize(dt);
+    const size_t n = items.size(), layers = static_cast<size_t>(last - first);
+    const size_t row_elems = static_cast<size_t>(s.num_kv_heads) * s.head_dim, row = row_elems * DTypeSize(dt);
+    std::vector<int64_t> tokens(layers, 0);  // rows of each layer over all blocks
+    for (const EncodeItem& item : items)
+      for (size_t i = 0; i < layers; ++i) tokens[i] += item.k[i].tokens;
     Staging st;
-    std::vector<size_t> k_off, v_off;
-    for (int l = first; l < last; ++l) {
-      k_off.push_back(st.Add(tokens * row));
-      v_off.push_back(st.Add(tokens * row));
+    std::vector<size_t> k_off, v_off, slots_off;
+    for (size_t i = 0; i < layers; ++i) {
+      k_off.push_back(st.Add(tokens[i] * row));
+      v_off.push_back(st.Add(tokens[i] * row));
+      slots_off.push_back(st.Add(sizeof(int64_t) * tokens[i]));
     }
-    const size_t slots_off = st.Add(sizeof(int64_t) * tokens);
     const size_t flag_off = st.Add(sizeof(unsigned long long));
     const size_t pages_off = st.Add(n * out_bytes);
     TQ_RETURN_IF_ERROR(host_.Reserve(std::max(pages_off, n * out_bytes)));
     TQ_RETURN_IF_ERROR(dev_.Reserve(st.size()));
     uint8_t* h = host_.as<uint8_t>();
-    int64_t* slots = reinterpret_cast<int64_t*>(h + slots_off);
-    int64_t at = 0;
-    for (size_t b = 0; b < n; ++b) {
-      const int64_t t_b = items[b].k[0].tokens;
-      for (size_t i = 0; i < items[b].k.size(); ++i) {
-        std::memcpy(h + k_off[i] + at * row, items[b].k[i].data, t_b * row);
-        std::memcpy(h + v_off[i] + at * row, items[b].v[i].data, t_b * row);
+    for (size_t i = 0; i < layers; ++i) {
+      int64_t at = 0;
+      int64_t* slots = reinterpret_cast<int64_t*>(h + slots_off[i]);
+      for (size_t b = 0; b < n; ++b) {
+        const int64_t t_b = items[b].k[i].tokens;
+        for (int c = 0; c < 2; ++c) {
+          const DenseView& t = c == 0 ? items[b].k[i] : items[b].v[i];
+          uint8_t* dst = h + (c == 0 ? k_off[i] : v_off[i]) + at * row;
+          if (t.dtype == dt) {
+            std::memcpy(dst, t.data, t_b * row);
+          } else {
+            ToFloat(t.dtype, t.data, reinterpret_cast<float*>(dst), t_b * row_elems);
+          }
+        }
+        for (int64_t tok = 0; tok < t_b; ++tok) slots[at + tok] = static_cast<int64_t>(b) * s.block_size + tok;
+        at += t_b;
       }
-      for (int64_t t = 0; t < t_b; ++t) slots[at + t] = static_cast<int64_t>(b) * s.block_size + t;
-      at += t_b;
     }
     uint8_t* d = dev_.as<uint8_t>();
     cudaStream_t sm = stream_.get();
@@ -170,16 +114,17 @@ class CudaBackend : public ComputeBackend {
     TQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d + pages_off, 0, n * out_bytes, sm), "zero pages");
     for (int l = first; l < last; ++l) {
       const size_t i = l - first;
+      if (tokens[i] == 0) continue;  // no rows: the layer's pages stay zero
       EncodeLaunch a;
       uint8_t* kp = d + pages_off + codec.layer_offset(l) - base;  // block b's layer l at + b · out_bytes
       SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), static_cast<int64_t>(n),
-                    reinterpret_cast<const int64_t*>(d + slots_off),
+                    reinterpret_cast<const int64_t*>(d + slots_off[i]),
                     reinterpret_cast<unsigned long long*>(d + flag_off), &a);
       a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(out_bytes);
       a.k = d + k_off[i];
       a.v = d + v_off[i];
       a.dtype = static_cast<int32_t>(dt);
-      a.tokens = tokens;
+      a.tokens = tokens[i];
       a.host_k = &tables->host(l, 0, Component::kKey);
       a.host_v = &tables->host(l, 0, Component::kValue);
       TQ_CUDA_RETURN_IF_ERROR(LaunchEncode(a, sm), absl::StrCat("encode layer ", l));

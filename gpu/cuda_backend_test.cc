@@ -25,6 +25,18 @@ TEST(CudaBackend, UnavailableWithoutDevice) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable) << b.status();
 }
 
+// A model of `format` whose last layer is kept dense (recipes get generated
+// channel metadata).
+std::unique_ptr<ModelCodec> TestCodec(const char* format, const ModelShape& shape) {
+  auto fmt = *ParseFormat(format);
+  RecipeMetadata meta;
+  if (fmt.needs_metadata())
+    meta = ::tqkv::testing_util::MakeMetadata(std::string(format).substr(0, 12), shape.head_dim, shape.num_layers,
+                                              shape.num_kv_heads);
+  return *ModelCodec::Create(shape, {.format = format, .dense_last_layers = 1, .seed = 3},
+                             fmt.needs_metadata() ? &meta : nullptr);
+}
+
 // A batch of blocks (full and partial, whole model and a layer range, one
 // batch with mixed input dtypes) encodes to the CPU backend's bytes.
 TEST(CudaBackend, EncodeBlocksMatchesCpuEncodeOfEachBlock) {
@@ -32,11 +44,7 @@ TEST(CudaBackend, EncodeBlocksMatchesCpuEncodeOfEachBlock) {
   for (const char* format : {"k4v4", "k3v2", "turboquant35", "fp16"}) {
     SCOPED_TRACE(format);
     const int layers = 3, H = 2, QH = 8, dim = 128, bs = 16;
-    auto fmt = *ParseFormat(format);
-    RecipeMetadata meta;
-    if (fmt.needs_metadata()) meta = ::tqkv::testing_util::MakeMetadata(std::string(format).substr(0, 12), dim, layers, H);
-    auto codec = *ModelCodec::Create({layers, H, QH, dim, bs}, {.format = format, .dense_last_layers = 1, .seed = 3},
-                                     fmt.needs_metadata() ? &meta : nullptr);
+    auto codec = TestCodec(format, {layers, H, QH, dim, bs});
     CpuBackend cpu({.threads = 0});
     auto gpu_or = CreateCudaBackend({.arena_bytes = 4 * ((codec->block_bytes() + 255) / 256 * 256)});
     ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
@@ -88,11 +96,7 @@ TEST(CudaBackend, MatchesCpuBackend) {
   for (const char* format : {"k4v4", "k3v2", "turboquant35", "fp16"}) {
     SCOPED_TRACE(format);
     const int layers = 3, H = 2, QH = 8, dim = 128, bs = 16;
-    auto fmt = *ParseFormat(format);
-    RecipeMetadata meta;
-    if (fmt.needs_metadata()) meta = ::tqkv::testing_util::MakeMetadata(std::string(format).substr(0, 12), dim, layers, H);
-    auto codec = *ModelCodec::Create({layers, H, QH, dim, bs}, {.format = format, .dense_last_layers = 1, .seed = 3},
-                                     fmt.needs_metadata() ? &meta : nullptr);
+    auto codec = TestCodec(format, {layers, H, QH, dim, bs});
     CpuBackend cpu({.threads = 0});
     // Arena of 4 slots: a 5-block batch cannot fit.
     auto gpu_or = CreateCudaBackend({.arena_bytes = 4 * ((codec->block_bytes() + 255) / 256 * 256)});
