@@ -544,6 +544,62 @@ void BenchPut(const Flags& f) {
                 bps / memcpy_bps);
     std::fflush(stdout);
   }
+
+  // Reads of what a prefill worker stored: 2 streams each reading its 16
+  // blocks per request, packed over the data plane, dense fp16 (decoded by
+  // the server) over the data plane and over gRPC; GB/s of output.
+  std::vector<std::vector<std::string>> stored(streams);
+  for (int s = 0; s < streams; ++s) {
+    for (int i = 0; i < kBlocksPerStream; ++i) stored[s].push_back(Hash("get" + std::to_string(s), i));
+    dp_put(s, dense_header, dense_blocks(stored[s]));
+  }
+  struct GetPath {
+    const char* name;
+    std::function<size_t(int s)> get;  // one request of stream s; output bytes
+  };
+  auto request = [&](int s, bool dense) {
+    v1::GetBlocksRequest g;
+    *g.mutable_model() = model;
+    for (const auto& h : stored[s]) g.add_block_hashes(h);
+    g.set_dense(dense);
+    return g;
+  };
+  std::vector<tqkv::client::DataPlaneBlocks> outs(streams);
+  const std::vector<GetPath> gets = {
+      {"packed, data plane", [&](int s) {
+         if (absl::Status st = dps[s]->GetBlocks(request(s, false), &outs[s]); !st.ok()) Die(std::string(st.message()));
+         return size_t(outs[s].payload_bytes());
+       }},
+      {"dense fp16, data plane", [&](int s) {
+         if (absl::Status st = dps[s]->GetBlocks(request(s, true), &outs[s]); !st.ok()) Die(std::string(st.message()));
+         return size_t(outs[s].payload_bytes());
+       }},
+      {"dense fp16, gRPC", [&](int s) {
+         grpc::ClientContext ctx;
+         auto r = stubs[s]->GetBlocks(&ctx, request(s, true));
+         v1::GetBlocksResponse m;
+         size_t bytes = 0;
+         while (r->Read(&m)) bytes += m.k().data().size() + m.v().data().size();
+         Check(r->Finish(), "GetBlocks");
+         return bytes;
+       }},
+  };
+  for (const GetPath& g : gets) {
+    std::vector<size_t> bytes(streams, 0);
+    t0 = Clock::now();
+    std::vector<std::thread> ts;
+    for (int s = 0; s < streams; ++s)
+      ts.emplace_back([&, s] {
+        while (bytes[s] < input_target / streams) bytes[s] += g.get(s);
+      });
+    for (auto& t : ts) t.join();
+    const double secs = Seconds(Clock::now() - t0);
+    double total = 0;
+    for (size_t b : bytes) total += double(b);
+    std::printf("get  %-35s %d streams x %d blocks a request: %.3f GB/s of output (%.3fx the TCP stream)\n", g.name,
+                streams, kBlocksPerStream, total / secs / 1e9, total / secs / tcp_bps);
+    std::fflush(stdout);
+  }
 }
 
 // ---- lookup ----------------------------------------------------------------

@@ -121,6 +121,23 @@ class ComputeBackend {
                                    const uint8_t* payload, const std::vector<MutableDenseView>& k,
                                    const std::vector<MutableDenseView>& v) = 0;
 
+  // One block of DecodeBlocks: payload, k and v as DecodeBlock takes them.
+  struct DecodeItem {
+    const uint8_t* payload = nullptr;
+    std::vector<MutableDenseView> k, v;
+  };
+  // Decodes layers [first, last) of several blocks: the values DecodeBlock
+  // writes for each, in one batch where the backend can. Default:
+  // DecodeBlock of each.
+  virtual absl::Status DecodeBlocks(const ModelCodec& codec, int first, int last,
+                                    std::span<const DecodeItem> items) {
+    for (const DecodeItem& item : items) {
+      absl::Status s = DecodeBlock(codec, first, last, item.payload, item.k, item.v);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
   // Attention over stored sequences for one layer.
   virtual absl::Status Attend(const ModelCodec& codec, const AttendBatch& batch) = 0;
 

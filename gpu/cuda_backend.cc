@@ -139,49 +139,76 @@ class CudaBackend : public ComputeBackend {
   absl::Status DecodeBlock(const ModelCodec& codec, int first, int last, const uint8_t* payload,
                            const std::vector<MutableDenseView>& k,
                            const std::vector<MutableDenseView>& v) override {
-    TQ_RETURN_IF_ERROR(ValidateDecodeArgs(codec, first, last, k, v));
+    const DecodeItem item{payload, k, v};
+    return DecodeBlocks(codec, first, last, std::span<const DecodeItem>(&item, 1));
+  }
+
+  // One upload of every block's pages, one decode launch per layer over all
+  // blocks (into the outputs' dtype when they share one, else fp32
+  // converted on the host), one download.
+  absl::Status DecodeBlocks(const ModelCodec& codec, int first, int last,
+                            std::span<const DecodeItem> items) override {
+    if (items.empty()) return absl::OkStatus();
+    for (const DecodeItem& item : items) TQ_RETURN_IF_ERROR(ValidateDecodeArgs(codec, first, last, item.k, item.v));
+    DType dt = items[0].k[0].dtype;
+    for (const DecodeItem& item : items)
+      for (size_t i = 0; i < item.k.size(); ++i)
+        if (item.k[i].dtype != dt || item.v[i].dtype != dt) dt = DType::kF32;
     const ModelShape& s = codec.shape();
     absl::MutexLock lock(&mu_);
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
     TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
     const size_t base = codec.layer_offset(first);
     const size_t in_bytes = codec.layer_range_bytes(first, last);
-    const size_t layer_elems = static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim;
+    const size_t n = items.size(), layers = static_cast<size_t>(last - first);
+    const size_t block_elems = static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim;
+    const size_t block_out = block_elems * DTypeSize(dt);  // one block's K (or V) of one layer
     Staging st;
-    const size_t pages_off = st.Add(in_bytes);
-    const size_t slots_off = st.Add(sizeof(int64_t) * s.block_size);
-    const size_t out_off = st.Add(2 * layer_elems * sizeof(float) * (last - first));
+    const size_t pages_off = st.Add(n * in_bytes);
+    const size_t slots_off = st.Add(sizeof(int64_t) * n * s.block_size);
+    const size_t out_off = st.Add(2 * n * block_out * layers);  // per layer: K of every block, then V
     const size_t flag_off = st.Add(sizeof(unsigned long long));
     TQ_RETURN_IF_ERROR(host_.Reserve(st.size()));
     TQ_RETURN_IF_ERROR(dev_.Reserve(st.size()));
     uint8_t* h = host_.as<uint8_t>();
     uint8_t* d = dev_.as<uint8_t>();
-    std::memcpy(h + pages_off, payload, in_bytes);
+    for (size_t b = 0; b < n; ++b) std::memcpy(h + pages_off + b * in_bytes, items[b].payload, in_bytes);
     int64_t* slots = reinterpret_cast<int64_t*>(h + slots_off);
-    for (int t = 0; t < s.block_size; ++t) slots[t] = t;
-    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, out_off, cudaMemcpyHostToDevice, stream_.get()), "upload block");
+    for (size_t t = 0; t < n * s.block_size; ++t) slots[t] = static_cast<int64_t>(t);
+    cudaStream_t sm = stream_.get();
+    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, out_off, cudaMemcpyHostToDevice, sm), "upload blocks");
     for (int l = first; l < last; ++l) {
       const size_t i = l - first;
       DecodeLaunch a;
-      uint8_t* kp = d + pages_off + codec.layer_offset(l) - base;  // one block: K page, V page
-      SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), /*num_blocks=*/1,
+      uint8_t* kp = d + pages_off + codec.layer_offset(l) - base;  // block b's layer l at + b · in_bytes
+      SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), static_cast<int64_t>(n),
                     reinterpret_cast<const int64_t*>(d + slots_off),
                     reinterpret_cast<unsigned long long*>(d + flag_off), &a);
-      float* ko = reinterpret_cast<float*>(d + out_off) + 2 * i * layer_elems;
+      a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(in_bytes);
+      uint8_t* ko = d + out_off + 2 * i * n * block_out;
       a.k = ko;
-      a.v = ko + layer_elems;
-      a.dtype = kGpuF32;
-      a.tokens = s.block_size;
-      TQ_CUDA_RETURN_IF_ERROR(LaunchDecode(a, stream_.get()), absl::StrCat("decode layer ", l));
+      a.v = ko + n * block_out;
+      a.dtype = static_cast<int32_t>(dt);
+      a.tokens = static_cast<int64_t>(n) * s.block_size;
+      TQ_CUDA_RETURN_IF_ERROR(LaunchDecode(a, sm), absl::StrCat("decode layer ", l));
     }
-    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out_off, d + out_off, 2 * layer_elems * sizeof(float) * (last - first),
-                                            cudaMemcpyDeviceToHost, stream_.get()),
+    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out_off, d + out_off, 2 * n * block_out * layers,
+                                            cudaMemcpyDeviceToHost, sm),
                             "download dense");
     TQ_RETURN_IF_ERROR(stream_.Synchronize("decode"));
-    for (size_t i = 0; i < k.size(); ++i) {
-      const float* ko = reinterpret_cast<const float*>(h + out_off) + 2 * i * layer_elems;
-      FromFloat(k[i].dtype, ko, k[i].data, layer_elems);
-      FromFloat(v[i].dtype, ko + layer_elems, v[i].data, layer_elems);
+    for (size_t i = 0; i < layers; ++i) {
+      const uint8_t* ko = h + out_off + 2 * i * n * block_out;
+      for (size_t b = 0; b < n; ++b) {
+        for (int c = 0; c < 2; ++c) {
+          const MutableDenseView& t = c == 0 ? items[b].k[i] : items[b].v[i];
+          const uint8_t* src = ko + (c * n + b) * block_out;
+          if (t.dtype == dt) {
+            std::memcpy(t.data, src, block_out);
+          } else {
+            FromFloat(t.dtype, reinterpret_cast<const float*>(src), t.data, block_elems);
+          }
+        }
+      }
     }
     return absl::OkStatus();
   }

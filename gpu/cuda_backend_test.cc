@@ -2,6 +2,7 @@
 // attention through the device arena (hits, misses, LRU eviction, Forget).
 #include "gpu/cuda_backend.h"
 
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "codec/cpu_backend.h"
+#include "codec/dtype.h"
 #include "codec/quality.h"
 #include "codec/test_util.h"
 #include "gpu/test_support.h"
@@ -86,6 +88,42 @@ TEST(CudaBackend, EncodeBlocksMatchesCpuEncodeOfEachBlock) {
         std::vector<uint8_t> want(bytes, 0x11);
         ASSERT_TRUE(cpu.EncodeBlock(*codec, r.first, r.last, items[b].k, items[b].v, want.data()).ok());
         EXPECT_EQ(got[b], want) << "block " << b << " (" << tokens[b] << " tokens)";
+      }
+      // The batch decodes back like the CPU backend: fp16 outputs for every
+      // block (decoded to fp16 on the device), then fp16 and fp32 mixed.
+      for (bool mixed_out : {false, true}) {
+        const size_t layer_elems = size_t{bs} * H * dim, nl = r.last - r.first;
+        std::vector<std::vector<float>> out32(tokens.size()), want32(tokens.size());
+        std::vector<std::vector<uint16_t>> out16(tokens.size()), want16(tokens.size());
+        std::vector<ComputeBackend::DecodeItem> dec(tokens.size());
+        for (size_t b = 0; b < tokens.size(); ++b) {
+          const bool f32 = mixed_out && b % 2 == 1;
+          out32[b].assign(2 * nl * layer_elems, NAN);
+          out16[b].assign(2 * nl * layer_elems, 0xFFFF);
+          dec[b].payload = got[b].data();
+          for (size_t i = 0; i < 2 * nl; ++i) {
+            MutableDenseView view = f32 ? MutableDenseView{out32[b].data() + i * layer_elems, DType::kF32, bs, H, dim}
+                                        : MutableDenseView{out16[b].data() + i * layer_elems, DType::kF16, bs, H, dim};
+            (i < nl ? dec[b].k : dec[b].v).push_back(view);
+          }
+        }
+        s = gpu.DecodeBlocks(*codec, r.first, r.last, dec);
+        ASSERT_TRUE(s.ok()) << s;
+        for (size_t b = 0; b < tokens.size(); ++b) {
+          const bool f32 = mixed_out && b % 2 == 1;
+          std::vector<float> want(2 * nl * layer_elems), have(2 * nl * layer_elems);
+          std::vector<MutableDenseView> wk, wv;
+          for (size_t i = 0; i < 2 * nl; ++i)
+            (i < nl ? wk : wv).push_back({want.data() + i * layer_elems, DType::kF32, bs, H, dim});
+          ASSERT_TRUE(cpu.DecodeBlock(*codec, r.first, r.last, got[b].data(), wk, wv).ok());
+          if (f32) {
+            have = out32[b];
+          } else {
+            ToFloat(DType::kF16, out16[b].data(), have.data(), have.size());
+          }
+          EXPECT_LT(RelativeMse(want.data(), have.data(), want.size()), f32 ? 1e-8 : 1e-6)
+              << "block " << b << (f32 ? " fp32" : " fp16") << (mixed_out ? ", mixed outputs" : "");
+        }
       }
     }
   }

@@ -43,6 +43,7 @@ std::string ErrnoText(const char* what) { return absl::StrCat(what, ": ", std::s
 struct Reply {
   std::string head;
   std::vector<storage::BlockData> blocks;
+  std::unique_ptr<uint8_t[]> dense;  // a dense get's decoded K/V (the iovec points into it)
   std::vector<iovec> parts;  // non-empty; parts[0] covers `head`
   size_t next = 0;           // first part not fully written
 };
@@ -412,6 +413,7 @@ class DataPlaneServer::Loop {
     absl::Status status;
     v1::DataPlaneReply head;
     GetPlan plan;
+    std::unique_ptr<uint8_t[]> dense;
     std::vector<iovec> payload;
     uint64_t payload_bytes = 0;
     if (absl::StatusOr<Identity> id = env_->auth->Authenticate(req.authorization()); put) {
@@ -434,15 +436,31 @@ class DataPlaneServer::Loop {
       }
     } else if (req.op_case() != v1::DataPlaneRequest::kGetBlocks) {
       status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks, attend, append, put)");
-    } else if (req.get_blocks().dense()) {
-      status = absl::InvalidArgumentError(
-          "the data plane serves packed blocks; read dense blocks with gRPC GetBlocks");
     } else if (absl::StatusOr<GetPlan> p = service_->PrepareGet(*id, req.get_blocks()); !p.ok()) {
       status = p.status();
     } else {
       plan = std::move(*p);
       if (req.with_format()) *head.mutable_format() = plan.model->format;
-      for (size_t i = 0; i < plan.blocks.size(); ++i) {
+      if (plan.dense) {  // K then V of each block, decoded by the backend
+        const size_t t = KvService::DenseTensorBytes(plan), bytes = 2 * t * plan.blocks.size();
+        if (bytes > options_.max_dense_reply_bytes) {
+          status = absl::ResourceExhaustedError(
+              absl::StrCat("a dense reply of ", bytes, " bytes is over the data plane's limit of ",
+                           options_.max_dense_reply_bytes, "; ask for fewer blocks a request"));
+        } else {
+          dense.reset(new uint8_t[bytes]);  // every byte is decoded into: no zero fill
+          status = service_->DecodeDenseBlocks(plan, dense.get());
+        }
+        for (size_t i = 0; status.ok() && i < plan.blocks.size(); ++i) {
+          v1::DataPlaneBlock* b = head.add_blocks();
+          b->set_block_hash(plan.hashes[i]);
+          b->set_tier(ToProtoTier(plan.blocks[i].tier));
+          b->set_payload_bytes(2 * t);
+        }
+        if (bytes > 0) payload.push_back({dense.get(), bytes});
+        payload_bytes = bytes;
+      }
+      for (size_t i = 0; !plan.dense && i < plan.blocks.size(); ++i) {
         const KvService::Span span = KvService::PackedBytes(plan, i);
         v1::DataPlaneBlock* b = head.add_blocks();
         b->set_block_hash(plan.hashes[i]);
@@ -460,8 +478,10 @@ class DataPlaneServer::Loop {
       payload_bytes = 0;
       plan.blocks.clear();
     }
+    if (!status.ok()) dense.reset();
     Queue(c, head, std::move(payload), payload_bytes);
     c->out.back().blocks = std::move(plan.blocks);
+    c->out.back().dense = std::move(dense);
     RecordCall(*env_, attend ? "DataAttend" : append ? "DataAppend" : put ? "DataPutBlocks" : "DataGetBlocks", c->peer, status,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }

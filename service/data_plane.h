@@ -1,4 +1,4 @@
-// DataPlaneServer: bulk reads of packed blocks, puts, Attend and Append
+// DataPlaneServer: bulk reads (packed, or dense decoded by the backend), puts, Attend and Append
 // over plain TCP, next to the gRPC control plane. The wire format is documented in
 // proto/tqkv/v1/tqkv.proto ("Data plane"): length-prefixed DataPlaneRequest
 // frames in, one DataPlaneReply header plus the raw payloads out per
@@ -55,6 +55,10 @@ struct DataPlaneOptions {
   // Largest request frame accepted; a larger one is answered with
   // RESOURCE_EXHAUSTED and the connection closed. Default: 8 MiB.
   uint32_t max_request_bytes = 8u << 20;
+  // Largest dense get reply (decoded K/V are built in memory before they
+  // are sent); a larger one is refused with RESOURCE_EXHAUSTED. Default:
+  // 64 MiB (the server passes --max_message_bytes).
+  uint64_t max_dense_reply_bytes = uint64_t{64} << 20;
   // Reply bytes queued on one connection above which the server stops
   // reading that connection's requests. Default: 64 MiB.
   uint64_t max_queued_reply_bytes = uint64_t{64} << 20;

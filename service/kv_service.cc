@@ -122,25 +122,58 @@ absl::StatusOr<v1::GetBlocksResponse> KvService::RenderGet(const GetPlan& plan, 
     return r;
   }
   const ModelShape& s = codec.shape();
-  const int layers = plan.last - plan.first;
-  const size_t layer_bytes =
-      static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim * DTypeSize(plan.dense_dtype);
-  std::vector<MutableDenseView> kv, vv;
   for (v1::Tensor* t : {r.mutable_k(), r.mutable_v()}) {
     t->set_dtype(ToProtoDType(plan.dense_dtype));
-    for (int64_t d : {int64_t{layers}, int64_t{s.block_size}, int64_t{s.num_kv_heads},
+    for (int64_t d : {int64_t{plan.last - plan.first}, int64_t{s.block_size}, int64_t{s.num_kv_heads},
                       int64_t{s.head_dim}})
       t->add_shape(d);
-    t->mutable_data()->resize(layer_bytes * layers);
+    t->mutable_data()->resize(DenseTensorBytes(plan));
   }
-  for (int l = 0; l < layers; ++l) {
-    kv.push_back({r.mutable_k()->mutable_data()->data() + l * layer_bytes, plan.dense_dtype,
-                  s.block_size, s.num_kv_heads, s.head_dim});
-    vv.push_back({r.mutable_v()->mutable_data()->data() + l * layer_bytes, plan.dense_dtype,
-                  s.block_size, s.num_kv_heads, s.head_dim});
-  }
-  TQ_RETURN_IF_ERROR(backend_->DecodeBlock(codec, plan.first, plan.last, p, kv, vv));
+  TQ_RETURN_IF_ERROR(DecodeDense(plan, i, reinterpret_cast<uint8_t*>(r.mutable_k()->mutable_data()->data()),
+                                 reinterpret_cast<uint8_t*>(r.mutable_v()->mutable_data()->data())));
   return r;
+}
+
+size_t KvService::DenseTensorBytes(const GetPlan& plan) {
+  const ModelShape& s = plan.model->codec->shape();
+  return static_cast<size_t>(plan.last - plan.first) * s.block_size * s.num_kv_heads * s.head_dim *
+         DTypeSize(plan.dense_dtype);
+}
+
+namespace {
+
+// Block i of a dense plan as a decode item writing K to k, V to v.
+ComputeBackend::DecodeItem DenseItem(const GetPlan& plan, size_t i, uint8_t* k, uint8_t* v) {
+  const ModelShape& s = plan.model->codec->shape();
+  const size_t layer_bytes =
+      static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim * DTypeSize(plan.dense_dtype);
+  ComputeBackend::DecodeItem item;
+  item.payload = KvService::PackedBytes(plan, i).data;
+  for (int l = 0; l < plan.last - plan.first; ++l) {
+    item.k.push_back({k + l * layer_bytes, plan.dense_dtype, s.block_size, s.num_kv_heads, s.head_dim});
+    item.v.push_back({v + l * layer_bytes, plan.dense_dtype, s.block_size, s.num_kv_heads, s.head_dim});
+  }
+  return item;
+}
+
+}  // namespace
+
+absl::Status KvService::DecodeDense(const GetPlan& plan, size_t i, uint8_t* k, uint8_t* v) {
+  const ComputeBackend::DecodeItem item = DenseItem(plan, i, k, v);
+  return backend_->DecodeBlock(*plan.model->codec, plan.first, plan.last, item.payload, item.k, item.v);
+}
+
+absl::Status KvService::DecodeDenseBlocks(const GetPlan& plan, uint8_t* out) {
+  constexpr size_t kBatchOutputBytes = size_t{64} << 20;
+  const size_t t = DenseTensorBytes(plan);
+  const size_t per_batch = std::max<size_t>(1, kBatchOutputBytes / (2 * t));
+  for (size_t b0 = 0; b0 < plan.blocks.size(); b0 += per_batch) {
+    std::vector<ComputeBackend::DecodeItem> items;
+    for (size_t i = b0; i < std::min(plan.blocks.size(), b0 + per_batch); ++i)
+      items.push_back(DenseItem(plan, i, out + 2 * t * i, out + 2 * t * i + t));
+    TQ_RETURN_IF_ERROR(backend_->DecodeBlocks(*plan.model->codec, plan.first, plan.last, items));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::PinResponse> KvService::Pin(const Identity& id, const v1::PinRequest& req) {

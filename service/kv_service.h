@@ -79,6 +79,14 @@ class KvService {
   static Span PackedBytes(const GetPlan& plan, size_t i);
   // Response i of a plan (i == 0 carries the FormatDescriptor for packed).
   absl::StatusOr<v1::GetBlocksResponse> RenderGet(const GetPlan& plan, size_t i);
+  // Bytes of one dense K (or V) tensor of a dense plan: [layers of the
+  // range, block_size, kv_heads, head_dim] of plan.dense_dtype.
+  static size_t DenseTensorBytes(const GetPlan& plan);
+  // Decodes block i of a dense plan into k and v (DenseTensorBytes each).
+  absl::Status DecodeDense(const GetPlan& plan, size_t i, uint8_t* k, uint8_t* v);
+  // Decodes every block of a dense plan into `out`: block i's K at
+  // out + 2·i·DenseTensorBytes, its V right after; in backend batches.
+  absl::Status DecodeDenseBlocks(const GetPlan& plan, uint8_t* out);
   // All-or-nothing: NOT_FOUND if any hash is not stored (pins taken by this
   // call are released again).
   absl::StatusOr<v1::PinResponse> Pin(const Identity& id, const v1::PinRequest& req);

@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                     : options.data_listen;
     dp.threads = options.data_threads;
     dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
+    dp.max_dense_reply_bytes = static_cast<uint64_t>(options.max_message_bytes);
     TQ_ASSIGN_OR_RETURN(s->data_plane_, DataPlaneServer::Start(dp, s->service_.get(), &s->env_));
     s->data_address_ = s->data_plane_->address();
     s->service_->SetDataPlaneAddress(s->data_address_);

@@ -268,6 +268,35 @@ TEST_F(BadInputTest, PutTruncatedStreamCommitsNothing) {
 
 // ---- Lookup / GetBlocks ------------------------------------------------------
 
+TEST_F(BadInputTest, DataPlaneDenseGetOverTheMessageLimit) {
+  // 40 blocks of 32 KiB of fp32 K/V: 1.25 MiB dense, over --max_message_bytes
+  // (1 MiB); the same blocks packed, or fewer of them, are served.
+  const std::vector<std::string> many = client::HashChain(77, 40);
+  PutDense(model_, many, 900);
+  before_ = Snapshot();
+  client::DataPlaneClientOptions o;
+  o.target = server_->data_address();
+  auto dp = client::DataPlaneClient::Connect(o);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  v1::GetBlocksRequest req;
+  *req.mutable_model() = model_;
+  for (const auto& h : many) req.add_block_hashes(h);
+  req.set_dense(true);
+  req.set_dense_dtype(v1::DTYPE_FP32);
+  client::DataPlaneBlocks out;
+  absl::Status s = (*dp)->GetBlocks(req, &out);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  req.mutable_block_hashes()->DeleteSubrange(20, req.block_hashes_size() - 20);
+  s = (*dp)->GetBlocks(req, &out);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(out.size(), 20u);
+  req.set_dense(false);
+  for (size_t i = 20; i < many.size(); ++i) req.add_block_hashes(many[i]);
+  s = (*dp)->GetBlocks(req, &out);
+  EXPECT_TRUE(s.ok()) << s;
+  ExpectUnchanged();
+}
+
 TEST_F(BadInputTest, LookupDuplicateHashes) {
   v1::LookupRequest lr;
   *lr.mutable_model() = model_;

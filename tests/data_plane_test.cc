@@ -295,6 +295,37 @@ TEST_F(DataPlaneTest, FailedOrBrokenPutStreamsCommitNothing) {
   EXPECT_EQ(lookup_hits({chain[5]}), 0u);
 }
 
+// Dense reads over the data plane return gRPC GetBlocks' decoded K then V
+// bytes: fp16, bf16 and fp32, whole blocks and a layer range.
+TEST_F(DataPlaneTest, DenseReadsReturnTheBytesOfGrpcDenseGetBlocks) {
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(31, 5);
+  PutDense(model, chain, 900);
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  client::DataPlaneBlocks out;
+  for (v1::DType dt : {v1::DTYPE_FP16, v1::DTYPE_BF16, v1::DTYPE_FP32}) {
+    for (int first : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat("dtype ", dt, ", layers from ", first));
+      v1::GetBlocksRequest req = Req(model, {chain[3], chain[0], chain[4]});
+      req.set_dense(true);
+      req.set_dense_dtype(dt);
+      req.set_first_layer(first);
+      ASSERT_TRUE(dp->GetBlocks(req, &out).ok());
+      auto grpc = client_->GetBlocks(req);
+      ASSERT_TRUE(grpc.ok()) << grpc.status();
+      ASSERT_EQ(out.size(), 3u);
+      ASSERT_EQ(grpc->size(), 3u);
+      for (size_t i = 0; i < 3; ++i) {
+        const std::string want = (*grpc)[i].k().data() + (*grpc)[i].v().data();
+        EXPECT_EQ(out.reply().blocks(i).block_hash(), req.block_hashes(i));
+        EXPECT_EQ(out.payload(i).size(), want.size());
+        EXPECT_TRUE(out.payload(i) == want) << "block " << i;
+      }
+    }
+  }
+}
+
 TEST_F(DataPlaneTest, RequestErrorsGetTheirCodeAndTheConnectionStaysUsable) {
   const v1::ModelRef model = RegisterSmall();
   const std::vector<std::string> chain = client::HashChain(4, 3);
@@ -332,22 +363,13 @@ TEST_F(DataPlaneTest, RequestErrorsGetTheirCodeAndTheConnectionStaysUsable) {
     ASSERT_TRUE(dp->GetBlocks(Req(model, chain), &out).ok());
     EXPECT_EQ(out.size(), chain.size());
   }
-  // Dense reads are refused by the client before sending, and by the server.
+  // A dense read of an unknown dtype: the gRPC path's code.
   v1::GetBlocksRequest dense = Req(model, chain);
   dense.set_dense(true);
+  dense.set_dense_dtype(static_cast<v1::DType>(99));
   EXPECT_EQ(dp->GetBlocks(dense, &out).code(), StatusCode::kInvalidArgument);
-  int fd = RawConnect();
-  v1::DataPlaneRequest dr;
-  *dr.mutable_get_blocks() = dense;
-  SendRaw(fd, std::string("TQKVDP01") + Frame(dr));
-  v1::DataPlaneReply head;
-  std::string payload;
-  ASSERT_TRUE(ReadReply(fd, &head, &payload));
-  EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument));
-  EXPECT_NE(head.message().find("packed"), std::string::npos) << head.message();
-  EXPECT_TRUE(payload.empty());
-  close(fd);
-  // Every request was counted: 6 errors + 6 successes + 1 dense on the wire.
+  EXPECT_EQ(client_->GetBlocks(dense).status().code(), StatusCode::kInvalidArgument);
+  // Every request was counted: 6 errors + 6 successes + the dense one.
   EXPECT_EQ(DataGetRequests() - before, 13u);
   // Nothing changed.
   EXPECT_EQ(Blocks(model), chain.size());

@@ -112,9 +112,6 @@ absl::Status DataPlaneClient::Recv(char* p, size_t cap, size_t want, size_t* hav
 
 absl::Status DataPlaneClient::GetBlocks(const v1::GetBlocksRequest& req, DataPlaneBlocks* out,
                                         bool with_format) {
-  if (req.dense())
-    return absl::InvalidArgumentError("the data plane serves packed blocks; use Client::GetBlocks "
-                                      "for dense ones");
   v1::DataPlaneRequest dr;
   *dr.mutable_get_blocks() = req;
   dr.set_with_format(with_format);

@@ -1,4 +1,4 @@
-// DataPlaneClient: bulk reads of packed blocks, puts, Attend and Append, over tqkv's data
+// DataPlaneClient: bulk reads (packed or dense), puts, Attend and Append, over tqkv's data
 // plane (plain TCP next to gRPC; wire format in proto/tqkv/v1/tqkv.proto,
 // "Data plane").
 // One blocking connection, like a Redis client: a call writes one request
@@ -69,9 +69,12 @@ class DataPlaneClient {
   DataPlaneClient(const DataPlaneClient&) = delete;
   DataPlaneClient& operator=(const DataPlaneClient&) = delete;
 
-  // Packed blocks of `req` (req.dense must be false) into *out: all of them,
-  // in request order, or the server's error (nothing in *out is valid then).
-  // `with_format`: also fill out->reply().format().
+  // The blocks of `req` into *out: all of them, in request order, or the
+  // server's error (nothing in *out is valid then). Packed: payload(i) is
+  // block i's layer range. Dense (req.dense): payload(i) is its K then its V
+  // tensor, [layers, block_size, kv_heads, head_dim] of req.dense_dtype
+  // each, decoded by the server's backend. `with_format`: also fill
+  // out->reply().format().
   absl::Status GetBlocks(const v1::GetBlocksRequest& req, DataPlaneBlocks* out,
                          bool with_format = false);
   // KvStore.Attend over the data plane: same request, response and errors
