@@ -35,6 +35,17 @@ class Staging {
   size_t size_ = 0;
 };
 
+// The dtype every K and V view of a batch has, or fp32 where they differ
+// (EncodeItem or DecodeItem).
+template <typename Item>
+DType SharedDType(std::span<const Item> items) {
+  DType dt = items[0].k[0].dtype;
+  for (const Item& item : items)
+    for (size_t i = 0; i < item.k.size(); ++i)
+      if (item.k[i].dtype != dt || item.v[i].dtype != dt) dt = DType::kF32;
+  return dt;
+}
+
 class CudaBackend : public ComputeBackend {
  public:
   CudaBackend(const CudaBackendOptions& o, CudaStream stream, CudaEvent attend_start, CudaEvent attend_stop,
@@ -63,10 +74,7 @@ class CudaBackend : public ComputeBackend {
                             std::span<const EncodeItem> items) override {
     if (items.empty()) return absl::OkStatus();
     for (const EncodeItem& item : items) TQ_RETURN_IF_ERROR(ValidateEncodeArgs(codec, first, last, item.k, item.v));
-    DType dt = items[0].k[0].dtype;
-    for (const EncodeItem& item : items)
-      for (size_t i = 0; i < item.k.size(); ++i)
-        if (item.k[i].dtype != dt || item.v[i].dtype != dt) dt = DType::kF32;
+    const DType dt = SharedDType(items);
     absl::MutexLock lock(&mu_);
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
     TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
@@ -150,10 +158,7 @@ class CudaBackend : public ComputeBackend {
                             std::span<const DecodeItem> items) override {
     if (items.empty()) return absl::OkStatus();
     for (const DecodeItem& item : items) TQ_RETURN_IF_ERROR(ValidateDecodeArgs(codec, first, last, item.k, item.v));
-    DType dt = items[0].k[0].dtype;
-    for (const DecodeItem& item : items)
-      for (size_t i = 0; i < item.k.size(); ++i)
-        if (item.k[i].dtype != dt || item.v[i].dtype != dt) dt = DType::kF32;
+    const DType dt = SharedDType(items);
     const ModelShape& s = codec.shape();
     absl::MutexLock lock(&mu_);
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
