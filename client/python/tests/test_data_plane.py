@@ -117,3 +117,42 @@ def test_decode_step_appends_and_attends_in_one_call(client, server, rng):
         with pytest.raises(tqkv.InvalidArgument):
             fast.attend(0, [(b, q, None, k[0], v[0]), (b, q, None, k[0], v[0])])
         assert fast.append(b, 0, k[0], v[0]) == 2 * BS + 9 + 10 + 1
+
+
+def test_data_plane_puts_and_dense_gets_match_grpc(client, server, rng):
+    m = client.register_model(unique(), num_layers=L, num_kv_heads=H, head_dim=D, block_size=BS,
+                              cache_dtype="k4v4")
+    via_grpc, via_dp = hashes(unique("g"), 6), hashes(unique("d"), 6)
+    data = [kv(rng, L, BS, H, D) for _ in range(6)]
+    client.put_blocks(m, [tqkv.Block(h, k=k, v=v) for h, (k, v) in zip(via_grpc, data)])
+    with tqkv.DataPlane(server.data_address) as dp:
+        # Dense blocks in frames of ~2 blocks; the same bytes as the gRPC put.
+        frame = 2 * 2 * L * BS * H * D * 2
+        r = dp.put_blocks(m, [tqkv.Block(h, k=k, v=v) for h, (k, v) in zip(via_dp, data)], frame_bytes=frame)
+        assert (r.committed, r.already_present) == (6, 0)
+        want = client.get_blocks(m, via_grpc)
+        assert [b.payload for b in dp.get_blocks(m, via_dp)] == [b.payload for b in want]
+        # Packed, under new hashes.
+        packed = hashes(unique("p"), 6)
+        r = dp.put_blocks(m, [(h, b.payload) for h, b in zip(packed, want)])
+        assert r.committed == 6
+        assert [b.payload for b in dp.get_blocks(m, packed)] == [b.payload for b in want]
+        # Dense reads: the gRPC path's arrays, fp16 and fp32, and a layer range.
+        for dtype in ("fp16", "fp32"):
+            ref = client.get_blocks(m, via_grpc[:3], dense=True, dtype=dtype)
+            got = dp.get_blocks(m, via_grpc[:3], dense=True, dtype=dtype)
+            for a, b in zip(got, ref):
+                assert a.k.dtype == b.k.dtype and a.k.shape == b.k.shape == (L, BS, H, D)
+                np.testing.assert_array_equal(a.k, b.k)
+                np.testing.assert_array_equal(a.v, b.v)
+        part = dp.get_blocks(m, via_grpc[:2], dense=True, first_layer=1)
+        assert part[0].k.shape == (L - 1, BS, H, D)
+        # A bad block fails the stream: nothing of it is stored, and the
+        # connection serves the next call.
+        bad = hashes(unique("bad"), 3)
+        k, v = data[0]
+        blocks = [tqkv.Block(bad[0], k=k, v=v), tqkv.Block(bad[1], k=k[:, :, :1], v=v), tqkv.Block(bad[2], k=k, v=v)]
+        with pytest.raises(tqkv.InvalidArgument):
+            dp.put_blocks(m, blocks, frame_bytes=1)
+        assert client.lookup(m, bad[:1]).hits == 0
+        assert len(dp.get_blocks(m, via_dp)) == 6

@@ -1,18 +1,21 @@
-"""Bulk packed reads, Attend and Append over tqkv's data plane (plain TCP next to gRPC).
+"""Bulk reads and puts, Attend and Append over tqkv's data plane (plain TCP next to gRPC).
 
     with tqkv.DataPlane("127.0.0.1:50052", token=None) as dp:
         blocks = dp.get_blocks(model, [b"h0", b"h1"])   # [BlockData], payload = bytes
         views = dp.get_blocks(model, hashes, copy=False)  # payloads as memoryviews of one buffer
+        dense = dp.get_blocks(model, hashes, dense=True)  # k, v [layers, block_size, kv_heads, d]
+        dp.put_blocks(model, [tqkv.Block(h, k=k, v=v)])   # as Client.put_blocks (two-phase)
         out = dp.attend(layer, [(seq, q)])[0]             # as Client.attend, without gRPC
         out = dp.attend(layer, [(seq, q, None, k, v)])[0] # append this step's k, v, then attend
 
 Same tenancy, fingerprint checks and error classes as Client.get_blocks
-(packed blocks only). Wire format: proto/tqkv/v1/tqkv.proto, "Data plane":
+and Client.put_blocks. Wire format: proto/tqkv/v1/tqkv.proto, "Data plane":
 the preface b"TQKVDP01", then per request `u32 len + DataPlaneRequest`; per
 reply `u32 H, u64 P, DataPlaneReply (H bytes), payloads (P bytes)`.
 
 Not thread-safe: use one DataPlane per thread.
 """
+import itertools
 import socket
 import struct
 
@@ -20,8 +23,9 @@ import grpc
 
 from . import errors
 from ._proto import pb
-from .client import Client, _append_request, _attend_outputs, _attend_request, _hashes
-from .types import TIER_NAMES, BlockData, Format
+from . import tensors
+from .client import Client, _append_request, _as_block, _attend_outputs, _attend_request, _block_proto, _hashes
+from .types import TIER_NAMES, BlockData, Format, PutResult
 
 _PREFACE = b"TQKVDP01"
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -99,17 +103,23 @@ class DataPlane:
         return reply, payload
 
     def get_blocks(self, model, hashes, *, first_layer=0, last_layer=0, with_format=False,
-                   copy=True):
+                   copy=True, dense=False, dtype="fp16"):
         """A BlockData per requested hash, in order (all or an error).
 
         payload: bytes of layers [first_layer, last_layer); with copy=False,
         memoryviews into one buffer of the whole reply. format: the model's
-        Format when with_format. Raises NotFound for a missing block,
-        FailedPrecondition for a stale fingerprint, Unauthenticated, ...
+        Format when with_format. dense=True (model: a Model from
+        register_model): `k`, `v` numpy arrays [layers, block_size, kv_heads,
+        d] in `dtype` (bf16 as uint16), decoded by the server. Raises NotFound
+        for a missing block, FailedPrecondition for a stale fingerprint,
+        ResourceExhausted for a dense reply over the server's message limit
+        (ask for fewer blocks), Unauthenticated, ...
         """
+        wire_dtype = tensors.parse_dtype(dtype) if dense else 0
         req = pb.DataPlaneRequest(
             get_blocks=pb.GetBlocksRequest(model=Client._ref(model), block_hashes=_hashes(hashes),
-                                           first_layer=first_layer, last_layer=last_layer),
+                                           first_layer=first_layer, last_layer=last_layer,
+                                           dense=dense, dense_dtype=wire_dtype),
             with_format=with_format)
         reply, payload = self._exchange(req, "DataGetBlocks")
         fmt = Format.from_proto(reply.format) if reply.HasField("format") else None
@@ -118,9 +128,61 @@ class DataPlane:
         for b in reply.blocks:
             part = view[at:at + b.payload_bytes]
             at += b.payload_bytes
-            out.append(BlockData(b.block_hash, TIER_NAMES.get(b.tier, str(b.tier)),
-                                 payload=bytes(part) if copy else part, format=fmt))
+            tier = TIER_NAMES.get(b.tier, str(b.tier))
+            if dense:
+                layers = (last_layer or model.num_layers) - first_layer
+                shape = [layers, model.block_size, model.num_kv_heads, model.head_dim]
+                half = len(part) // 2
+                k, v = (tensors.from_proto(pb.Tensor(dtype=wire_dtype, shape=shape, data=bytes(x)))
+                        for x in (part[:half], part[half:]))
+                out.append(BlockData(b.block_hash, tier, k=k, v=v))
+            else:
+                out.append(BlockData(b.block_hash, tier, payload=bytes(part) if copy else part, format=fmt))
         return out
+
+    def put_blocks(self, model, blocks, *, first_layer=0, last_layer=0, durable=False, dtype=None,
+                   frame_bytes=8 << 20):
+        """Client.put_blocks over the data plane: the same blocks, result and
+        errors, as one two-phase stream of frames of about `frame_bytes`, the
+        commit frame last. Nothing is visible until the commit succeeds; an
+        error (or a broken connection) commits nothing. Not retried.
+        """
+        it = iter(blocks)
+        first = next(it, None)
+        first = None if first is None else _as_block(first)
+        packed = first is not None and first.payload is not None
+        frame = pb.DataPlanePut(header=pb.PutHeader(model=Client._ref(model), first_layer=first_layer,
+                                                    last_layer=last_layer, packed=packed, durable=durable))
+        failure = None
+
+        def send(frame):
+            nonlocal failure
+            try:
+                return self._exchange(pb.DataPlaneRequest(put=frame), "DataPutBlocks")[0]
+            except errors.TqkvError as e:
+                if isinstance(e, errors.Unavailable) or frame.commit:
+                    raise failure or e
+                failure = failure or e
+                return None
+
+        size = 0
+        try:
+            source = [] if first is None else itertools.chain([first], (_as_block(x) for x in it))
+            for b in source:
+                msg = _block_proto(b, packed, dtype)
+                size += msg.ByteSize()
+                frame.blocks.append(msg)
+                if size >= frame_bytes:
+                    send(frame)
+                    frame, size = pb.DataPlanePut(), 0
+                    if failure is not None:
+                        break
+        except BaseException:
+            self.close()  # the server drops the stream: nothing commits
+            raise
+        frame.commit = True
+        r = send(frame).put
+        return PutResult(r.committed, r.already_present, r.staged, r.packed_bytes, r.dense_equivalent_bytes)
 
     def attend(self, layer, items, scale=0.0, *, return_kernel_micros=False):
         """Client.attend over the data plane: same arguments, outputs and errors."""
