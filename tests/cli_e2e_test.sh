@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The `tqkv` CLI's server commands against the real tqkv-server: status,
-# put, lookup, get (packed, dense, and packed over the data plane), stats and
-# bench (with its data-plane reads), then a graceful
+# put (over gRPC and the data plane, with progress), lookup, get (packed
+# and dense, over gRPC and the data plane), stats and bench (with its
+# data-plane reads), then a graceful
 # SIGTERM that must exit 0.
 set -euo pipefail
 RUNFILES="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-tqkv}"
@@ -43,6 +44,8 @@ echo "$out" | grep -q '^blocks 40 bytes 184320 (packed, data plane)' || fail "ge
 grep -q 'NOT_FOUND' "$TMP/dp_err" || fail "data-plane missing block message: $(cat "$TMP/dp_err")"
 out=$("$TQKV" get "${S[@]}" --blocks 2 --seed 3 --dense)
 echo "$out" | grep -q '^blocks 2 bytes 32768 (dense fp16)' || fail "get dense: $out"
+out=$("$TQKV" get "${S[@]}" --blocks 2 --seed 3 --dense --data "$DATA")
+echo "$out" | grep -q '^blocks 2 bytes 32768 (dense fp16, data plane)' || fail "get dense over the data plane: $out"
 "$TQKV" get "${S[@]}" --blocks 41 --seed 3 >/dev/null 2>"$TMP/get_err" && fail "get of a missing block must fail"
 grep -q 'NOT_FOUND' "$TMP/get_err" || fail "missing block message: $(cat "$TMP/get_err")"
 
@@ -54,6 +57,13 @@ out=$("$TQKV" bench "${S[@]}" --blocks 200 --threads 2 --rounds 1 --seed 9 --dat
 echo "$out" | grep -q '^put .* blocks/s' || fail "bench: $out"
 echo "$out" | grep -q '^lookup .* hashes/s' || fail "bench: $out"
 echo "$out" | grep -q "^get .* MB/s packed out (data plane)" || fail "bench data plane: $out"
+
+out=$("$TQKV" put "${S[@]}" --blocks 300 --seed 5 --data "$DATA" 2>"$TMP/put_progress")
+echo "$out" | grep -q '^committed 300 already_present 0 ' || fail "put over the data plane: $out"
+grep -q '^put: 256/300 blocks (85%), ' "$TMP/put_progress" || fail "put progress: $(cat "$TMP/put_progress")"
+grep -q '^put: 300/300 blocks (100%), ' "$TMP/put_progress" || fail "put progress: $(cat "$TMP/put_progress")"
+out=$("$TQKV" lookup "${S[@]}" --blocks 300 --seed 5)
+[ "$out" = "hits 300/300 host=300" ] || fail "lookup after a data-plane put: $out"
 
 "$TQKV" put "${S[@]}" --bogus 1 >/dev/null 2>&1 && fail "unknown flag must fail"
 

@@ -176,12 +176,27 @@ int Put(const Args& a, Ctx& c) {
   v1::PutHeader h;
   *h.mutable_model() = m->first;
   h.set_durable(a.Has("durable"));
+  std::unique_ptr<client::DataPlaneClient> dp;
+  if (a.Has("data")) {  // dense blocks over the data plane, encoded in batches
+    auto d = MakeDataClient(a);
+    if (!d.ok()) return Fail(c.err, d.status());
+    dp = std::move(*d);
+  }
   v1::PutBlocksResponse total;
   const size_t batch = 256;
+  const auto start = std::chrono::steady_clock::now();
   for (size_t s = 0; s < chain->size(); s += batch) {
     const size_t e = std::min(chain->size(), s + batch);
-    auto r = c.client->PutBlocks(h, DenseBlocks(m->second, *chain, s, e, a.GetInt("seed", 1).value()));
+    std::vector<v1::PutBlock> blocks = DenseBlocks(m->second, *chain, s, e, a.GetInt("seed", 1).value());
+    absl::StatusOr<v1::PutBlocksResponse> r =
+        dp ? dp->PutBlocks(h, std::move(blocks)) : c.client->PutBlocks(h, blocks);
     if (!r.ok()) return Fail(c.err, r.status());
+    if (chain->size() > batch) {  // progress on stderr, one line a stream of `batch` blocks
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      c.err << "put: " << e << "/" << chain->size() << " blocks (" << (100 * e / chain->size()) << "%), "
+            << std::fixed << std::setprecision(1) << (total.dense_equivalent_bytes() + r->dense_equivalent_bytes()) / 1e6 / secs
+            << " MB/s of fp16\n";
+    }
     total.set_committed(total.committed() + r->committed());
     total.set_already_present(total.already_present() + r->already_present());
     total.set_packed_bytes(total.packed_bytes() + r->packed_bytes());
@@ -221,12 +236,13 @@ int Get(const Args& a, Ctx& c) {
   *req.mutable_model() = m->first;
   for (const auto& h : *chain) req.add_block_hashes(h);
   req.set_dense(a.Has("dense"));
-  if (a.Has("data")) {  // packed blocks over the data plane
+  if (a.Has("data")) {  // over the data plane (dense: decoded by the server)
     auto dp = MakeDataClient(a);
     if (!dp.ok()) return Fail(c.err, dp.status());
     client::DataPlaneBlocks out;
     if (absl::Status s = (*dp)->GetBlocks(req, &out); !s.ok()) return Fail(c.err, s);
-    c.out << "blocks " << out.size() << " bytes " << out.payload_bytes() << " (packed, data plane)\n";
+    c.out << "blocks " << out.size() << " bytes " << out.payload_bytes()
+          << (req.dense() ? " (dense fp16, data plane)" : " (packed, data plane)") << "\n";
     return 0;
   }
   auto r = c.client->GetBlocks(req);
@@ -341,7 +357,7 @@ void Usage(const std::string& cmd, std::ostream& out) {
       << " [--server HOST:PORT] [--token T] [--timeout_ms MS]"
          " [--model NAME --layers L --kv_heads H --q_heads Q --head_dim D --block_size B"
          " --format F] [--blocks N --seed S] [--durable] [--dense] [--threads T --rounds R]"
-         " [--model_id ID] [--data HOST:PORT (get, bench: packed reads over the data plane)]\n";
+         " [--model_id ID] [--data HOST:PORT (put, get, bench: over the data plane)]\n";
 }
 
 }  // namespace
@@ -352,7 +368,7 @@ int ServiceCommand(const std::string& cmd, int argc, char** argv, std::ostream& 
   const std::map<std::string, std::pair<Fn, std::set<std::string>>> commands = {
           {"status", {&Status, Flags(false)}},
           {"stats", {&Stats, Flags(false, {"model_id"})}},
-          {"put", {&Put, Flags(true, {"durable"})}},
+          {"put", {&Put, Flags(true, {"durable", "data"})}},
           {"lookup", {&Lookup, Flags(true)}},
           {"get", {&Get, Flags(true, {"dense", "data"})}},
           {"bench", {&Bench, Flags(true, {"threads", "rounds", "data"})}},

@@ -156,3 +156,20 @@ def test_data_plane_puts_and_dense_gets_match_grpc(client, server, rng):
             dp.put_blocks(m, blocks, frame_bytes=1)
         assert client.lookup(m, bad[:1]).hits == 0
         assert len(dp.get_blocks(m, via_dp)) == 6
+
+
+def test_client_puts_and_reads_dense_over_the_data_plane(client, server, rng):
+    m = client.register_model(unique(), num_layers=L, num_kv_heads=H, head_dim=D, block_size=BS,
+                              cache_dtype="k4v4")
+    a, b = hashes(unique("a"), 4), hashes(unique("b"), 4)
+    data = [kv(rng, L, BS, H, D) for _ in range(4)]
+    client.put_blocks(m, [tqkv.Block(h, k=k, v=v) for h, (k, v) in zip(a, data)])
+    with tqkv.Client(server.address, timeout=60, data_address=server.data_address) as fast:
+        r = fast.put_blocks(m, [tqkv.Block(h, k=k, v=v) for h, (k, v) in zip(b, data)])
+        assert r.committed == 4
+        assert [x.payload for x in fast.get_blocks(m, b)] == [x.payload for x in client.get_blocks(m, a)]
+        got = fast.get_blocks(m, b, dense=True, dtype="fp32")
+        want = client.get_blocks(m, a, dense=True, dtype="fp32")
+        for x, y in zip(got, want):
+            np.testing.assert_array_equal(x.k, y.k)
+            np.testing.assert_array_equal(x.v, y.v)

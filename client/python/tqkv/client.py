@@ -40,6 +40,11 @@ def _hashes(hs):
     return [_hash_bytes(h) for h in hs]
 
 
+# Dense reads over the data plane ask for at most this many bytes a request
+# (the server refuses replies over its --max_message_bytes, 64 MiB by default).
+_DENSE_CHUNK_BYTES = 32 << 20
+
+
 class Client:
     """Connects to a tqkv server.
 
@@ -204,9 +209,14 @@ class Client:
         AlreadyExists (different bytes under a stored hash),
         ResourceExhausted (budget or message size); an exception raised while
         iterating `blocks` cancels the stream (nothing committed) and is
-        re-raised.
+        re-raised. With a data_address the stream goes over the data plane
+        (DataPlane.put_blocks), with the same semantics.
         """
         replayable = isinstance(blocks, collections.abc.Sequence)
+        if self.data_address:  # a broken stream commits nothing: replayable input is retried
+            return self._data_plane_call(lambda dp: dp.put_blocks(
+                model, blocks, first_layer=first_layer, last_layer=last_layer, durable=durable, dtype=dtype),
+                retry=replayable)
         ref = self._ref(model)
         attempt = 0
         while True:
@@ -278,6 +288,24 @@ class Client:
         if self.data_address and not dense:
             yield from self._data_plane_call(lambda dp: dp.get_blocks(
                 model, hashes, first_layer=first_layer, last_layer=last_layer, with_format=True))
+            return
+        if self.data_address and hasattr(model, "block_size"):  # dense: the server decodes, in chunks
+            hs = _hashes(hashes)
+            layers = (last_layer or model.num_layers) - first_layer
+            block = 2 * layers * model.block_size * model.num_kv_heads * model.head_dim * 4
+            step, i = max(1, _DENSE_CHUNK_BYTES // block), 0
+            while i < len(hs) or (i == 0 and not hs):
+                try:
+                    got = self._data_plane_call(lambda dp: dp.get_blocks(
+                        model, hs[i:i + step], first_layer=first_layer, last_layer=last_layer, dense=True,
+                        dtype=dtype, as_torch=as_torch))
+                except errors.ResourceExhausted:
+                    if step == 1:
+                        raise
+                    step //= 2  # a server with a smaller --max_message_bytes
+                    continue
+                yield from got
+                i += max(step, 1)
             return
         hs = _hashes(hashes)
         ref = self._ref(model)

@@ -103,14 +103,15 @@ class DataPlane:
         return reply, payload
 
     def get_blocks(self, model, hashes, *, first_layer=0, last_layer=0, with_format=False,
-                   copy=True, dense=False, dtype="fp16"):
+                   copy=True, dense=False, dtype="fp16", as_torch=False):
         """A BlockData per requested hash, in order (all or an error).
 
         payload: bytes of layers [first_layer, last_layer); with copy=False,
         memoryviews into one buffer of the whole reply. format: the model's
         Format when with_format. dense=True (model: a Model from
-        register_model): `k`, `v` numpy arrays [layers, block_size, kv_heads,
-        d] in `dtype` (bf16 as uint16), decoded by the server. Raises NotFound
+        register_model): `k`, `v` arrays [layers, block_size, kv_heads, d] in
+        `dtype` (numpy, bf16 as uint16; torch when as_torch), decoded by the
+        server. Raises NotFound
         for a missing block, FailedPrecondition for a stale fingerprint,
         ResourceExhausted for a dense reply over the server's message limit
         (ask for fewer blocks), Unauthenticated, ...
@@ -133,7 +134,7 @@ class DataPlane:
                 layers = (last_layer or model.num_layers) - first_layer
                 shape = [layers, model.block_size, model.num_kv_heads, model.head_dim]
                 half = len(part) // 2
-                k, v = (tensors.from_proto(pb.Tensor(dtype=wire_dtype, shape=shape, data=bytes(x)))
+                k, v = (tensors.from_proto(pb.Tensor(dtype=wire_dtype, shape=shape, data=bytes(x)), as_torch)
                         for x in (part[:half], part[half:]))
                 out.append(BlockData(b.block_hash, tier, k=k, v=v))
             else:
