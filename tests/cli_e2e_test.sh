@@ -54,7 +54,7 @@ echo "$out" | grep -q 'model synthetic (id [0-9]*), compression 3.56x' || fail "
 echo "$out" | grep -q 'host: blocks=40 bytes=184320 dense_equivalent=655360' || fail "stats tiers: $out"
 
 out=$("$TQKV" bench "${S[@]}" --blocks 200 --threads 2 --rounds 1 --seed 9 --data "$DATA")
-echo "$out" | grep -q '^put .* blocks/s' || fail "bench: $out"
+echo "$out" | grep -q '^put .* MB/s dense fp16 in (data plane); 200 committed, 0 already present' || fail "bench: $out"
 echo "$out" | grep -q '^lookup .* hashes/s' || fail "bench: $out"
 echo "$out" | grep -q "^get .* MB/s packed out (data plane)" || fail "bench data plane: $out"
 
