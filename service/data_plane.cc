@@ -441,27 +441,19 @@ class DataPlaneServer::Loop {
     } else {
       plan = std::move(*p);
       if (req.with_format()) *head.mutable_format() = plan.model->format;
-      if (plan.dense) {  // K then V of each block, decoded by the backend
-        const size_t t = KvService::DenseTensorBytes(plan), bytes = 2 * t * plan.blocks.size();
-        if (bytes > options_.max_dense_reply_bytes) {
-          status = absl::ResourceExhaustedError(
-              absl::StrCat("a dense reply of ", bytes, " bytes is over the data plane's limit of ",
-                           options_.max_dense_reply_bytes, "; ask for fewer blocks a request"));
-        } else {
-          dense.reset(new uint8_t[bytes]);  // every byte is decoded into: no zero fill
-          status = service_->DecodeDenseBlocks(plan, dense.get());
-        }
-        for (size_t i = 0; status.ok() && i < plan.blocks.size(); ++i) {
-          v1::DataPlaneBlock* b = head.add_blocks();
-          b->set_block_hash(plan.hashes[i]);
-          b->set_tier(ToProtoTier(plan.blocks[i].tier));
-          b->set_payload_bytes(2 * t);
-        }
-        if (bytes > 0) payload.push_back({dense.get(), bytes});
-        payload_bytes = bytes;
+      // Dense: K then V of each block, decoded by the backend into one buffer.
+      const size_t t = plan.dense ? KvService::DenseTensorBytes(plan) : 0;
+      if (plan.dense && 2 * t * plan.blocks.size() > options_.max_dense_reply_bytes) {
+        status = absl::ResourceExhaustedError(
+            absl::StrCat("a dense reply of ", 2 * t * plan.blocks.size(), " bytes is over the data plane's limit of ",
+                         options_.max_dense_reply_bytes, "; ask for fewer blocks a request"));
+      } else if (plan.dense) {
+        dense.reset(new uint8_t[2 * t * plan.blocks.size()]);  // every byte is decoded into: no zero fill
+        status = service_->DecodeDenseBlocks(plan, dense.get());
       }
-      for (size_t i = 0; !plan.dense && i < plan.blocks.size(); ++i) {
-        const KvService::Span span = KvService::PackedBytes(plan, i);
+      for (size_t i = 0; status.ok() && i < plan.blocks.size(); ++i) {
+        const KvService::Span span =
+            plan.dense ? KvService::Span{dense.get() + 2 * t * i, 2 * t} : KvService::PackedBytes(plan, i);
         v1::DataPlaneBlock* b = head.add_blocks();
         b->set_block_hash(plan.hashes[i]);
         b->set_tier(ToProtoTier(plan.blocks[i].tier));

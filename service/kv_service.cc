@@ -145,8 +145,7 @@ namespace {
 // Block i of a dense plan as a decode item writing K to k, V to v.
 ComputeBackend::DecodeItem DenseItem(const GetPlan& plan, size_t i, uint8_t* k, uint8_t* v) {
   const ModelShape& s = plan.model->codec->shape();
-  const size_t layer_bytes =
-      static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim * DTypeSize(plan.dense_dtype);
+  const size_t layer_bytes = KvService::DenseTensorBytes(plan) / (plan.last - plan.first);
   ComputeBackend::DecodeItem item;
   item.payload = KvService::PackedBytes(plan, i).data;
   for (int l = 0; l < plan.last - plan.first; ++l) {

@@ -7,6 +7,20 @@
 #include "service/convert.h"
 
 namespace tqkv::service {
+namespace {
+
+constexpr char kHeaderFirst[] = "the first PutBlocks message must be the header";
+
+}  // namespace
+
+absl::Status PutSession::Fail(const absl::Status& s) {
+  if (!s.ok() && error_.ok()) {
+    error_ = s;
+    handles_.clear();  // releases every reservation
+    parts_.clear();
+  }
+  return s;
+}
 
 absl::Status PutSession::OnMessage(const v1::PutBlocksRequest& msg) {
   if (!error_.ok()) return error_;
@@ -17,18 +31,12 @@ absl::Status PutSession::OnMessage(const v1::PutBlocksRequest& msg) {
                  : OnHeader(msg.header());
       break;
     case v1::PutBlocksRequest::kBlock:
-      s = model_ ? OnBlock(msg.block())
-                 : absl::InvalidArgumentError("the first PutBlocks message must be the header");
+      s = model_ ? OnBlock(msg.block()) : absl::InvalidArgumentError(kHeaderFirst);
       break;
     default:
       s = absl::InvalidArgumentError("empty PutBlocks message (neither header nor block)");
   }
-  if (!s.ok()) {
-    error_ = s;
-    handles_.clear();  // releases every reservation
-    parts_.clear();
-  }
-  return s;
+  return Fail(s);
 }
 
 absl::Status PutSession::OnHeader(const v1::PutHeader& h) {
@@ -135,7 +143,7 @@ absl::Status PutSession::OnBlock(const v1::PutBlock& b) {
 
 absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks) {
   absl::Status s = error_;
-  if (s.ok() && !model_) s = absl::InvalidArgumentError("the first PutBlocks message must be the header");
+  if (s.ok() && !model_) s = absl::InvalidArgumentError(kHeaderFirst);
   // Dense blocks are encoded in batches of about kBatchInputBytes.
   constexpr size_t kBatchInputBytes = size_t{64} << 20;
   std::vector<ComputeBackend::EncodeItem> batch;
@@ -155,12 +163,7 @@ absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::P
     if (s.ok() && batch_bytes >= kBatchInputBytes) s = flush();
   }
   if (s.ok()) s = flush();
-  if (!s.ok() && error_.ok()) {
-    error_ = s;
-    handles_.clear();  // releases every reservation
-    parts_.clear();
-  }
-  return s;
+  return Fail(s);
 }
 
 void PutSession::RollBack(const std::vector<storage::BlockKey>& committed) {

@@ -78,6 +78,9 @@ class PutSession {
   // dense block is appended to it for a later EncodeBlocks instead.
   absl::Status FillPayload(const v1::PutBlock& b, uint8_t* out, std::vector<ComputeBackend::EncodeItem>* batch);
   void RollBack(const std::vector<storage::BlockKey>& committed);
+  // Records `s` as the stream's error if it is the first one and releases
+  // every reservation; returns `s`.
+  absl::Status Fail(const absl::Status& s);
 
   const PutContext ctx_;
   const Identity id_;
