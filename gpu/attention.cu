@@ -328,14 +328,10 @@ cudaError_t FormatsWith(const Decode& x) {
   return LaunchGeneric(x.a, tail, x.states, x.recs, x.stream);
 }
 
-// Value-state channels per lane of the formats kernel (lane l owns
-// channels l·CPL .. l·CPL + CPL − 1), as the plan sized them.
-int FormatsCpl(int sv) { return sv <= 64 ? 2 : sv <= 96 ? 3 : sv <= 128 ? 4 : sv <= 256 ? 8 : 16; }
-
-// Dispatch on (value channels per lane, q heads per block); every pair the
-// plan can choose is listed.
+// Dispatch on (value channels per lane, q heads per block) as planned;
+// every pair the plan can choose is listed.
 cudaError_t LaunchFormats(const Decode& x) {
-  switch (FormatsCpl(x.d().sv) * 100 + x.d().formats_heads) {
+  switch (x.d().formats_cpl * 100 + x.d().formats_heads) {
     case 201: return FormatsWith<1, 2>(x);
     case 202: return FormatsWith<2, 2>(x);
     case 204: return FormatsWith<4, 2>(x);

@@ -237,7 +237,10 @@ cudaError_t PlanAttention(const AttentionLaunch& a, const AttentionDevice& dev, 
   d.sv = StateSize(a.host_v, a.dim);
   d.record = 2 + d.sv + a.dim;
   d.group = a.q_heads / a.kv_heads;
-  if (p.kernel == K::kFormats) d.formats_heads = FormatsBlockHeads(a);
+  if (p.kernel == K::kFormats) {
+    d.formats_heads = FormatsBlockHeads(a);
+    d.formats_cpl = FormatsCpl(d.sv);
+  }
   d.head_chunks = IsSpecialised(p.kernel)     ? 1
                   : p.kernel == K::kFormats ? (d.group + d.formats_heads - 1) / d.formats_heads
                                             : GenericHeadChunks(d.group);

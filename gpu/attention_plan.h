@@ -84,6 +84,7 @@ struct AttnDims {
   // split's record (the other splits' kernel takes packed tokens only).
   int tail_split = -1;
   int formats_heads = 0;  // the formats kernel's q heads per block
+  int formats_cpl = 0;    // and value-state channels per lane
 };
 
 struct AttentionPlan {

@@ -102,6 +102,13 @@ TEST(AttentionPlan, EveryPlanPicksAnEligibleServedKernel) {
               EXPECT_GE(p.dims.splits, 1);
               EXPECT_LE(p.dims.splits, 1025);
               EXPECT_EQ(p.dims.tail_split >= 0, tail && p.kernel == AttnKernel::kFormats);
+              if (p.kernel == AttnKernel::kFormats) {
+                // Value-state channels per lane: the smallest instantiated width that holds sv.
+                const int cpl = p.dims.formats_cpl;
+                EXPECT_TRUE(cpl == 2 || cpl == 3 || cpl == 4 || cpl == 8 || cpl == 16) << cpl;
+                EXPECT_LE(p.dims.sv, 32 * cpl);
+                EXPECT_GT(p.dims.sv, 32 * (cpl == 2 ? 0 : cpl == 3 ? 2 : cpl == 4 ? 3 : cpl / 2));
+              }
               EXPECT_EQ(p.dims.group, h.q / h.kv);
               EXPECT_EQ(p.workspace_bytes,
                         p.states_bytes + sizeof(float) * batch * h.q * p.dims.splits * (2 + p.dims.sv + dim));
