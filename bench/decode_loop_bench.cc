@@ -5,7 +5,9 @@
 // tails fill and pack during the run as they do in a real decode loop.
 //
 // Per shape it reports the per-layer call (median, p99) split into
-//   transport + service  = call − the server's kernel_micros,
+//   transport + framing  = call − the server's service_micros,
+//   service host work    = service_micros − kernel_micros (appends,
+//                          request checks, outputs),
 //   backend host work    = kernel_micros − device_micros,
 //   device               = device_micros (the attention kernels, GPU events),
 // the step of all layers, the packed bytes a layer's kernel reads and their
@@ -140,7 +142,7 @@ absl::StatusOr<Shape> ParseShape(const std::string& s, std::mt19937_64& rng) {
 }
 
 struct Samples {
-  std::vector<double> call, kernel, device, step;
+  std::vector<double> call, service, kernel, device, step;
 };
 
 int Run(int argc, char** argv) {
@@ -269,6 +271,7 @@ int Run(int argc, char** argv) {
             auto r = (*dp)->Attend(at);
             if (!r.ok()) return r.status();
             if (step >= 0) {
+              out->service.push_back(static_cast<double>(r->service_micros()));
               out->kernel.push_back(static_cast<double>(r->kernel_micros()));
               out->device.push_back(static_cast<double>(r->device_micros()));
             }
@@ -276,6 +279,7 @@ int Run(int argc, char** argv) {
             auto r = (*dp)->Attend(one);
             if (!r.ok()) return r.status();
             if (step >= 0) {
+              out->service.push_back(static_cast<double>(r->service_micros()));
               out->kernel.push_back(static_cast<double>(r->kernel_micros()));
               out->device.push_back(static_cast<double>(r->device_micros()));
             }
@@ -303,22 +307,24 @@ int Run(int argc, char** argv) {
     int64_t tokens = 0;
     for (int64_t len : shape->lengths) tokens += len;
     const double layer_bytes = static_cast<double>(model->format().block_bytes()) / layers / bs * tokens;
-    std::vector<double> rest, host;
+    std::vector<double> transport, service, host;
     for (size_t i = 0; i < s1.call.size(); ++i) {
-      rest.push_back(s1.call[i] - s1.kernel[i]);
+      transport.push_back(s1.call[i] - s1.service[i]);
+      service.push_back(s1.service[i] - s1.kernel[i]);
       host.push_back(s1.kernel[i] - s1.device[i]);
     }
     const double call = Percentile(s1.call, 0.5), dev = Percentile(s1.device, 0.5);
     std::printf(
         "\n[%s] %zu sequences, %lld tokens (%.2f GB packed, put in %.1f s), %d steps x %d layers\n"
         "  per-layer call (one call: append + attend): median %.0f us, p99 %.0f us\n"
-        "    transport + service %.0f us | backend host work %.0f us | device (kernels) %.0f us "
+        "    transport + framing %.0f us | service host work %.0f us | backend host work %.0f us | device "
+        "(kernels) %.0f us "
         "(%.1f MB of pages a layer, %.2f TB/s)\n"
         "  step (%d layers): median %.2f ms, p99 %.2f ms\n"
         "  call / device: %.2fx   raw loopback TCP round trip of the same %zu + %zu bytes: median %.0f us, p99 "
         "%.0f us\n",
         spec.c_str(), nseq, (long long)tokens, put_bytes / 1e9, put_s, steps, layers, call,
-        Percentile(s1.call, 0.99), Percentile(rest, 0.5), Percentile(host, 0.5), dev, layer_bytes / 1e6,
+        Percentile(s1.call, 0.99), Percentile(transport, 0.5), Percentile(service, 0.5), Percentile(host, 0.5), dev, layer_bytes / 1e6,
         dev > 0 ? layer_bytes / dev / 1e6 : 0.0, layers, Percentile(s1.step, 0.5) / 1e3,
         Percentile(s1.step, 0.99) / 1e3, dev > 0 ? call / dev : 0.0, req_bytes, rep_bytes, floor->first,
         floor->second);

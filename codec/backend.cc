@@ -40,6 +40,16 @@ absl::Status ValidateEncodeArgs(const ModelCodec& codec, int first, int last,
   return absl::OkStatus();
 }
 
+void PointAtContiguousF32(AttendBatch& b, const float* q, float* out) {
+  const size_t row = static_cast<size_t>(b.shape.q_heads) * b.shape.dim;
+  for (size_t i = 0; i < b.sequences.size(); ++i) {
+    AttendSequence& s = b.sequences[i];
+    s.q = q + b.query_offsets[i] * row;
+    s.out = out + b.query_offsets[i] * row;
+    s.dtype = DType::kF32;
+  }
+}
+
 absl::Status ValidateAttendBatch(const ModelCodec& codec, const AttendBatch& b) {
   const ModelShape& s = codec.shape();
   if (b.layer < 0 || b.layer >= s.num_layers)
@@ -62,6 +72,8 @@ absl::Status ValidateAttendBatch(const ModelCodec& codec, const AttendBatch& b) 
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", i, " has ", seq.packed_tokens, " packed tokens in ",
                        seq.blocks.size(), " blocks"));
+    if (b.query_offsets[i + 1] > b.query_offsets[i] && (seq.q == nullptr || seq.out == nullptr))
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has queries but no q or out buffer"));
     const int64_t total = seq.packed_tokens + seq.tail_k.tokens;
     for (int64_t q = b.query_offsets[i]; q < b.query_offsets[i + 1]; ++q)
       if (b.positions[q] < 0 || b.positions[q] >= total)

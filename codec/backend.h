@@ -48,23 +48,33 @@ struct AttendSequence {
   // common prefix, so a backend may keep the list's device slots and look
   // up only blocks past them. Retired through Forget(sequence_key).
   uint64_t sequence_key = 0;
+  // This sequence's queries (rows [query_offsets[i], query_offsets[i+1])
+  // of the batch) and where their outputs go, both [num_queries, q_heads,
+  // d] in `dtype` (fp32, fp16 or bf16): a service passes its wire bytes
+  // straight through, and the backend converts where its kernels need to.
+  const void* q = nullptr;
+  void* out = nullptr;
+  DType dtype = DType::kF32;
 };
 
-// A batch of attention work on one layer. Queries of sequence i are rows
-// [query_offsets[i], query_offsets[i+1]) of q; each has an absolute position
-// (decode: total_tokens − 1).
+// A batch of attention work on one layer. Sequence i has the queries
+// [query_offsets[i], query_offsets[i+1]) (AttendSequence::q); each has an
+// absolute position (decode: total_tokens − 1).
 struct AttendBatch {
   int layer = 0;
   AttentionShape shape;
   std::vector<AttendSequence> sequences;
   std::vector<int64_t> query_offsets;  // size sequences.size() + 1
-  const float* q = nullptr;            // [total queries, q_heads, d] fp32
   std::vector<int64_t> positions;      // per query
-  float* out = nullptr;                // [total queries, q_heads, d] fp32
   // Optional: receives the device time of the attention kernels in
   // microseconds (GPU events); 0 where the backend has no device.
   double* device_micros = nullptr;
 };
+
+// Points sequence i's q and out at rows [query_offsets[i], ...) of the
+// contiguous fp32 buffers `q` and `out` ([total queries, q_heads, d]).
+// REQUIRES: query_offsets and shape set.
+void PointAtContiguousF32(AttendBatch& batch, const float* q, float* out);
 
 struct BackendStats {
   uint64_t device_bytes_capacity = 0;  // GPU tier arena size (0 on CPU)

@@ -79,10 +79,17 @@ absl::Status CpuBackend::Attend(const ModelCodec& codec, const AttendBatch& b) {
     seq.tail_k = in.tail_k;
     seq.tail_v = in.tail_v;
     const int64_t q0 = b.query_offsets[i], nq = b.query_offsets[i + 1] - q0;
-    const size_t row = static_cast<size_t>(b.shape.q_heads) * d;
+    const size_t n = static_cast<size_t>(nq) * b.shape.q_heads * d;
+    if (n == 0) continue;
+    // fp32 queries and outputs are used in place; others convert.
+    const bool f32 = in.dtype == DType::kF32;
+    std::vector<float> q32(f32 ? 0 : n), out32(f32 ? 0 : n);
+    if (!f32) ToFloat(in.dtype, in.q, q32.data(), n);
+    float* out = f32 ? static_cast<float*>(in.out) : out32.data();
     TQ_RETURN_IF_ERROR(AttendPacked(codec.layer(l), codec.shape().block_size, b.shape, seq,
-                                    b.q + q0 * row, nq, b.positions.data() + q0,
-                                    b.out + q0 * row, pool_.get()));
+                                    f32 ? static_cast<const float*>(in.q) : q32.data(), nq,
+                                    b.positions.data() + q0, out, pool_.get()));
+    if (!f32) FromFloat(in.dtype, out32.data(), in.out, n);
   }
   return absl::OkStatus();
 }

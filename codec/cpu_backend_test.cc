@@ -52,13 +52,13 @@ TEST(CpuBackend, EncodeDecodeAttendBlocks) {
   for (int b = 0; b < blocks; ++b) refs.push_back({uint64_t(b + 1), payloads[b].data()});
   seq.blocks = refs;
   seq.packed_tokens = 40;
+  std::vector<float> q = RandomRows(4, 64, 7);
+  std::vector<float> out(4 * 64);
+  seq.q = q.data();
+  seq.out = out.data();
   batch.sequences = {seq};
   batch.query_offsets = {0, 1};
-  std::vector<float> q = RandomRows(4, 64, 7);
-  batch.q = q.data();
   batch.positions = {39};
-  std::vector<float> out(4 * 64);
-  batch.out = out.data();
   ASSERT_TRUE(backend.Attend(*codec, batch).ok());
   PackedSequence ps;
   for (int b = 0; b < blocks; ++b) {
@@ -72,7 +72,27 @@ TEST(CpuBackend, EncodeDecodeAttendBlocks) {
   int64_t pos = 39;
   ReferenceAttention(batch.shape, q.data(), 1, &pos, dk.data(), dv.data(), 40, ref.data());
   EXPECT_LT(RelativeError(ref.data(), out.data(), ref.size()), 2e-5);
+  // fp16 and bf16 queries come back as outputs of the same dtype: the fp32
+  // result of the same (rounded) queries, rounded once.
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    std::vector<uint16_t> q16(q.size()), out16(q.size());
+    FromFloat(t, q.data(), q16.data(), q.size());
+    std::vector<float> q_rounded(q.size()), out32(q.size()), want(q.size());
+    ToFloat(t, q16.data(), q_rounded.data(), q.size());
+    AttendBatch b16 = batch;
+    b16.sequences[0].q = q_rounded.data();
+    b16.sequences[0].out = out32.data();
+    ASSERT_TRUE(backend.Attend(*codec, b16).ok());
+    b16.sequences[0] = {.blocks = refs, .packed_tokens = 40, .q = q16.data(), .out = out16.data(), .dtype = t};
+    ASSERT_TRUE(backend.Attend(*codec, b16).ok());
+    std::vector<uint16_t> want16(q.size());
+    FromFloat(t, out32.data(), want16.data(), q.size());
+    EXPECT_EQ(out16, want16) << DTypeName(t);
+  }
   // Bad batches are rejected.
+  AttendBatch no_out = batch;
+  no_out.sequences[0].out = nullptr;
+  EXPECT_EQ(backend.Attend(*codec, no_out).code(), absl::StatusCode::kInvalidArgument);
   batch.positions = {40};
   EXPECT_EQ(backend.Attend(*codec, batch).code(), absl::StatusCode::kInvalidArgument);
   batch.positions = {39};

@@ -274,7 +274,12 @@ class CudaBackend : public ComputeBackend {
     std::memcpy(h + tailoff_off, tail_offset.data(), nseq * sizeof(int64_t));
     if (!tails.cached) StageTails(b, row, tails, h + tk_off, h + tv_off);
     std::memcpy(h + pos_off, b.positions.data(), nq * sizeof(int64_t));
-    std::memcpy(h + q_off, b.q, nq * qrow * sizeof(float));
+    // Queries convert from their wire dtype straight into the staging.
+    for (size_t i = 0; i < nseq; ++i) {
+      const int64_t q0 = b.query_offsets[i], n = b.query_offsets[i + 1] - q0;
+      if (n > 0)
+        ToFloat(b.sequences[i].dtype, b.sequences[i].q, reinterpret_cast<float*>(h + q_off) + q0 * qrow, n * qrow);
+    }
     auto* pieces = reinterpret_cast<ScatterPiece*>(h + pieces_off);
     for (size_t i = 0; i < up.pieces.size(); ++i) {
       std::memcpy(h + piece_src[i], up.pieces[i].src, up.pieces[i].bytes);
@@ -341,7 +346,12 @@ class CudaBackend : public ComputeBackend {
                                             cudaMemcpyDeviceToHost, sm),
                             "download outputs");
     TQ_RETURN_IF_ERROR(stream_.Synchronize("attention"));
-    std::memcpy(b.out, h + out_off, nq * qrow * sizeof(float));
+    for (size_t i = 0; i < nseq; ++i) {
+      const int64_t q0 = b.query_offsets[i], n = b.query_offsets[i + 1] - q0;
+      if (n > 0)
+        FromFloat(b.sequences[i].dtype, reinterpret_cast<const float*>(h + out_off) + q0 * qrow,
+                  b.sequences[i].out, n * qrow);
+    }
     if (b.device_micros != nullptr)
       *b.device_micros = 1e3 * std::max(0.0f, CudaEvent::ElapsedMs(attend_start_, attend_stop_));
     return absl::OkStatus();

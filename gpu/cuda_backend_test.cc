@@ -192,15 +192,30 @@ TEST(CudaBackend, MatchesCpuBackend) {
       batch.query_offsets = {0, 1, 3};
       batch.positions = {28, 20, 27};
       std::vector<float> q = RandomRows(3 * QH, dim, 1000 + layer);
-      batch.q = q.data();
       std::vector<float> got(q.size()), want(q.size());
-      batch.out = got.data();
+      PointAtContiguousF32(batch, q.data(), got.data());
       absl::Status st = gpu.Attend(*codec, batch);
       ASSERT_TRUE(st.ok()) << st;
-      batch.out = want.data();
+      PointAtContiguousF32(batch, q.data(), want.data());
       ASSERT_TRUE(cpu.Attend(*codec, batch).ok());
       std::vector<double> wd(want.begin(), want.end());
       EXPECT_LT(RelativeError(wd.data(), got.data(), got.size()), 2e-3) << "layer " << layer;
+      // bf16 queries in, bf16 outputs out: the fp32 call on the same
+      // (rounded) queries, rounded once.
+      std::vector<uint16_t> q16(q.size()), out16(q.size()), want16(q.size());
+      FromFloat(DType::kBF16, q.data(), q16.data(), q.size());
+      ToFloat(DType::kBF16, q16.data(), q.data(), q.size());
+      PointAtContiguousF32(batch, q.data(), got.data());
+      ASSERT_TRUE(gpu.Attend(*codec, batch).ok());
+      FromFloat(DType::kBF16, got.data(), want16.data(), got.size());
+      const size_t row = static_cast<size_t>(QH) * dim;
+      for (size_t i = 0; i < batch.sequences.size(); ++i) {
+        batch.sequences[i].q = q16.data() + batch.query_offsets[i] * row;
+        batch.sequences[i].out = out16.data() + batch.query_offsets[i] * row;
+        batch.sequences[i].dtype = DType::kBF16;
+      }
+      ASSERT_TRUE(gpu.Attend(*codec, batch).ok());
+      EXPECT_EQ(out16, want16) << "layer " << layer;
     }
     BackendStats st = gpu.Stats();
     EXPECT_EQ(st.device_blocks, 4u);
@@ -222,8 +237,7 @@ TEST(CudaBackend, MatchesCpuBackend) {
       big.query_offsets = {0, 1};
       big.positions = {all.packed_tokens - 1};
       std::vector<float> q(QH * dim, 0.1f), o(QH * dim);
-      big.q = q.data();
-      big.out = o.data();
+      PointAtContiguousF32(big, q.data(), o.data());
       return gpu.Attend(*codec, big);
     };
     EXPECT_TRUE(run(10, 4).ok());  // one free slot + 3 LRU evictions
@@ -275,11 +289,10 @@ TEST(CudaBackend, ReusedSlotListsSurviveEvictionInTheSameBatch) {
       batch.positions.push_back(s.packed_tokens - 1);
     }
     std::vector<float> q = RandomRows(seqs.size() * QH, dim, seed), got(q.size()), want(q.size());
-    batch.q = q.data();
-    batch.out = got.data();
+    PointAtContiguousF32(batch, q.data(), got.data());
     absl::Status st = gpu.Attend(*codec, batch);
     EXPECT_TRUE(st.ok()) << st;
-    batch.out = want.data();
+    PointAtContiguousF32(batch, q.data(), want.data());
     EXPECT_TRUE(cpu.Attend(*codec, batch).ok());
     std::vector<double> wd(want.begin(), want.end());
     EXPECT_LT(RelativeError(wd.data(), got.data(), got.size()), 2e-3);
@@ -400,12 +413,11 @@ TEST(CudaBackend, DecodeLoopWithTailIdsAndFillingBlocks) {
       bare.positions = batch.positions;
       std::vector<float> qv = RandomRows(2 * QH, dim, 9000 + step * 10 + l), got(qv.size()), base(qv.size()),
                          want(qv.size());
-      batch.q = bare.q = qv.data();
-      batch.out = got.data();
+      PointAtContiguousF32(batch, qv.data(), got.data());
       ASSERT_TRUE(with_ids.Attend(*codec, batch).ok()) << "step " << step << " layer " << l;
-      bare.out = base.data();
+      PointAtContiguousF32(bare, qv.data(), base.data());
       ASSERT_TRUE(plain.Attend(*codec, bare).ok());
-      batch.out = want.data();
+      PointAtContiguousF32(batch, qv.data(), want.data());
       ASSERT_TRUE(cpu.Attend(*codec, batch).ok());
       std::vector<double> wd(want.begin(), want.end());
       EXPECT_LT(RelativeError(wd.data(), got.data(), got.size()), 2e-3) << "step " << step << " layer " << l;

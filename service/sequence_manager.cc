@@ -95,7 +95,7 @@ absl::Status CheckNewTokens(const ModelShape& s, const TensorView& k, const Tens
 
 }  // namespace
 
-// What AppendLocked changed in one layer of a sequence, to put it back.
+// What a CommitAppend changed in one layer of a sequence, to put it back.
 struct SequenceManager::LayerUndo {
   Sequence* seq = nullptr;
   int layer = 0;
@@ -136,62 +136,106 @@ void SequenceManager::Restore(LayerUndo& u) {
   seq.owned_count[u.layer] = u.owned_count;
 }
 
-absl::Status SequenceManager::AppendLocked(Sequence& seq, int layer, const DenseView& k,
-                                           const DenseView& v, LayerUndo* undo) {
+// An append of one layer's rows, staged: the rows it adds and, where the
+// tail fills blocks, the blocks and the encodes that pack them. Nothing of
+// the sequence changes until CommitAppend.
+struct SequenceManager::StagedAppend {
+  Sequence* seq = nullptr;
+  int layer = 0;
+  DenseView k, v;  // the new rows
+  // Set when full blocks pack: the old tail and the new rows in fp32, the
+  // rows packed from their front, the blocks created for them, the
+  // layer's owned block count after, and one encode per packed block.
+  bool packs = false;
+  std::vector<float> rows_k, rows_v;
+  size_t consumed = 0;
+  std::vector<std::unique_ptr<OwnedBlock>> created;
+  int64_t count = 0;
+  std::vector<ComputeBackend::EncodeItem> encodes;
+};
+
+SequenceManager::StagedAppend SequenceManager::StageAppend(Sequence& seq, int layer, const DenseView& k,
+                                                          const DenseView& v) {
   const ModelCodec& codec = *seq.model->codec;
   const ModelShape& s = codec.shape();
   const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
-  std::vector<float>& tk = seq.tail_k[layer];
-  std::vector<float>& tv = seq.tail_v[layer];
-  const size_t old = tk.size();
+  StagedAppend a{.seq = &seq, .layer = layer, .k = k, .v = v};
+  const size_t old = seq.tail_k[layer].size();
   const size_t n = static_cast<size_t>(k.tokens) * row;
-  if ((old + n) / row < static_cast<size_t>(s.block_size)) {
+  if ((old + n) / row < static_cast<size_t>(s.block_size)) return a;  // the rows grow in place
+  a.packs = true;
+  a.rows_k.resize(old + n);
+  a.rows_v.resize(old + n);
+  std::memcpy(a.rows_k.data(), seq.tail_k[layer].data(), old * sizeof(float));
+  std::memcpy(a.rows_v.data(), seq.tail_v[layer].data(), old * sizeof(float));
+  ToFloat(k.dtype, k.data, a.rows_k.data() + old, n);
+  ToFloat(v.dtype, v.data, a.rows_v.data() + old, n);
+  const size_t owned_size = seq.owned.size();
+  a.count = seq.owned_count[layer];
+  while (a.rows_k.size() / row - a.consumed >= static_cast<size_t>(s.block_size)) {
+    const size_t j = static_cast<size_t>(a.count);
+    if (j >= owned_size + a.created.size())
+      a.created.push_back(std::make_unique<OwnedBlock>(next_owned_id_.fetch_add(1), codec.block_bytes(), backend_));
+    OwnedBlock& block = j < owned_size ? *seq.owned[j] : *a.created[j - owned_size];
+    // Layer `layer` of this block is not final (owned_count does not cover
+    // it), so nothing reads the bytes the encode writes before the commit.
+    a.encodes.push_back(
+        {.k = {{a.rows_k.data() + a.consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim}},
+         .v = {{a.rows_v.data() + a.consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim}},
+         .out = block.bytes.get() + codec.layer_offset(layer)});
+    ++a.count;
+    a.consumed += s.block_size;
+  }
+  return a;
+}
+
+absl::Status SequenceManager::EncodeStaged(const ModelCodec& codec, int layer, std::span<StagedAppend> staged) {
+  std::vector<ComputeBackend::EncodeItem> items;
+  for (StagedAppend& a : staged)
+    for (ComputeBackend::EncodeItem& e : a.encodes) items.push_back(std::move(e));
+  if (items.empty()) return absl::OkStatus();
+  return backend_->EncodeBlocks(codec, layer, layer + 1, items);
+}
+
+void SequenceManager::CommitAppend(StagedAppend& a, LayerUndo* undo) {
+  Sequence& seq = *a.seq;
+  const ModelShape& s = seq.model->shape();
+  const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
+  std::vector<float>& tk = seq.tail_k[a.layer];
+  std::vector<float>& tv = seq.tail_v[a.layer];
+  const size_t old = tk.size();
+  if (!a.packs) {
     // The common decode step: the rows grow in place (same tail id).
+    const size_t n = static_cast<size_t>(a.k.tokens) * row;
     tk.resize(old + n);
     tv.resize(old + n);
-    ToFloat(k.dtype, k.data, tk.data() + old, n);
-    ToFloat(v.dtype, v.data, tv.data() + old, n);
-    if (undo != nullptr) *undo = {.seq = &seq, .layer = layer, .tail_elems = old};
-    return absl::OkStatus();
+    ToFloat(a.k.dtype, a.k.data, tk.data() + old, n);
+    ToFloat(a.v.dtype, a.v.data, tv.data() + old, n);
+    if (undo != nullptr) *undo = {.seq = &seq, .layer = a.layer, .tail_elems = old};
+    return;
   }
-  // Full blocks pack into owned blocks (layer `layer` of each), the rest
-  // becomes a new tail; nothing of `seq` changes until every encode worked.
-  std::vector<float> nk(old + n), nv(old + n);
-  std::memcpy(nk.data(), tk.data(), old * sizeof(float));
-  std::memcpy(nv.data(), tv.data(), old * sizeof(float));
-  ToFloat(k.dtype, k.data, nk.data() + old, n);
-  ToFloat(v.dtype, v.data, nv.data() + old, n);
+  a.rows_k.erase(a.rows_k.begin(), a.rows_k.begin() + a.consumed * row);
+  a.rows_v.erase(a.rows_v.begin(), a.rows_v.begin() + a.consumed * row);
   const size_t owned_size = seq.owned.size();
-  int64_t count = seq.owned_count[layer];
-  size_t consumed = 0;  // rows packed
-  std::vector<std::unique_ptr<OwnedBlock>> created;
-  while (nk.size() / row - consumed >= static_cast<size_t>(s.block_size)) {
-    const size_t j = static_cast<size_t>(count);
-    if (j >= owned_size + created.size())
-      created.push_back(std::make_unique<OwnedBlock>(next_owned_id_.fetch_add(1), codec.block_bytes(), backend_));
-    OwnedBlock& block = j < owned_size ? *seq.owned[j] : *created[j - owned_size];
-    DenseView kd{nk.data() + consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim};
-    DenseView vd{nv.data() + consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim};
-    TQ_RETURN_IF_ERROR(backend_->EncodeBlock(codec, layer, layer + 1, {kd}, {vd},
-                                             block.bytes.get() + codec.layer_offset(layer)));
-    ++count;
-    consumed += s.block_size;
-  }
-  nk.erase(nk.begin(), nk.begin() + consumed * row);
-  nv.erase(nv.begin(), nv.begin() + consumed * row);
   if (undo != nullptr) {
-    *undo = {.seq = &seq, .layer = layer, .tail_elems = old, .packed = true, .tail_k = std::move(tk),
-             .tail_v = std::move(tv), .tail_id = std::move(seq.tail_ids[layer]),
-             .owned_count = seq.owned_count[layer], .owned_size = owned_size};
+    *undo = {.seq = &seq, .layer = a.layer, .tail_elems = old, .packed = true, .tail_k = std::move(tk),
+             .tail_v = std::move(tv), .tail_id = std::move(seq.tail_ids[a.layer]),
+             .owned_count = seq.owned_count[a.layer], .owned_size = owned_size};
   }
-  for (auto& b : created) {
+  for (auto& b : a.created) {
     seq.refs.push_back({b->id.id, b->bytes.get(), /*complete=*/false});
     seq.owned.push_back(std::move(b));
   }
-  seq.owned_count[layer] = count;
-  tk = std::move(nk);
-  tv = std::move(nv);
-  seq.tail_ids[layer] = NewId();
+  seq.owned_count[a.layer] = a.count;
+  tk = std::move(a.rows_k);
+  tv = std::move(a.rows_v);
+  seq.tail_ids[a.layer] = NewId();
+}
+
+absl::Status SequenceManager::AppendLocked(Sequence& seq, int layer, const DenseView& k, const DenseView& v) {
+  StagedAppend a = StageAppend(seq, layer, k, v);
+  TQ_RETURN_IF_ERROR(EncodeStaged(*seq.model->codec, layer, std::span<StagedAppend>(&a, 1)));
+  CommitAppend(a, nullptr);
   return absl::OkStatus();
 }
 
@@ -322,6 +366,7 @@ absl::StatusOr<v1::AppendResponse> SequenceManager::Append(const std::string& te
 
 absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& tenant,
                                                            const v1::AttendRequest& req) {
+  const auto start = std::chrono::steady_clock::now();
   if (req.items_size() == 0) return absl::InvalidArgumentError("items is empty");
   std::vector<std::shared_ptr<Sequence>> seqs;
   for (const v1::AttendItem& item : req.items()) {
@@ -393,26 +438,28 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
     for (Sequence* seq : locked) seq->mu.Unlock();
     return st;
   };
-  // Every append first: each item then attends over its sequence as the
-  // call leaves it.
+  // Every append first, their full blocks packed in one backend batch:
+  // each item then attends over its sequence as the call leaves it.
+  std::vector<StagedAppend> staged;
+  staged.reserve(appending.size());
   for (int i = 0; i < req.items_size(); ++i) {
     const Item& it = items[i];
-    if (!it.k) continue;
-    undo.emplace_back();
-    absl::Status st = AppendLocked(*seqs[i], layer, SliceView(*it.k, 0, 0, it.k->shape[0]),
-                                   SliceView(*it.v, 0, 0, it.v->shape[0]), &undo.back());
-    if (!st.ok()) {
-      undo.pop_back();
-      return finish(st);
-    }
+    if (it.k)
+      staged.push_back(StageAppend(*seqs[i], layer, SliceView(*it.k, 0, 0, it.k->shape[0]),
+                                   SliceView(*it.v, 0, 0, it.v->shape[0])));
   }
+  if (absl::Status st = EncodeStaged(*model.codec, layer, staged); !st.ok()) return finish(st);
+  for (StagedAppend& a : staged) CommitAppend(a, &undo.emplace_back());
+  staged.clear();
 
+  // Queries are read from the request and outputs written into the
+  // response in their wire dtype: the backend converts.
+  v1::AttendResponse resp;
   AttendBatch batch;
   batch.layer = layer;
   batch.shape = {s.num_q_heads, s.num_kv_heads, s.head_dim, req.scale()};
   batch.query_offsets.push_back(0);
   batch.sequences.reserve(req.items_size());
-  std::vector<float> q(total_queries * qrow);
   for (int i = 0; i < req.items_size(); ++i) {
     const v1::AttendItem& item = req.items(i);
     const Item& it = items[i];
@@ -438,32 +485,25 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
                                                               " outside the sequence's ", total, " tokens")));
       batch.positions.push_back(static_cast<int64_t>(p));
     }
-    ToFloat(it.q.dtype, it.q.data, q.data() + batch.query_offsets.back() * qrow, nq * qrow);
+    v1::Tensor* t = resp.add_outputs();
+    t->set_dtype(ToProtoDType(it.q.dtype));
+    t->add_shape(nq);
+    t->add_shape(s.num_q_heads);
+    t->add_shape(s.head_dim);
+    t->mutable_data()->resize(nq * qrow * DTypeSize(it.q.dtype));
+    as.q = it.q.data;
+    as.out = t->mutable_data()->data();
+    as.dtype = it.q.dtype;
     batch.query_offsets.push_back(batch.query_offsets.back() + nq);
   }
-  std::vector<float> out(q.size());
-  batch.q = q.data();
-  batch.out = out.data();
   double device_micros = 0;
   batch.device_micros = &device_micros;
   const auto t0 = std::chrono::steady_clock::now();
   TQ_RETURN_IF_ERROR(finish(backend_->Attend(*model.codec, batch)));
   const auto t1 = std::chrono::steady_clock::now();
-  v1::AttendResponse resp;
   resp.set_kernel_micros(std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count());
   resp.set_device_micros(static_cast<uint64_t>(device_micros + 0.5));
-  for (int i = 0; i < req.items_size(); ++i) {
-    const int64_t q0 = batch.query_offsets[i], nq = batch.query_offsets[i + 1] - q0;
-    const DType qtype = items[i].q.dtype;
-    v1::Tensor* t = resp.add_outputs();
-    t->set_dtype(ToProtoDType(qtype));
-    t->add_shape(nq);
-    t->add_shape(s.num_q_heads);
-    t->add_shape(s.head_dim);
-    std::string* data = t->mutable_data();
-    data->resize(nq * qrow * DTypeSize(qtype));
-    FromFloat(qtype, out.data() + q0 * qrow, data->data(), nq * qrow);
-  }
+  resp.set_service_micros(std::chrono::duration_cast<std::chrono::microseconds>(t1 - start).count());
   return resp;
 }
 

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -108,12 +109,20 @@ class SequenceManager {
   // The live sequence `id` of `tenant` (refreshing its idle timer), or
   // NOT_FOUND.
   absl::StatusOr<std::shared_ptr<Sequence>> Use(const std::string& tenant, const std::string& id);
-  // Appends dense rows to layer `layer` of `seq`, packing full blocks; on
-  // error `seq` is unchanged. On success, `undo` (optional) receives what
-  // Restore needs to take the append back. REQUIRES: seq.mu held.
-  absl::Status AppendLocked(Sequence& seq, int layer, const DenseView& k, const DenseView& v,
-                            LayerUndo* undo = nullptr);
-  // Puts back what an AppendLocked replaced. REQUIRES: the sequence's mu
+  struct StagedAppend;
+  // Appending dense rows to layer `layer` of `seq` in three steps, so that
+  // one call's appends pack their full blocks in one backend batch:
+  // StageAppend prepares (the blocks the rows fill, their encodes) and
+  // changes nothing; EncodeStaged runs the encodes of appends to one
+  // layer (on error nothing is committed); CommitAppend applies one and
+  // cannot fail; `undo` (optional) receives what Restore needs to take it
+  // back. REQUIRES: seq.mu held from the stage to the commit.
+  StagedAppend StageAppend(Sequence& seq, int layer, const DenseView& k, const DenseView& v);
+  absl::Status EncodeStaged(const ModelCodec& codec, int layer, std::span<StagedAppend> staged);
+  void CommitAppend(StagedAppend& staged, LayerUndo* undo);
+  // The three steps for one append. REQUIRES: seq.mu held.
+  absl::Status AppendLocked(Sequence& seq, int layer, const DenseView& k, const DenseView& v);
+  // Puts back what a CommitAppend replaced. REQUIRES: the sequence's mu
   // held since that append, and no later append to that layer.
   void Restore(LayerUndo& undo);
 

@@ -533,10 +533,12 @@ TEST_F(DataPlaneTest, AttendGivesTheSameOutputsAsGrpcAttend) {
 }
 
 // A decode worker's step: the layer's new token rides in the Attend call.
-// Append then Attend (gRPC), Attend with new tokens (gRPC) and Attend with
-// new tokens (data plane) on three identical sequences give the same bytes
-// at every step and layer, across the block fill; a call that fails leaves
-// every sequence unchanged.
+// Append then Attend (gRPC), Attend with new tokens (gRPC), Attend with
+// new tokens (data plane) and one data-plane Attend whose two items both
+// carry new tokens (their blocks fill in the same call and pack in one
+// batch) on five identical sequences give the same bytes at every step and
+// layer, across the block fill; a call that fails leaves every sequence
+// unchanged.
 TEST_F(DataPlaneTest, DecodeStepAppendsAndAttendsInOneCall) {
   const v1::ModelRef model = RegisterSmall();
   const std::vector<std::string> chain = client::HashChain(7, 3);
@@ -547,7 +549,7 @@ TEST_F(DataPlaneTest, DecodeStepAppendsAndAttendsInOneCall) {
   *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 51);
   *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 52);
   std::vector<std::string> ids;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 5; ++i) {
     auto seq = client_->CreateSequence(cs);
     ASSERT_TRUE(seq.ok()) << seq.status();
     ids.push_back(seq->sequence_id());
@@ -583,9 +585,16 @@ TEST_F(DataPlaneTest, DecodeStepAppendsAndAttendsInOneCall) {
       item->set_sequence_id(ids[2]);
       auto data_plane = dp->Attend(at);
       ASSERT_TRUE(data_plane.ok()) << data_plane.status();
+      item->set_sequence_id(ids[3]);
+      *at.add_items() = *item;
+      at.mutable_items(1)->set_sequence_id(ids[4]);
+      auto pair = dp->Attend(at);
+      ASSERT_TRUE(pair.ok()) << pair.status();
       SCOPED_TRACE(absl::StrCat("step ", step, " layer ", layer));
       EXPECT_EQ(one_call->outputs(0).data(), two_calls->outputs(0).data());
       EXPECT_EQ(data_plane->outputs(0).data(), two_calls->outputs(0).data());
+      EXPECT_EQ(pair->outputs(0).data(), two_calls->outputs(0).data());
+      EXPECT_EQ(pair->outputs(1).data(), two_calls->outputs(0).data());
       EXPECT_NE(one_call->outputs(0).data(), std::string(one_call->outputs(0).data().size(), '\0'));
     }
   }

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames are little-endian");
 
@@ -120,15 +121,15 @@ absl::Status DataPlaneClient::GetBlocks(const v1::GetBlocksRequest& req, DataPla
 
 absl::StatusOr<v1::AttendResponse> DataPlaneClient::Attend(const v1::AttendRequest& req) {
   v1::DataPlaneRequest dr;
-  *dr.mutable_attend() = req;
-  if (absl::Status s = Exchange(&dr, &scratch_); !s.ok()) return s;
+  if (absl::Status s = Exchange(&dr, &scratch_, v1::DataPlaneRequest::kAttendFieldNumber, &req); !s.ok())
+    return s;
   return std::move(*scratch_.reply_.mutable_attend());
 }
 
 absl::StatusOr<v1::AppendResponse> DataPlaneClient::Append(const v1::AppendRequest& req) {
   v1::DataPlaneRequest dr;
-  *dr.mutable_append() = req;
-  if (absl::Status s = Exchange(&dr, &scratch_); !s.ok()) return s;
+  if (absl::Status s = Exchange(&dr, &scratch_, v1::DataPlaneRequest::kAppendFieldNumber, &req); !s.ok())
+    return s;
   return std::move(*scratch_.reply_.mutable_append());
 }
 
@@ -180,13 +181,28 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
   return std::move(*reply.mutable_put());
 }
 
-absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr) {
+absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr, int field,
+                                       const google::protobuf::MessageLite* body) {
+  using google::protobuf::io::CodedOutputStream;
   if (absl::Status s = EnsureConnected(); !s.ok()) return s;
   if (!options_.token.empty()) dr->set_authorization(absl::StrCat("Bearer ", options_.token));
-  const uint32_t n = static_cast<uint32_t>(dr->ByteSizeLong());
-  frame_.resize(4 + size_t{n});
-  std::memcpy(frame_.data(), &n, 4);
-  dr->SerializeToArray(frame_.data() + 4, static_cast<int>(n));
+  const size_t head = dr->ByteSizeLong();
+  const size_t body_bytes = body != nullptr ? body->ByteSizeLong() : 0;
+  const uint32_t tag = static_cast<uint32_t>(field) << 3 | 2;  // length-delimited
+  const size_t n = head + (body != nullptr ? CodedOutputStream::VarintSize32(tag) +
+                                                 CodedOutputStream::VarintSize64(body_bytes) + body_bytes
+                                           : 0);
+  if (n > UINT32_MAX) return absl::InvalidArgumentError("data plane request over 4 GiB");
+  frame_.resize(4 + n);
+  const uint32_t n32 = static_cast<uint32_t>(n);
+  std::memcpy(frame_.data(), &n32, 4);
+  auto* p = reinterpret_cast<uint8_t*>(frame_.data() + 4);
+  p = dr->SerializeWithCachedSizesToArray(p);
+  if (body != nullptr) {
+    p = CodedOutputStream::WriteVarint32ToArray(tag, p);
+    p = CodedOutputStream::WriteVarint64ToArray(body_bytes, p);
+    body->SerializeWithCachedSizesToArray(p);
+  }
   return SendAll(frame_.data(), frame_.size());
 }
 
@@ -213,8 +229,9 @@ absl::Status DataPlaneClient::ReceiveBare(v1::DataPlaneReply* reply) {
   return absl::OkStatus();
 }
 
-absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks* out) {
-  if (absl::Status s = SendFrame(dr); !s.ok()) return s;
+absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks* out, int field,
+                                       const google::protobuf::MessageLite* body) {
+  if (absl::Status s = SendFrame(dr, field, body); !s.ok()) return s;
 
   // One recv usually brings the prefix, the header and the payload's first
   // bytes; the rest of the payload is received in place.

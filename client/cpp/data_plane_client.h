@@ -93,10 +93,16 @@ class DataPlaneClient {
  private:
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
   absl::Status EnsureConnected();
-  // Sends *req (adding the token) and receives its reply into *out.
-  absl::Status Exchange(v1::DataPlaneRequest* req, DataPlaneBlocks* out);
+  // Sends *req (adding the token; `field` and `body` as SendFrame takes
+  // them) and receives its reply into *out.
+  absl::Status Exchange(v1::DataPlaneRequest* req, DataPlaneBlocks* out, int field = 0,
+                        const google::protobuf::MessageLite* body = nullptr);
   // Sends *req as one frame (adding the token).
-  absl::Status SendFrame(v1::DataPlaneRequest* req);
+  // Sends `req` as one frame; a `body` (optional) is sent as its field
+  // `field` without being copied into it (a protobuf field appended to a
+  // serialized message is that message with the field set).
+  absl::Status SendFrame(v1::DataPlaneRequest* req, int field = 0,
+                         const google::protobuf::MessageLite* body = nullptr);
   // Receives one reply that carries no payload into *reply, reading exactly
   // its bytes (replies of pipelined frames follow it); its status.
   absl::Status ReceiveBare(v1::DataPlaneReply* reply);
