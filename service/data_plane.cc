@@ -16,12 +16,14 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <span>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "service/convert.h"
+#include "service/input_buffer.h"
 #include "service/net_address.h"
 #include "service/put_session.h"
 
@@ -51,8 +53,7 @@ struct Reply {
 struct Conn {
   int fd = -1;
   std::string peer;
-  std::string in;          // received bytes; [in_off, size) not yet parsed
-  size_t in_off = 0;
+  InputBuffer in;          // received, not yet parsed bytes
   bool preface_ok = false;
   bool closing = false;    // close once the queued replies are written
   // After a protocol error: the rest of the input is discarded; `skip`
@@ -280,17 +281,30 @@ class DataPlaneServer::Loop {
   }
 
   // Appends what the socket has; false (connection closed) on a reset.
+  // Bytes are read straight into the connection's input buffer, with room
+  // for the whole frame being received once its length is known.
   bool ReadInput(Conn* c) {
     for (;;) {
-      const ssize_t n = read(c->fd, scratch_, sizeof scratch_);
+      std::span<char> room(scratch_, sizeof scratch_);  // a failed connection's input is dropped
+      if (!c->failed) {
+        size_t want = sizeof scratch_;
+        if (c->preface_ok && c->in.size() >= 4) {
+          uint32_t frame;
+          std::memcpy(&frame, c->in.data(), 4);
+          if (frame <= options_.max_request_bytes && 4 + size_t{frame} > c->in.size())
+            want = std::max(want, 4 + size_t{frame} - c->in.size());
+        }
+        room = c->in.Spare(want);
+      }
+      const ssize_t n = read(c->fd, room.data(), room.size());
       if (n > 0 && c->failed) {
         c->skip -= std::min<uint64_t>(c->skip, static_cast<uint64_t>(n));
-        if (static_cast<size_t>(n) < sizeof scratch_) return true;
+        if (static_cast<size_t>(n) < room.size()) return true;
         continue;
       }
       if (n > 0) {
-        c->in.append(scratch_, static_cast<size_t>(n));
-        if (static_cast<size_t>(n) < sizeof scratch_) return true;
+        c->in.Commit(static_cast<size_t>(n));
+        if (static_cast<size_t>(n) < room.size()) return true;
         continue;
       }
       if (n == 0) {  // the client is done sending: answer what is complete, then close
@@ -308,8 +322,8 @@ class DataPlaneServer::Loop {
   // Serves every complete frame while the reply queue has room.
   void Process(Conn* c) {
     while (!c->failed && c->queued < options_.max_queued_reply_bytes) {
-      const size_t avail = c->in.size() - c->in_off;
-      const char* p = c->in.data() + c->in_off;
+      const size_t avail = c->in.size();
+      const char* p = c->in.data();
       if (!c->preface_ok) {
         if (avail < kPrefaceBytes) break;
         if (std::memcmp(p, kDataPlanePreface, kPrefaceBytes) != 0) {
@@ -318,7 +332,7 @@ class DataPlaneServer::Loop {
           break;
         }
         c->preface_ok = true;
-        c->in_off += kPrefaceBytes;
+        c->in.Consume(kPrefaceBytes);
         continue;
       }
       if (avail < 4) break;
@@ -337,15 +351,8 @@ class DataPlaneServer::Loop {
         Fail(c, absl::InvalidArgumentError("request frame is not a DataPlaneRequest"));
         break;
       }
-      c->in_off += 4 + size_t{n};
+      c->in.Consume(4 + size_t{n});
       Serve(c, &req);
-    }
-    if (c->in_off == c->in.size()) {
-      c->in.clear();
-      c->in_off = 0;
-    } else if (c->in_off >= (64u << 10)) {
-      c->in.erase(0, c->in_off);
-      c->in_off = 0;
     }
   }
 
@@ -361,8 +368,7 @@ class DataPlaneServer::Loop {
     c->closing = true;
     c->failed = true;
     c->skip = skip;
-    c->in.clear();
-    c->in_off = 0;
+    c->in.Clear();
   }
 
   // One frame of a put stream (see the proto's "Puts"); fills *head on a
@@ -555,7 +561,7 @@ class DataPlaneServer::Loop {
   absl::Mutex mu_;
   std::vector<std::pair<int, std::string>> adopted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
-  char scratch_[64 << 10];
+  char scratch_[64 << 10];  // a read's least room; where a failed connection's input is dropped
 };
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
