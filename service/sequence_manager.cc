@@ -29,13 +29,29 @@ struct SequenceManager::BackendId {
 
 // A block the sequence fills layer by layer (BlockRef::complete = false):
 // layer l's bytes are final once owned_count[l] covers it.
+// Its bytes are not zeroed: a layer is read only once encoded into.
 struct SequenceManager::OwnedBlock {
   OwnedBlock(uint64_t id, size_t bytes, ComputeBackend* backend)
-      : id(id, backend), bytes(std::make_unique<uint8_t[]>(bytes)) {
-    std::memset(this->bytes.get(), 0, bytes);
-  }
+      : id(id, backend), bytes(std::make_unique_for_overwrite<uint8_t[]>(bytes)) {}
   BackendId id;
   const std::unique_ptr<uint8_t[]> bytes;  // block_bytes()
+};
+
+// One layer's dense tail: room for block_size fp32 rows [kv_heads,
+// head_dim] of K and of V, allocated once (pages are touched only as rows
+// arrive, and reused after every pack), `rows` of them valid, and the id
+// the rows are known by (a new one whenever rows change other than by
+// growing). Rows past `rows` are scratch: an append fills them, and an
+// encode reads them, before they become valid.
+struct SequenceManager::Tail {
+  Tail(size_t row_elems, int block_size, std::unique_ptr<BackendId> id)
+      : k(std::make_unique_for_overwrite<float[]>(row_elems * block_size)),
+        v(std::make_unique_for_overwrite<float[]>(row_elems * block_size)),
+        id(std::move(id)) {}
+  std::unique_ptr<float[]> k, v;
+  int64_t rows = 0;
+  int64_t touched = 0;  // rows of the room ever written (resident bytes)
+  std::unique_ptr<BackendId> id;
 };
 
 struct SequenceManager::Sequence {
@@ -53,18 +69,13 @@ struct SequenceManager::Sequence {
   // Owned blocks after the stored ones; owned_count[l] of them hold layer l.
   std::vector<std::unique_ptr<OwnedBlock>> owned ABSL_GUARDED_BY(mu);
   std::vector<int64_t> owned_count ABSL_GUARDED_BY(mu);
-  // Per layer fp32 [tokens < block_size, kv_heads, head_dim], and the id
-  // its rows are known by (a new one whenever rows change other than by
-  // growing).
-  std::vector<std::vector<float>> tail_k ABSL_GUARDED_BY(mu), tail_v ABSL_GUARDED_BY(mu);
-  std::vector<std::unique_ptr<BackendId>> tail_ids ABSL_GUARDED_BY(mu);
+  // Per layer, the dense tail.
+  std::vector<Tail> tails ABSL_GUARDED_BY(mu);
   std::unique_ptr<BackendId> key;  // AttendSequence::sequence_key
 
   int64_t Tokens(int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const ModelShape& s = model->shape();
-    const int64_t row = int64_t{s.num_kv_heads} * s.head_dim;
-    return (static_cast<int64_t>(stored.size()) + owned_count[layer]) * s.block_size +
-           static_cast<int64_t>(tail_k[layer].size()) / row;
+    return (static_cast<int64_t>(stored.size()) + owned_count[layer]) * model->shape().block_size +
+           tails[layer].rows;
   }
 };
 
@@ -99,10 +110,12 @@ absl::Status CheckNewTokens(const ModelShape& s, const TensorView& k, const Tens
 struct SequenceManager::LayerUndo {
   Sequence* seq = nullptr;
   int layer = 0;
-  size_t tail_elems = 0;   // the tail's length before
+  int64_t tail_rows = 0;   // the tail's rows before
   bool packed = false;     // rows were packed into blocks (then:)
-  std::vector<float> tail_k, tail_v;  // the tail before
-  std::unique_ptr<BackendId> tail_id;  // its id
+  // The rows before, where new rows were written over them (else they are
+  // still in place).
+  std::vector<float> saved_k, saved_v;
+  std::unique_ptr<BackendId> tail_id;  // the tail's id before
   int64_t owned_count = 0;  // layer's owned blocks before
   size_t owned_size = 0;    // owned blocks before (later ones were created)
 };
@@ -119,16 +132,18 @@ std::unique_ptr<SequenceManager::BackendId> SequenceManager::NewId() {
 
 void SequenceManager::Restore(LayerUndo& u) {
   Sequence& seq = *u.seq;
+  Tail& tail = seq.tails[u.layer];
+  tail.rows = u.tail_rows;
   if (!u.packed) {
     // Rows past the old length may have been copied under the tail's id.
-    seq.tail_k[u.layer].resize(u.tail_elems);
-    seq.tail_v[u.layer].resize(u.tail_elems);
-    seq.tail_ids[u.layer] = NewId();
+    tail.id = NewId();
     return;
   }
-  seq.tail_k[u.layer] = std::move(u.tail_k);
-  seq.tail_v[u.layer] = std::move(u.tail_v);
-  seq.tail_ids[u.layer] = std::move(u.tail_id);
+  if (!u.saved_k.empty()) {
+    std::memcpy(tail.k.get(), u.saved_k.data(), u.saved_k.size() * sizeof(float));
+    std::memcpy(tail.v.get(), u.saved_v.data(), u.saved_v.size() * sizeof(float));
+  }
+  tail.id = std::move(u.tail_id);  // its rows are the old ones again
   // Blocks that got this layer may hold a cached copy of it: forget them.
   for (size_t j = static_cast<size_t>(u.owned_count); j < u.owned_size; ++j) backend_->Forget(seq.owned[j]->id.id);
   seq.owned.resize(u.owned_size);
@@ -136,23 +151,30 @@ void SequenceManager::Restore(LayerUndo& u) {
   seq.owned_count[u.layer] = u.owned_count;
 }
 
-// An append of one layer's rows, staged: the rows it adds and, where the
-// tail fills blocks, the blocks and the encodes that pack them. Nothing of
-// the sequence changes until CommitAppend.
+// An append of one layer's rows, staged. Where the rows fill the tail, the
+// rows that complete it are written into its room (past its valid rows),
+// the full tail and any further whole blocks of the new rows (read in
+// place, in their own dtype) are encoded into owned blocks, and the
+// commit keeps the rest as the new tail.
 struct SequenceManager::StagedAppend {
   Sequence* seq = nullptr;
   int layer = 0;
   DenseView k, v;  // the new rows
-  // Set when full blocks pack: the old tail and the new rows in fp32, the
-  // rows packed from their front, the blocks created for them, the
-  // layer's owned block count after, and one encode per packed block.
   bool packs = false;
-  std::vector<float> rows_k, rows_v;
-  size_t consumed = 0;
+  int64_t packed_rows = 0;  // new rows that went into blocks (then:)
   std::vector<std::unique_ptr<OwnedBlock>> created;
-  int64_t count = 0;
+  int64_t count = 0;  // the layer's owned blocks after
   std::vector<ComputeBackend::EncodeItem> encodes;
 };
+
+namespace {
+
+// Rows [from, from + n) of a [tokens, heads, dim] view.
+DenseView Rows(const DenseView& t, int64_t from, int64_t n) {
+  return {t.row(from, 0), t.dtype, n, t.heads, t.dim};
+}
+
+}  // namespace
 
 SequenceManager::StagedAppend SequenceManager::StageAppend(Sequence& seq, int layer, const DenseView& k,
                                                           const DenseView& v) {
@@ -160,31 +182,34 @@ SequenceManager::StagedAppend SequenceManager::StageAppend(Sequence& seq, int la
   const ModelShape& s = codec.shape();
   const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
   StagedAppend a{.seq = &seq, .layer = layer, .k = k, .v = v};
-  const size_t old = seq.tail_k[layer].size();
-  const size_t n = static_cast<size_t>(k.tokens) * row;
-  if ((old + n) / row < static_cast<size_t>(s.block_size)) return a;  // the rows grow in place
+  Tail& tail = seq.tails[layer];
+  const int64_t old = tail.rows, n = k.tokens, bs = s.block_size;
+  if (old + n < bs) return a;  // the rows grow in place at the commit
   a.packs = true;
-  a.rows_k.resize(old + n);
-  a.rows_v.resize(old + n);
-  std::memcpy(a.rows_k.data(), seq.tail_k[layer].data(), old * sizeof(float));
-  std::memcpy(a.rows_v.data(), seq.tail_v[layer].data(), old * sizeof(float));
-  ToFloat(k.dtype, k.data, a.rows_k.data() + old, n);
-  ToFloat(v.dtype, v.data, a.rows_v.data() + old, n);
+  const int64_t fill = bs - old;
+  ToFloat(k.dtype, k.data, tail.k.get() + old * row, fill * row);
+  ToFloat(v.dtype, v.data, tail.v.get() + old * row, fill * row);
+  tail.touched = bs;
+  a.packed_rows = fill + (n - fill) / bs * bs;
   const size_t owned_size = seq.owned.size();
   a.count = seq.owned_count[layer];
-  while (a.rows_k.size() / row - a.consumed >= static_cast<size_t>(s.block_size)) {
+  for (int64_t from = -old; from < a.packed_rows; from += bs) {  // `from`: the block's first new row
     const size_t j = static_cast<size_t>(a.count);
     if (j >= owned_size + a.created.size())
       a.created.push_back(std::make_unique<OwnedBlock>(next_owned_id_.fetch_add(1), codec.block_bytes(), backend_));
     OwnedBlock& block = j < owned_size ? *seq.owned[j] : *a.created[j - owned_size];
     // Layer `layer` of this block is not final (owned_count does not cover
     // it), so nothing reads the bytes the encode writes before the commit.
-    a.encodes.push_back(
-        {.k = {{a.rows_k.data() + a.consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim}},
-         .v = {{a.rows_v.data() + a.consumed * row, DType::kF32, s.block_size, s.num_kv_heads, s.head_dim}},
-         .out = block.bytes.get() + codec.layer_offset(layer)});
+    ComputeBackend::EncodeItem& e = a.encodes.emplace_back();
+    if (from < 0) {  // the tail, completed
+      e.k = {{tail.k.get(), DType::kF32, bs, s.num_kv_heads, s.head_dim}};
+      e.v = {{tail.v.get(), DType::kF32, bs, s.num_kv_heads, s.head_dim}};
+    } else {
+      e.k = {Rows(k, from, bs)};
+      e.v = {Rows(v, from, bs)};
+    }
+    e.out = block.bytes.get() + codec.layer_offset(layer);
     ++a.count;
-    a.consumed += s.block_size;
   }
   return a;
 }
@@ -201,35 +226,36 @@ void SequenceManager::CommitAppend(StagedAppend& a, LayerUndo* undo) {
   Sequence& seq = *a.seq;
   const ModelShape& s = seq.model->shape();
   const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
-  std::vector<float>& tk = seq.tail_k[a.layer];
-  std::vector<float>& tv = seq.tail_v[a.layer];
-  const size_t old = tk.size();
+  Tail& tail = seq.tails[a.layer];
+  const int64_t old = tail.rows;
   if (!a.packs) {
     // The common decode step: the rows grow in place (same tail id).
     const size_t n = static_cast<size_t>(a.k.tokens) * row;
-    tk.resize(old + n);
-    tv.resize(old + n);
-    ToFloat(a.k.dtype, a.k.data, tk.data() + old, n);
-    ToFloat(a.v.dtype, a.v.data, tv.data() + old, n);
-    if (undo != nullptr) *undo = {.seq = &seq, .layer = a.layer, .tail_elems = old};
+    ToFloat(a.k.dtype, a.k.data, tail.k.get() + old * row, n);
+    ToFloat(a.v.dtype, a.v.data, tail.v.get() + old * row, n);
+    tail.rows += a.k.tokens;
+    tail.touched = std::max(tail.touched, tail.rows);
+    if (undo != nullptr) *undo = {.seq = &seq, .layer = a.layer, .tail_rows = old};
     return;
   }
-  a.rows_k.erase(a.rows_k.begin(), a.rows_k.begin() + a.consumed * row);
-  a.rows_v.erase(a.rows_v.begin(), a.rows_v.begin() + a.consumed * row);
-  const size_t owned_size = seq.owned.size();
+  const int64_t rest = a.k.tokens - a.packed_rows;  // rows after the last packed block: the new tail
   if (undo != nullptr) {
-    *undo = {.seq = &seq, .layer = a.layer, .tail_elems = old, .packed = true, .tail_k = std::move(tk),
-             .tail_v = std::move(tv), .tail_id = std::move(seq.tail_ids[a.layer]),
-             .owned_count = seq.owned_count[a.layer], .owned_size = owned_size};
+    *undo = {.seq = &seq, .layer = a.layer, .tail_rows = old, .packed = true, .tail_id = std::move(tail.id),
+             .owned_count = seq.owned_count[a.layer], .owned_size = seq.owned.size()};
+    if (rest > 0) {  // the new tail overwrites the old rows
+      undo->saved_k.assign(tail.k.get(), tail.k.get() + old * row);
+      undo->saved_v.assign(tail.v.get(), tail.v.get() + old * row);
+    }
   }
+  ToFloat(a.k.dtype, Rows(a.k, a.packed_rows, rest).data, tail.k.get(), rest * row);
+  ToFloat(a.v.dtype, Rows(a.v, a.packed_rows, rest).data, tail.v.get(), rest * row);
+  tail.rows = rest;
+  tail.id = NewId();
   for (auto& b : a.created) {
     seq.refs.push_back({b->id.id, b->bytes.get(), /*complete=*/false});
     seq.owned.push_back(std::move(b));
   }
   seq.owned_count[a.layer] = a.count;
-  tk = std::move(a.rows_k);
-  tv = std::move(a.rows_v);
-  seq.tail_ids[a.layer] = NewId();
 }
 
 absl::Status SequenceManager::AppendLocked(Sequence& seq, int layer, const DenseView& k, const DenseView& v) {
@@ -285,9 +311,9 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
            blocks[i].payload->data()});
     seq->stored = std::move(blocks);
     seq->owned_count.assign(s.num_layers, 0);
-    seq->tail_k.resize(s.num_layers);
-    seq->tail_v.resize(s.num_layers);
-    for (int l = 0; l < s.num_layers; ++l) seq->tail_ids.push_back(NewId());
+    const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
+    seq->tails.reserve(s.num_layers);
+    for (int l = 0; l < s.num_layers; ++l) seq->tails.emplace_back(row, s.block_size, NewId());
     if (partial != nullptr) {
       // The partially filled last block: its valid tokens become the start
       // of the dense tail (every packed block stays full).
@@ -471,9 +497,9 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
     as.packed_tokens = static_cast<int64_t>(nblocks) * s.block_size;
     const int64_t total = seq.Tokens(layer);
     const int64_t tail_tokens = total - as.packed_tokens;
-    as.tail_k = {seq.tail_k[layer].data(), DType::kF32, tail_tokens, s.num_kv_heads, s.head_dim};
-    as.tail_v = {seq.tail_v[layer].data(), DType::kF32, tail_tokens, s.num_kv_heads, s.head_dim};
-    as.tail_id = seq.tail_ids[layer]->id;
+    as.tail_k = {seq.tails[layer].k.get(), DType::kF32, tail_tokens, s.num_kv_heads, s.head_dim};
+    as.tail_v = {seq.tails[layer].v.get(), DType::kF32, tail_tokens, s.num_kv_heads, s.head_dim};
+    as.tail_id = seq.tails[layer].id->id;
     as.sequence_key = seq.key->id;
     if (total == 0)
       return finish(absl::FailedPreconditionError(absl::StrCat(
@@ -548,8 +574,9 @@ uint64_t SequenceManager::OwnedBytes() const {
   for (const auto& seq : live) {
     absl::MutexLock l(&seq->mu);
     bytes += seq->owned.size() * seq->model->codec->block_bytes();
-    for (const auto& t : seq->tail_k) bytes += t.size() * sizeof(float);
-    for (const auto& t : seq->tail_v) bytes += t.size() * sizeof(float);
+    const ModelShape& s = seq->model->shape();
+    for (const Tail& t : seq->tails)
+      bytes += 2 * static_cast<uint64_t>(t.touched) * s.num_kv_heads * s.head_dim * sizeof(float);
   }
   return bytes;
 }

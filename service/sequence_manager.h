@@ -96,12 +96,15 @@ class SequenceManager {
   size_t ExpireIdle();
   size_t size() const;
   // Host bytes held by live sequences beyond the stored blocks they share:
-  // packed blocks they own (filled by Append) and fp32 dense tails.
+  // packed blocks they own (filled by Append) and the fp32 rows of dense
+  // tails they have written (a tail's room of block_size rows is resident
+  // once rows have reached it).
   uint64_t OwnedBytes() const;
 
  private:
   struct BackendId;
   struct OwnedBlock;
+  struct Tail;
   struct Sequence;
   struct LayerUndo;
   // A fresh id for a tail or a sequence key (Forget()s it when destroyed).

@@ -622,6 +622,17 @@ TEST_F(DataPlaneTest, DecodeStepAppendsAndAttendsInOneCall) {
     bad.emplace_back("position", r);
   }
   {
+    v1::AttendRequest r;  // as above, after new tokens that pack blocks and leave a new tail
+    *r.add_items() = step(ids[1]);
+    *r.mutable_items(0)->mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {40, 2, 64}, 96);
+    *r.mutable_items(0)->mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {40, 2, 64}, 97);
+    v1::AttendItem* other = r.add_items();
+    other->set_sequence_id(ids[0]);
+    *other->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 93);
+    other->add_positions(100000);
+    bad.emplace_back("position after packing", r);
+  }
+  {
     v1::AttendRequest r;  // a later item names no sequence
     *r.add_items() = step(ids[1]);
     *r.add_items() = step("no-such-sequence");
@@ -651,6 +662,18 @@ TEST_F(DataPlaneTest, DecodeStepAppendsAndAttendsInOneCall) {
         what == "unknown sequence" ? StatusCode::kNotFound : StatusCode::kInvalidArgument;
     EXPECT_EQ(client_->Attend(r).status().code(), want) << what;
     EXPECT_EQ(dp->Attend(r).status().code(), want) << what;
+  }
+  for (int layer = 0; layer < 2; ++layer) {  // ids[1] still attends exactly as ids[0]
+    v1::AttendRequest same;
+    same.set_layer(layer);
+    v1::AttendItem* a = same.add_items();
+    a->set_sequence_id(ids[0]);
+    *a->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 98);
+    *same.add_items() = *a;
+    same.mutable_items(1)->set_sequence_id(ids[1]);
+    auto r = dp->Attend(same);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outputs(0).data(), r->outputs(1).data()) << "layer " << layer;
   }
   v1::AppendRequest ap;
   ap.set_sequence_id(ids[1]);

@@ -249,8 +249,10 @@ TEST_F(E2eTest, SequencesAppendAndAttendMatchReference) {
   std::vector<std::string> payloads;
   for (const auto& r : *got) payloads.push_back(r.payload());
 
-  // Sequence A: blocks 0..2 and a 5-token tail; layer 0 then gets 20 more
-  // tokens (16 of the 25 are packed into a sequence-owned block).
+  // Sequence A: blocks 0..2 and a 5-token tail; layer 0 then gets 40 more
+  // tokens (32 of the 45 are packed into two sequence-owned blocks: the
+  // tail completed by 11 new tokens, then 16 new tokens read straight from
+  // the request; 13 stay dense).
   v1::CreateSequenceRequest ca;
   *ca.mutable_model() = model;
   for (int i = 0; i < 3; ++i) ca.add_block_hashes(chain[i]);
@@ -262,11 +264,11 @@ TEST_F(E2eTest, SequencesAppendAndAttendMatchReference) {
   v1::AppendRequest ap;
   ap.set_sequence_id(a->sequence_id());
   ap.set_layer(0);
-  *ap.mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {20, 2, 64}, 13);
-  *ap.mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {20, 2, 64}, 14);
+  *ap.mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {40, 2, 64}, 13);
+  *ap.mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {40, 2, 64}, 14);
   auto apr = client_->Append(ap);
   ASSERT_TRUE(apr.ok()) << apr.status();
-  EXPECT_EQ(apr->num_tokens(), 73u);
+  EXPECT_EQ(apr->num_tokens(), 93u);
 
   // Sequence B: blocks 3..4, then exactly one block's worth on layer 0.
   v1::CreateSequenceRequest cb;
@@ -288,7 +290,7 @@ TEST_F(E2eTest, SequencesAppendAndAttendMatchReference) {
   v1::AttendItem* ia = at.add_items();
   ia->set_sequence_id(a->sequence_id());
   *ia->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {3, 4, 64}, 17);
-  for (uint64_t p : {10, 50, 72}) ia->add_positions(p);
+  for (uint64_t p : {10, 50, 92}) ia->add_positions(p);
   v1::AttendItem* ib = at.add_items();
   ib->set_sequence_id(b->sequence_id());
   *ib->mutable_q() = client::RandomTensor(v1::DTYPE_FP32, {1, 4, 64}, 18);
@@ -305,7 +307,7 @@ TEST_F(E2eTest, SequencesAppendAndAttendMatchReference) {
   sv.insert(sv.end(), av.begin(), av.end());
   std::vector<double> want_a =
       Reference(*codec_, backend_, 0, {payloads[0], payloads[1], payloads[2]}, sk, sv,
-                ToFloats(ia->q()), {10, 50, 72});
+                ToFloats(ia->q()), {10, 50, 92});
   const double err_a = RelativeError(ToFloats(out->outputs(0)), want_a);
   EXPECT_LT(err_a, 1e-3);
   std::vector<double> want_b = Reference(*codec_, backend_, 0, {payloads[3], payloads[4]},
