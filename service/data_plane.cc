@@ -43,7 +43,8 @@ std::string ErrnoText(const char* what) { return absl::StrCat(what, ": ", std::s
 // over the stored payloads, which `blocks` keeps alive until the last byte
 // has been handed to the kernel.
 struct Reply {
-  std::string head;
+  std::unique_ptr<char[]> head;  // every byte is written: no zero fill
+  size_t head_bytes = 0;
   std::vector<storage::BlockData> blocks;
   std::unique_ptr<uint8_t[]> dense;  // a dense get's decoded K/V (the iovec points into it)
   std::vector<iovec> parts;  // non-empty; parts[0] covers `head`
@@ -488,14 +489,15 @@ class DataPlaneServer::Loop {
              uint64_t payload_bytes) {
     Reply& r = c->out.emplace_back();
     const uint32_t h = static_cast<uint32_t>(head.ByteSizeLong());
-    r.head.resize(kReplyPrefixBytes + h);
-    std::memcpy(r.head.data(), &h, 4);
-    std::memcpy(r.head.data() + 4, &payload_bytes, 8);
-    head.SerializeToArray(r.head.data() + kReplyPrefixBytes, static_cast<int>(h));
+    r.head_bytes = kReplyPrefixBytes + h;
+    r.head = std::make_unique_for_overwrite<char[]>(r.head_bytes);
+    std::memcpy(r.head.get(), &h, 4);
+    std::memcpy(r.head.get() + 4, &payload_bytes, 8);
+    head.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(r.head.get()) + kReplyPrefixBytes);
     r.parts.reserve(1 + payload.size());
-    r.parts.push_back({r.head.data(), r.head.size()});
+    r.parts.push_back({r.head.get(), r.head_bytes});
     r.parts.insert(r.parts.end(), payload.begin(), payload.end());
-    c->queued += r.head.size() + payload_bytes;
+    c->queued += r.head_bytes + payload_bytes;
   }
 
   // Writes queued replies until done or the socket is full; false if the
