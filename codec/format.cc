@@ -124,12 +124,16 @@ absl::StatusOr<Format> ParseFormat(const std::string& raw) {
     bool qjl = !n.ends_with("_noqjl");
     f = {n, recipe(r, qjl), recipe(r, qjl)};
   } else {
-    int kb = 0, vb = 0;
-    char tail = 0;
-    if (std::sscanf(n.c_str(), "k%dv%d%c", &kb, &vb, &tail) == 2 && ValidBits(kb) &&
-        ValidBits(vb)) {
+    // Exactly "k{b}v{b}" or "tq{b}", one digit each: no signs, spaces,
+    // leading zeros or trailing bytes.
+    auto digit = [](char c) { return c >= '0' && c <= '9' ? c - '0' : -1; };
+    const int kb = n.size() == 4 && n[0] == 'k' && n[2] == 'v' ? digit(n[1])
+                   : n.size() == 3 && n.starts_with("tq")       ? digit(n[2])
+                                                                 : -1;
+    const int vb = n.size() == 4 ? digit(n[3]) : kb;
+    if (n.size() == 4 && ValidBits(kb) && ValidBits(vb)) {
       f = {absl::StrCat("k", kb, "v", vb), mse(kb), mse(vb)};
-    } else if (std::sscanf(n.c_str(), "tq%d%c", &kb, &tail) == 1 && ValidBits(kb)) {
+    } else if (n.size() == 3 && ValidBits(kb)) {
       f = {absl::StrCat("k", kb, "v", kb), mse(kb), mse(kb)};
     } else {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -238,10 +239,37 @@ absl::StatusOr<std::optional<CalibrationInfo>> ParseCalibration(const Json& root
   return std::optional<CalibrationInfo>(std::move(info));
 }
 
+// The deepest nesting of arrays and objects in `text` (brackets inside
+// strings do not count), read without building anything.
+int JsonNestingDepth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 // Parses `text`, rejecting duplicate object keys (nlohmann keeps the last one
-// silently, which would drop a layer). nlohmann reports syntax errors by
-// exception; they are caught here and never leave this function.
+// silently, which would drop a layer) and nesting deeper than
+// kMaxMetadataDepth (the document needs 4 levels; a deeper one would only
+// cost stack in the recursive printing and destruction of the tree).
+// nlohmann reports syntax errors by exception; they are caught here and
+// never leave this function.
 absl::StatusOr<Json> ParseJsonText(const std::string& text) {
+  if (const int depth = JsonNestingDepth(text); depth > kMaxMetadataDepth)
+    return Invalid(absl::StrCat("malformed metadata JSON: arrays and objects nest ", depth,
+                                " levels deep; at most ", kMaxMetadataDepth, " are allowed"));
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
   auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {

@@ -111,7 +111,9 @@ absl::Status ValidateMetadata(const RecipeMetadata& meta);
 // rejected), strings are strings; model_name may be null; "calibration" may be
 // absent or null. Duplicate keys in any object are rejected.
 // On failure INVALID_ARGUMENT; malformed JSON reports the parser's line,
-// column and byte offset.
+// column and byte offset; arrays and objects nested deeper than
+// kMaxMetadataDepth are rejected before parsing.
+inline constexpr int kMaxMetadataDepth = 32;
 absl::StatusOr<RecipeMetadata> ParseMetadataJson(const std::string& json);
 
 // Reads `path` and parses it as ParseMetadataJson does. NOT_FOUND (or the

@@ -187,6 +187,21 @@ TEST(MetadataValidationTest, MalformedJsonReportsParserPosition) {
   EXPECT_EQ(ParseMetadataJson("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A deeply nested document is refused before anything is built (a tree
+// 100,000 levels deep would overflow the stack when printed or destroyed);
+// brackets inside strings do not count.
+TEST(MetadataValidationTest, DeepNestingIsRejected) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  absl::Status s = ParseMetadataJson(deep).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("100000 levels deep"));
+  const std::string layers = "{\"version\": 1, \"layers\": " + std::string(40, '[') + std::string(40, ']') + "}";
+  EXPECT_THAT(std::string(ParseMetadataJson(layers).status().message()), HasSubstr("41 levels deep"));
+  Json doc = ValidDoc();
+  doc["model_name"] = std::string(1000, '[') + "\"\\" + std::string(1000, '{');
+  EXPECT_TRUE(ParseMetadataJson(doc.dump()).ok()) << ParseMetadataJson(doc.dump()).status();
+}
+
 TEST(MetadataValidationTest, RootMustBeAnObject) {
   ExpectInvalid(Json::array({1, 2}), "metadata root must be a JSON object");
 }
