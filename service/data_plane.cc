@@ -133,7 +133,11 @@ absl::StatusOr<int> Listen(const std::string& address, int* port) {
         absl::StrCat("cannot serve the data plane on ", address, ": ", last_error));
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+    const std::string error = ErrnoText("getsockname");
+    close(fd);
+    return absl::InternalError(absl::StrCat("cannot serve the data plane on ", address, ": ", error));
+  }
   *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   return fd;
@@ -542,12 +546,14 @@ class DataPlaneServer::Loop {
     epoll_event ev{};
     ev.events = want;
     ev.data.ptr = c;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c->fd, &ev);
+    // A connection whose events cannot be changed cannot be served: shut
+    // it down, so that its hang-up (always reported) closes it.
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c->fd, &ev) != 0) shutdown(c->fd, SHUT_RDWR);
   }
 
   void Close(Conn* c) {
     const int fd = c->fd;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    (void)epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // close() removes it in any case
     close(fd);
     conns_.erase(fd);  // destroys *c
   }
