@@ -166,35 +166,23 @@ absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::P
   return Fail(s);
 }
 
-void PutSession::RollBack(const std::vector<storage::BlockKey>& committed) {
-  for (const storage::BlockKey& k : committed) ctx_.store->Delete(k).IgnoreError();
-}
-
 absl::StatusOr<v1::PutBlocksResponse> PutSession::Finish() {
   if (!error_.ok()) return error_;
   if (!model_) return absl::InvalidArgumentError("PutBlocks stream ended without a header");
-  std::vector<storage::BlockKey> committed;
-  auto commit_all = [&](std::vector<storage::PutHandle>& handles) -> absl::Status {
-    for (storage::PutHandle& h : handles) {
-      storage::BlockKey key = h.key();
-      absl::StatusOr<storage::CommitOutcome> r = ctx_.store->Commit(std::move(h));
-      if (!r.ok()) {
-        handles.clear();
-        RollBack(committed);
-        committed.clear();
-        if (r.status().code() == absl::StatusCode::kAlreadyExists)
-          return absl::AlreadyExistsError(absl::StrCat(
-              "block ", Hex(key.block_hash), " is already stored with different bytes"));
-        return r.status();
-      }
-      if (*r == storage::CommitOutcome::kCommitted) {
-        committed.push_back(std::move(key));
-        response_.set_committed(response_.committed() + 1);
-      } else {
-        response_.set_already_present(response_.already_present() + 1);
-      }
+  // The stream's blocks become visible together, or none does.
+  auto commit_all = [&](std::vector<storage::PutHandle> handles) -> absl::Status {
+    std::vector<std::string> hashes;
+    for (const storage::PutHandle& h : handles) hashes.push_back(h.key().block_hash);
+    size_t conflict = 0;
+    absl::StatusOr<std::vector<storage::CommitOutcome>> r = ctx_.store->CommitAll(std::move(handles), &conflict);
+    if (r.status().code() == absl::StatusCode::kAlreadyExists)
+      return absl::AlreadyExistsError(
+          absl::StrCat("block ", Hex(hashes[conflict]), " is already stored with different bytes"));
+    if (!r.ok()) return r.status();
+    for (storage::CommitOutcome o : *r) {
+      if (o == storage::CommitOutcome::kCommitted) response_.set_committed(response_.committed() + 1);
+      else response_.set_already_present(response_.already_present() + 1);
     }
-    handles.clear();
     return absl::OkStatus();
   };
   if (!parts_.empty()) {
@@ -203,7 +191,9 @@ absl::StatusOr<v1::PutBlocksResponse> PutSession::Finish() {
         *model_, std::move(parts_), ctx_.clock->Now(),
         [&](std::vector<StagingArea::Completed>& done) -> absl::Status {
           const storage::BlockAccounting acc = model_->accounting;
-          std::vector<storage::PutHandle> hs;
+          // Whole-model blocks of this stream, then the completed ones, in
+          // one commit while the staging area still holds its old state.
+          std::vector<storage::PutHandle> hs = std::move(handles_);
           for (StagingArea::Completed& c : done) {
             TQ_ASSIGN_OR_RETURN(storage::PutHandle h,
                                 ctx_.store->BeginPut(c.key, c.parent_hash, acc, c.payload.size(),
@@ -211,20 +201,16 @@ absl::StatusOr<v1::PutBlocksResponse> PutSession::Finish() {
             std::memcpy(h.buffer().data(), c.payload.data(), c.payload.size());
             hs.push_back(std::move(h));
           }
-          // Whole-model blocks of this stream first, then the completed ones,
-          // all while the staging area still holds its old state.
-          TQ_RETURN_IF_ERROR(commit_all(handles_));
-          return commit_all(hs);
+          return commit_all(std::move(hs));
         },
         &staged);
     parts_.clear();
-    if (!s.ok()) {
-      RollBack(committed);
-      return s;
-    }
+    handles_.clear();
+    TQ_RETURN_IF_ERROR(s);
     response_.set_staged(staged);
   } else {
-    TQ_RETURN_IF_ERROR(commit_all(handles_));
+    TQ_RETURN_IF_ERROR(commit_all(std::move(handles_)));
+    handles_.clear();
   }
   return response_;
 }

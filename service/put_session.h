@@ -4,11 +4,14 @@
 // A whole-model put reserves host memory for each block as it arrives
 // (BlockStore::BeginPut) and fills the reservation (dense input is encoded
 // through the ComputeBackend, packed input is size-checked and copied).
-// Nothing is visible until Finish, which commits every block of the stream;
-// if any commit fails (different bytes under an existing hash, a disk
-// error), the blocks this stream already committed are deleted again and
-// the error is returned. A layer-range put builds its parts in session
-// memory and hands them to the StagingArea at Finish. Destroying a session
+// Nothing is visible until Finish, which commits every block of the stream
+// at once (BlockStore::CommitAll): every block becomes visible at the same
+// instant, or (different bytes under an existing hash, a full disk, a disk
+// error) none does and the error is returned; durable blocks go to disk in
+// one batch, so after a crash a stream is there whole or not at all. A
+// layer-range put builds its parts in session memory and hands them to the
+// StagingArea at Finish; the blocks they complete commit together with the
+// stream's whole blocks. Destroying a session
 // without Finish (failed, cancelled or truncated stream) leaves nothing.
 //
 // Thread safety: a session is used by one thread at a time.
@@ -77,7 +80,6 @@ class PutSession {
   // last_) bytes) from it; out == nullptr only checks. With `batch`, a
   // dense block is appended to it for a later EncodeBlocks instead.
   absl::Status FillPayload(const v1::PutBlock& b, uint8_t* out, std::vector<ComputeBackend::EncodeItem>* batch);
-  void RollBack(const std::vector<storage::BlockKey>& committed);
   // Records `s` as the stream's error if it is the first one and releases
   // every reservation; returns `s`.
   absl::Status Fail(const absl::Status& s);

@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
@@ -343,84 +344,166 @@ absl::StatusOr<PutHandle> BlockStore::BeginPut(const BlockKey& key,
 void BlockStore::Abort(PutHandle handle) { handle.Release(); }
 
 absl::StatusOr<CommitOutcome> BlockStore::Commit(PutHandle handle) {
-  if (handle.store_ != this) {
-    return absl::InvalidArgumentError("Commit of an invalid handle or one from another store");
+  std::vector<PutHandle> one;
+  one.push_back(std::move(handle));
+  TQ_ASSIGN_OR_RETURN(std::vector<CommitOutcome> out, CommitAll(std::move(one)));
+  return out[0];
+}
+
+absl::StatusOr<std::vector<CommitOutcome>> BlockStore::CommitAll(std::vector<PutHandle> handles,
+                                                                  size_t* conflict) {
+  // What this call owns: each handle's reservation, bytes and checksum.
+  struct Item {
+    BlockKey key;
+    std::string parent_hash;
+    BlockAccounting accounting;
+    PutOptions options;
+    std::shared_ptr<const HostBuffer> payload;
+    uint64_t checksum = 0;
+    BlockRecord* existing = nullptr;  // an identical visible block
+    BlockRecord* placeholder = nullptr;  // the new record, invisible until the end
+  };
+  std::vector<Item> items;
+  items.reserve(handles.size());
+  absl::Status invalid;
+  for (PutHandle& h : handles) {
+    if (h.store_ != this) {
+      invalid = absl::InvalidArgumentError("Commit of an invalid handle or one from another store");
+      continue;
+    }
+    h.store_ = nullptr;  // this function now owns the reservation
+    Item& it = items.emplace_back();
+    it.key = std::move(h.key_);
+    it.parent_hash = std::move(h.parent_hash_);
+    it.accounting = h.accounting_;
+    it.options = h.options_;
+    it.payload = std::shared_ptr<const HostBuffer>(std::move(h.buffer_));
+    it.checksum = PayloadChecksum(it.payload->view());
   }
-  handle.store_ = nullptr;  // this function now owns the reservation
-  const BlockKey key = std::move(handle.key_);
-  const uint64_t size = handle.accounting_.total_bytes;
-  std::shared_ptr<const HostBuffer> payload(std::move(handle.buffer_));
-  const uint64_t checksum = PayloadChecksum(payload->view());
+  absl::flat_hash_set<BlockKey> keys;
+  for (const Item& it : items)
+    if (!keys.insert(it.key).second && invalid.ok())
+      invalid = absl::InvalidArgumentError(absl::StrCat("block ", DebugString(it.key), " is committed twice in one call"));
 
   absl::MutexLock l(&mu_);
-  // The reservation becomes the host copy, or is released.
-  reserved_bytes_ -= size;
-  BlockRecord* existing = FindIdleLocked(key);
-  if (existing != nullptr) {
-    pool_.Release(size);
-    if (existing->size_bytes != size || existing->checksum != checksum) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("block ", DebugString(key), " already holds different bytes (",
-                       existing->size_bytes, " bytes, checksum ", existing->checksum, ")"));
+  auto release_all = [&] {
+    for (const Item& it : items) {
+      reserved_bytes_ -= it.accounting.total_bytes;
+      pool_.Release(it.accounting.total_bytes);
     }
-    counters_.puts_already_present++;
-    index_.Touch(existing, clock_->Now());
-    if (handle.options_.durable) {
-      if (!existing->on_disk) {
-        IoPlan plan;
-        plan.sync = true;
-        if (!ReserveDiskLocked(size, &plan)) {  // plans nothing when it fails
-          return absl::ResourceExhaustedError("disk tier full: cannot make the block durable");
-        }
-        existing->io_busy = true;
-        plan.writes.push_back({existing, MetaOf(*existing), payload, /*evict_after=*/false});
-        TQ_RETURN_IF_ERROR(RunPlanLocked(&plan));
-      } else {
-        mu_.Unlock();
-        absl::Status s = spill_->SyncWal();  // the copy may come from an unsynced spill
-        mu_.Lock();
-        TQ_RETURN_IF_ERROR(s);
+  };
+  if (!invalid.ok()) {
+    release_all();
+    return invalid;
+  }
+  // Every key idle at once (a wait releases mu_, so look again after it).
+  for (bool waited = true; waited;) {
+    waited = false;
+    for (Item& it : items) {
+      BlockRecord* r = index_.Find(it.key);
+      if (r != nullptr && r->io_busy) {
+        io_done_.Wait(&mu_);
+        waited = true;
+        break;
       }
+      it.existing = r;
     }
-    return CommitOutcome::kAlreadyPresent;
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    const BlockRecord* e = it.existing;
+    if (e != nullptr && (e->size_bytes != it.accounting.total_bytes || e->checksum != it.checksum)) {
+      release_all();
+      if (conflict != nullptr) *conflict = i;
+      return absl::AlreadyExistsError(absl::StrCat("block ", DebugString(it.key),
+                                                   " already holds different bytes (", e->size_bytes,
+                                                   " bytes, checksum ", e->checksum, ")"));
+    }
   }
 
-  BlockRecord rec;
-  rec.key = key;
-  rec.parent_hash = std::move(handle.parent_hash_);
-  rec.accounting = handle.accounting_;
-  rec.size_bytes = size;
-  rec.checksum = checksum;
-  rec.last_access = clock_->Now();
-  if (!handle.options_.durable) {
-    rec.host = std::move(payload);
-    rec.visible = true;
-    index_.Insert(std::move(rec));
-    counters_.puts_committed++;
-    return CommitOutcome::kCommitted;
-  }
-
-  // Durable: a busy, invisible placeholder holds the key while RocksDB syncs.
+  // New blocks enter the index invisible and busy (readers do not see them,
+  // other commits of their keys wait); durable ones, and identical blocks
+  // that must become durable, are written in one RocksDB batch.
   IoPlan plan;
   plan.sync = true;
-  if (!ReserveDiskLocked(size, &plan)) {  // plans nothing when it fails
-    pool_.Release(size);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("disk tier full: cannot write ", size, " bytes durably"));
+  uint64_t durable_bytes = 0;
+  bool sync_wal = false;
+  for (Item& it : items) {
+    const uint64_t size = it.accounting.total_bytes;
+    if (it.existing != nullptr) {
+      if (it.options.durable && !it.existing->on_disk) durable_bytes += size;
+      sync_wal = sync_wal || (it.options.durable && it.existing->on_disk);
+    } else if (it.options.durable) {
+      durable_bytes += size;
+    }
   }
-  rec.io_busy = true;
-  BlockRecord* r = index_.Insert(std::move(rec));
-  plan.writes.push_back({r, MetaOf(*r), payload, /*evict_after=*/false});
-  absl::Status s = RunPlanLocked(&plan);
+  if (durable_bytes > 0 && !ReserveDiskLocked(durable_bytes, &plan)) {  // plans nothing when it fails
+    release_all();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("disk tier full: cannot write ", durable_bytes, " bytes durably"));
+  }
+  const absl::Time now = clock_->Now();
+  for (Item& it : items) {
+    const uint64_t size = it.accounting.total_bytes;
+    reserved_bytes_ -= size;  // the reservation becomes the host copy, or is released
+    if (it.existing != nullptr) {
+      pool_.Release(size);
+      index_.Touch(it.existing, now);
+      if (it.options.durable && !it.existing->on_disk) {
+        it.existing->io_busy = true;
+        plan.writes.push_back({it.existing, MetaOf(*it.existing), it.payload, /*evict_after=*/false});
+      }
+      continue;
+    }
+    BlockRecord rec;
+    rec.key = it.key;
+    rec.parent_hash = std::move(it.parent_hash);
+    rec.accounting = it.accounting;
+    rec.size_bytes = size;
+    rec.checksum = it.checksum;
+    rec.last_access = now;
+    rec.io_busy = true;
+    it.placeholder = index_.Insert(std::move(rec));
+    if (it.options.durable)
+      plan.writes.push_back({it.placeholder, MetaOf(*it.placeholder), it.payload, /*evict_after=*/false});
+  }
+  // One batch: on an error nothing of it is on disk. Its synced write also
+  // syncs the WAL before it, so an identical block's copy from an unsynced
+  // spill needs a WAL sync of its own only when nothing was written.
+  const bool wrote = !plan.writes.empty();
+  absl::Status s = RunPlanLocked(&plan);  // clears io_busy of what it wrote
+  if (s.ok() && sync_wal && !wrote) {
+    mu_.Unlock();
+    s = spill_->SyncWal();
+    mu_.Lock();
+  }
   if (!s.ok()) {
-    pool_.Release(size);
-    EraseLocked(r);
+    for (Item& it : items) {
+      if (it.placeholder == nullptr) continue;
+      pool_.Release(it.accounting.total_bytes);
+      EraseLocked(it.placeholder);
+    }
+    io_done_.SignalAll();
     return s;
   }
-  index_.SetHostCopy(r, std::move(payload));  // the pool already counts these bytes
-  r->visible = true;
-  counters_.puts_committed++;
-  return CommitOutcome::kCommitted;
+  // Everything becomes visible together, under one hold of mu_.
+  std::vector<CommitOutcome> out;
+  out.reserve(items.size());
+  for (Item& it : items) {
+    if (it.existing != nullptr) {
+      counters_.puts_already_present++;
+      out.push_back(CommitOutcome::kAlreadyPresent);
+      continue;
+    }
+    BlockRecord* r = it.placeholder;
+    r->io_busy = false;
+    index_.SetHostCopy(r, std::move(it.payload));  // the pool already counts these bytes
+    r->visible = true;
+    counters_.puts_committed++;
+    out.push_back(CommitOutcome::kCommitted);
+  }
+  io_done_.SignalAll();
+  return out;
 }
 
 absl::StatusOr<CommitOutcome> BlockStore::Put(const BlockKey& key, absl::string_view parent_hash,

@@ -262,6 +262,18 @@ class BlockStore {
   // durable puts (nothing becomes visible then).
   absl::StatusOr<CommitOutcome> Commit(PutHandle handle);
 
+  // Commits several handles as one: every block becomes visible at the
+  // same instant, or none does (a reader never sees part of the set).
+  // Each handle as Commit treats it; ALREADY_EXISTS for any conflicting
+  // key, INVALID_ARGUMENT for an invalid handle or a key given twice, a
+  // full disk or disk error for durable ones: then nothing becomes visible
+  // and every handle is consumed. Durable blocks are written in one
+  // RocksDB batch (after a crash: all of them or none). Outcomes in the
+  // handles' order. On ALREADY_EXISTS, *conflict (optional) receives the
+  // index of the first conflicting handle.
+  absl::StatusOr<std::vector<CommitOutcome>> CommitAll(std::vector<PutHandle> handles,
+                                                       size_t* conflict = nullptr);
+
   // Releases an uncommitted handle (same as destroying it). No-op if invalid.
   void Abort(PutHandle handle);
 

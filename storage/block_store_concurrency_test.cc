@@ -212,5 +212,54 @@ TEST(BlockStoreConcurrency, ConflictingWritersOfOneKeyHaveExactlyOneWinner) {
   CheckInvariants(s);
 }
 
+// A reader never sees part of a CommitAll: while batches of 32 blocks
+// commit, a reader that finds a batch's first block finds its last, and a
+// batch refused for a conflict at its end is never seen at all.
+TEST(BlockStoreConcurrency, CommitAllIsNeverSeenHalfWay) {
+  FakeClock clock;
+  BlockStoreOptions o;
+  o.host_capacity_bytes = 64 << 20;
+  o.clock = &clock;
+  auto opened = BlockStore::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  BlockStore& s = **opened;
+  constexpr int kBatches = 200, kPerBatch = 32;
+  auto key = [](int batch, int j) { return BlockKey{"t", 1, "b" + std::to_string(batch) + "-" + std::to_string(j)}; };
+  // Odd batches end in a key that already holds other bytes.
+  for (int b = 1; b < kBatches; b += 2)
+    ASSERT_TRUE(s.Put(key(b, kPerBatch - 1), "", TestAccounting(64), TestPayload(key(b, 0), 64)).ok());
+  std::atomic<int> done_batches{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> half_seen{0}, refused_seen{0};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      const int upto = done_batches.load() + 1;  // the batch being committed, too
+      for (int b = 0; b <= upto && b < kBatches; ++b) {
+        const bool first = s.Get(key(b, 0)).ok();
+        if (b % 2 == 1 && first) refused_seen++;
+        if (b % 2 == 0 && first && !s.Get(key(b, kPerBatch - 1)).ok()) half_seen++;
+      }
+    }
+  });
+  for (int b = 0; b < kBatches; ++b) {
+    std::vector<PutHandle> hs;
+    for (int j = 0; j < kPerBatch; ++j) {
+      auto h = s.BeginPut(key(b, j), "", TestAccounting(64), 64);
+      ASSERT_TRUE(h.ok()) << h.status();
+      const std::string bytes = TestPayload(key(b, j), 64);
+      std::copy(bytes.begin(), bytes.end(), h->buffer().begin());
+      hs.push_back(*std::move(h));
+    }
+    auto r = s.CommitAll(std::move(hs));
+    EXPECT_EQ(r.ok(), b % 2 == 0) << b << ": " << r.status();
+    done_batches.store(b);
+  }
+  stop.store(true);
+  reader.join();
+  EXPECT_EQ(half_seen.load(), 0);
+  EXPECT_EQ(refused_seen.load(), 0);
+  CheckInvariants(s);
+}
+
 }  // namespace
 }  // namespace tqkv::storage

@@ -132,6 +132,46 @@ TEST_F(BlockStoreTest, RecommitIsIdempotentButDifferentBytesAreRefused) {
   EXPECT_EQ(st.host_used_bytes, 100u);  // the refused copies released their bytes
 }
 
+// CommitAll makes a set of blocks visible together or not at all: a
+// conflict at its end or a key given twice leaves nothing and releases
+// every reservation; identical blocks count as already present.
+TEST_F(BlockStoreTest, CommitAllIsAllOrNothing) {
+  auto s = OpenStore(10000);
+  ASSERT_EQ(*PutBlock(*s, Key(9)), CommitOutcome::kCommitted);
+  auto handles = [&](std::vector<int> keys, uint32_t salt_of_last) {
+    std::vector<PutHandle> hs;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const BlockKey k = Key(keys[i]);
+      auto h = s->BeginPut(k, "p", TestAccounting(100), 100);
+      EXPECT_TRUE(h.ok()) << h.status();
+      const std::string bytes = TestPayload(k, 100, i + 1 == keys.size() ? salt_of_last : 0);
+      std::copy(bytes.begin(), bytes.end(), h->buffer().begin());
+      hs.push_back(*std::move(h));
+    }
+    return hs;
+  };
+  size_t conflict = 99;
+  // Key 9 last, with other bytes than the stored one.
+  auto r = s->CommitAll(handles({1, 2, 3, 9}, /*salt_of_last=*/1), &conflict);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(conflict, 3u);
+  for (int k : {1, 2, 3}) EXPECT_EQ(s->Get(Key(k)).status().code(), absl::StatusCode::kNotFound) << k;
+  EXPECT_EQ(s->Stats().host_used_bytes, 100u);
+  EXPECT_EQ(s->Stats().host_reserved_bytes, 0u);
+  // A key twice.
+  EXPECT_EQ(s->CommitAll(handles({4, 4}, 0)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->Get(Key(4)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s->Stats().host_used_bytes, 100u);
+  // All new, and key 9 with its own bytes.
+  r = s->CommitAll(handles({1, 2, 3, 9}, 0));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, (std::vector<CommitOutcome>{CommitOutcome::kCommitted, CommitOutcome::kCommitted,
+                                            CommitOutcome::kCommitted, CommitOutcome::kAlreadyPresent}));
+  for (int k : {1, 2, 3, 9}) ExpectBytes(*s, Key(k), 100, Tier::kHost);
+  EXPECT_EQ(s->Stats().host_used_bytes, 400u);
+  EXPECT_EQ(s->Stats().host_reserved_bytes, 0u);
+}
+
 TEST_F(BlockStoreTest, DuplicateInFlightPutsOfOneKeyDoNotMix) {
   auto s = OpenStore();
   BlockKey k = Key(1);
