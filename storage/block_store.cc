@@ -120,7 +120,8 @@ absl::Status BlockStore::LoadFromDisk() {
         r.parent_hash = std::move(meta.parent_hash);
         r.accounting = meta.accounting;
         r.size_bytes = meta.size_bytes;
-        r.checksum = meta.checksum;
+        // A format 1 record's checksum is of the payload alone.
+        r.checksum = meta.version == 1 ? meta.checksum ^ KeyTag(r.key) : meta.checksum;
         r.on_disk = true;
         r.visible = true;
         r.last_access = now;
@@ -378,7 +379,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::CommitAll(std::vector<Put
     it.accounting = h.accounting_;
     it.options = h.options_;
     it.payload = std::shared_ptr<const HostBuffer>(std::move(h.buffer_));
-    it.checksum = PayloadChecksum(it.payload->view());
+    it.checksum = BlockChecksum(it.key, it.payload->view());
   }
   absl::flat_hash_set<BlockKey> keys;
   for (const Item& it : items)
@@ -572,7 +573,7 @@ absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
       return read.status();  // an I/O error says nothing about the block
     }
     bool good = read.ok() && (*read)->size() == data.accounting.total_bytes &&
-                PayloadChecksum((*read)->view()) == data.checksum;
+                BlockChecksum(key, (*read)->view()) == data.checksum;
 
     absl::MutexLock l(&mu_);
     BlockRecord* r = index_.Find(key);

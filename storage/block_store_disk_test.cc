@@ -207,6 +207,46 @@ TEST_F(BlockStoreDiskTest, CorruptionFoundAfterRestartToo) {
   EXPECT_EQ(s->Stats().counters.checksum_failures, 2u);
 }
 
+// Checksums are bound to keys: two blocks whose stored records (payload and
+// meta, each internally consistent) trade places are DATA_LOSS under both
+// keys, never served as each other. A record of the previous format (the
+// checksum of the payload alone) is still read.
+TEST_F(BlockStoreDiskTest, SwappedRecordsAreDataLossAndOldRecordsStillRead) {
+  {
+    auto s = OpenStore();
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+    ASSERT_TRUE(s->Evict({}).ok());
+    SpillStore* disk = s->SpillStoreForTest();
+    auto meta = [&](int i, uint8_t version) {
+      DiskBlockMeta m;
+      m.size_bytes = 100;
+      m.accounting = TestAccounting(100);
+      m.parent_hash = "parent-" + Key(i).block_hash;
+      m.checksum = version == 1 ? PayloadChecksum(TestPayload(Key(i), 100))
+                                : BlockChecksum(Key(i), TestPayload(Key(i), 100));
+      std::string bytes = EncodeDiskBlockMeta(m);
+      if (version == 1) {  // the format 1 encoding: the version byte, and the record's own checksum over it
+        bytes[0] = 1;
+        bytes.resize(bytes.size() - 8);
+        const uint64_t c = PayloadChecksum(bytes);
+        for (int b = 0; b < 8; ++b) bytes.push_back(static_cast<char>(c >> (8 * b)));
+      }
+      return bytes;
+    };
+    ASSERT_TRUE(disk->OverwritePayloadForTest(Key(0), TestPayload(Key(1), 100)).ok());
+    ASSERT_TRUE(disk->OverwriteMetaForTest(Key(0), meta(1, 2)).ok());
+    ASSERT_TRUE(disk->OverwritePayloadForTest(Key(1), TestPayload(Key(0), 100)).ok());
+    ASSERT_TRUE(disk->OverwriteMetaForTest(Key(1), meta(0, 2)).ok());
+    ASSERT_TRUE(disk->OverwriteMetaForTest(Key(2), meta(2, 1)).ok());
+  }
+  auto s = OpenStore();
+  EXPECT_EQ(s->Stats().blocks, 3u);
+  EXPECT_EQ(s->Get(Key(0)).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s->Get(Key(1)).status().code(), absl::StatusCode::kDataLoss);
+  ExpectBlock(*s, Key(2), Tier::kDisk);
+  EXPECT_EQ(s->Stats().counters.checksum_failures, 2u);
+}
+
 TEST_F(BlockStoreDiskTest, DiskBudgetDropsOldestDiskBlocks) {
   auto s = OpenStore(/*host=*/1000, /*disk=*/300);
   for (int i = 0; i < 20; ++i) {

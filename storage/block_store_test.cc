@@ -60,7 +60,7 @@ TEST_F(BlockStoreTest, PutThenGetReturnsExactBytesAndMetadata) {
     EXPECT_EQ(got->tier, Tier::kHost);
     EXPECT_EQ(got->parent_hash, "p");
     EXPECT_EQ(got->accounting, TestAccounting(size));
-    EXPECT_EQ(got->checksum, PayloadChecksum(TestPayload(k, size)));
+    EXPECT_EQ(got->checksum, BlockChecksum(k, TestPayload(k, size)));
   }
   StoreCounters c = s->Stats().counters;
   EXPECT_EQ(c.puts_committed, 5u);

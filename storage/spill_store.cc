@@ -48,6 +48,15 @@ uint64_t PayloadChecksum(absl::string_view bytes) {
   return XXH64(bytes.data(), bytes.size(), /*seed=*/0);
 }
 
+uint64_t KeyTag(const BlockKey& key) {
+  const std::string k = EncodeBlockKey(key);
+  return XXH64(k.data(), k.size(), /*seed=*/0x6b6579);
+}
+
+uint64_t BlockChecksum(const BlockKey& key, absl::string_view payload) {
+  return PayloadChecksum(payload) ^ KeyTag(key);
+}
+
 std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
   std::string out;
   out.reserve(kMetaFixedBytes + m.parent_hash.size() + 8);
@@ -70,7 +79,7 @@ std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
 
 absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in) {
   if (in.size() < kMetaFixedBytes + 8) return absl::DataLossError("block meta is truncated");
-  if (static_cast<uint8_t>(in[0]) != kDiskFormatVersion) {
+  if (static_cast<uint8_t>(in[0]) != 1 && static_cast<uint8_t>(in[0]) != kDiskFormatVersion) {
     return absl::DataLossError(
         absl::StrCat("unknown block meta format version ", static_cast<uint8_t>(in[0])));
   }
@@ -83,6 +92,7 @@ absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in) {
     return absl::DataLossError("block meta fails its checksum");
   }
   DiskBlockMeta m;
+  m.version = static_cast<uint8_t>(in[0]);
   m.size_bytes = GetFixed64(p + 4);
   m.checksum = GetFixed64(p + 12);
   m.accounting.dense_equivalent_bytes = GetFixed64(p + 20);

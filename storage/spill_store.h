@@ -54,23 +54,34 @@ class DB;
 
 namespace tqkv::storage {
 
-inline constexpr uint8_t kDiskFormatVersion = 1;
+// Format 2 binds block checksums to their keys (BlockChecksum); format 1
+// records (checksum = XXH64(payload)) are still read.
+inline constexpr uint8_t kDiskFormatVersion = 2;
 
 // What the disk tier stores about a block besides its payload.
 struct DiskBlockMeta {
   uint64_t size_bytes = 0;
-  uint64_t checksum = 0;  // XXH64(payload, seed 0)
+  // BlockChecksum(key, payload); in a format 1 record XXH64(payload)
+  // alone (BlockStore folds the key's tag in when it loads one).
+  uint64_t checksum = 0;
+  uint8_t version = kDiskFormatVersion;  // of the decoded record (not encoded from here)
   std::string parent_hash;
   BlockAccounting accounting;  // total_bytes == size_bytes
   friend bool operator==(const DiskBlockMeta&, const DiskBlockMeta&) = default;
 };
+
+// A 64-bit tag of the key (XXH64 of its encoding).
+uint64_t KeyTag(const BlockKey& key);
+// The checksum of a block everywhere in storage: XXH64 of the payload xor
+// the key's tag, so bytes stored or misplaced under another key fail it.
+uint64_t BlockChecksum(const BlockKey& key, absl::string_view payload);
 
 std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta);
 // DATA_LOSS if the bytes are truncated, fail their checksum or carry an
 // unknown format version.
 absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view bytes);
 
-// XXH64 of `bytes` with seed 0: the block checksum everywhere in storage.
+// XXH64 of `bytes` with seed 0 (a record's own checksum; format 1 payloads).
 uint64_t PayloadChecksum(absl::string_view bytes);
 
 struct SpillStoreOptions {
