@@ -65,38 +65,19 @@ void BlockIndex::SetOnDisk(BlockRecord* r, bool on_disk) {
   Relist(r);
 }
 
-void BlockIndex::Touch(BlockRecord* r, absl::Time now) {
-  r->last_access = std::max(r->last_access, now);
-  switch (r->list_) {
-    case BlockRecord::List::kHost:
-      host_lru_.splice(host_lru_.end(), host_lru_, r->lru_it_);
-      break;
-    case BlockRecord::List::kDiskOnly:
-      disk_only_lru_.splice(disk_only_lru_.end(), disk_only_lru_, r->lru_it_);
-      break;
-    case BlockRecord::List::kNone:
-      break;
-  }
-}
-
 void BlockIndex::Relist(BlockRecord* r) {
   BlockRecord::List want = r->host != nullptr ? BlockRecord::List::kHost
                            : r->on_disk       ? BlockRecord::List::kDiskOnly
                                               : BlockRecord::List::kNone;
   if (want == r->list_) return;
-  if (r->list_ == BlockRecord::List::kHost) host_lru_.erase(r->lru_it_);
-  if (r->list_ == BlockRecord::List::kDiskOnly) disk_only_lru_.erase(r->lru_it_);
+  if (r->list_ == BlockRecord::List::kHost) host_lru_.erase(r->lru_key_);
+  if (r->list_ == BlockRecord::List::kDiskOnly) disk_only_lru_.erase(r->lru_key_);
   // A record joining a list is placed by its last access, so that blocks
-  // moving between tiers keep their relative age. Scanning from the young
-  // end is short in the common case (the record was used recently).
-  std::list<BlockRecord*>* list = nullptr;
-  if (want == BlockRecord::List::kHost) list = &host_lru_;
-  if (want == BlockRecord::List::kDiskOnly) list = &disk_only_lru_;
+  // moving between tiers keep their relative age.
   r->list_ = want;
-  if (list == nullptr) return;
-  auto pos = list->end();
-  while (pos != list->begin() && (*std::prev(pos))->last_access > r->last_access) --pos;
-  r->lru_it_ = list->insert(pos, r);
+  if (want == BlockRecord::List::kNone) return;
+  r->lru_key_ = {r->last_access, r->generation};
+  (want == BlockRecord::List::kHost ? host_lru_ : disk_only_lru_).emplace(r->lru_key_, r);
 }
 
 void BlockIndex::AddUsage(const BlockRecord& r, Tier tier, bool add) {

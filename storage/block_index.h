@@ -7,20 +7,31 @@
 // LRU lists and the usage sums can never drift from the records:
 //   - host LRU:      records with a host copy;
 //   - disk-only LRU: records with a disk copy and no host copy.
-// Both lists are ordered by last access (Touch), oldest first.
+// Both lists are ordered by last access (Touch), oldest first, and kept as
+// ordered trees: a record joins or leaves a list in O(log n) whatever the
+// access pattern (a record that changes tier keeps its age among the
+// records already there). Touch is O(1): it only records the access, and
+// a walk that meets a record touched since it was placed moves it to its
+// new place first (O(log n), once per touched record), so walks see
+// records in their exact order of last access.
+//
+// Memory per record: the record (~150 bytes plus its key's strings), one
+// hash map slot, and one LRU tree entry (32 bytes plus the tree's node
+// overhead).
 //
 // Policy (pins, visibility, I/O serialisation) is the caller's: the index
 // stores those fields but does not interpret them.
 #ifndef TQKV_STORAGE_BLOCK_INDEX_H_
 #define TQKV_STORAGE_BLOCK_INDEX_H_
 
+#include <algorithm>
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "storage/block_key.h"
@@ -34,7 +45,7 @@ struct BlockRecord {
   std::string parent_hash;
   BlockAccounting accounting;  // accounting.total_bytes == size_bytes
   uint64_t size_bytes = 0;
-  uint64_t checksum = 0;    // XXH64(payload, seed 0)
+  uint64_t checksum = 0;    // BlockChecksum(key, payload)
   uint64_t generation = 0;  // unique per insertion; tells incarnations of a key apart
 
   // Residency. Read freely; change only through BlockIndex.
@@ -57,7 +68,7 @@ struct BlockRecord {
   friend class BlockIndex;
   enum class List : uint8_t { kNone, kHost, kDiskOnly };
   List list_ = List::kNone;
-  std::list<BlockRecord*>::iterator lru_it_;
+  std::pair<absl::Time, uint64_t> lru_key_;  // its place in list_: (last access, generation)
 };
 
 // Sums over the records of one (tenant, model, tier).
@@ -93,8 +104,8 @@ class BlockIndex {
   void SetHostCopy(BlockRecord* record, std::shared_ptr<const HostBuffer> buffer);
   void SetOnDisk(BlockRecord* record, bool on_disk);
 
-  // Sets last_access and moves the record to the young end of its LRU list.
-  void Touch(BlockRecord* record, absl::Time now);
+  // Sets last_access (the record's place in its LRU list follows it).
+  void Touch(BlockRecord* record, absl::Time now) { record->last_access = std::max(record->last_access, now); }
 
   // Calls fn(record) oldest first over the host (or disk-only) LRU list until
   // fn returns false. fn may change residency of, or erase, only the record it
@@ -126,13 +137,25 @@ class BlockIndex {
 
  private:
   using UsageKey = std::tuple<std::string, uint64_t, Tier>;
+  using LruKey = std::pair<absl::Time, uint64_t>;  // (last access, generation): unique
+  using Lru = absl::btree_map<LruKey, BlockRecord*>;
 
+  // Records touched since they were placed move to their new place when
+  // met. fn may remove the record it is given from `list` (which
+  // invalidates iterators): the walk goes on from the next key.
   template <typename Fn>
-  static void ForEachIn(std::list<BlockRecord*>& list, Fn& fn) {
+  static void ForEachIn(Lru& list, Fn& fn) {
     for (auto it = list.begin(); it != list.end();) {
-      auto next = std::next(it);
-      if (!fn(*it)) return;
-      it = next;
+      const LruKey at = it->first;
+      BlockRecord* r = it->second;
+      if (r->last_access > at.first) {
+        list.erase(it);
+        r->lru_key_ = {r->last_access, at.second};
+        list.emplace(r->lru_key_, r);
+      } else if (!fn(r)) {
+        return;
+      }
+      it = list.upper_bound(at);
     }
   }
 
@@ -142,8 +165,8 @@ class BlockIndex {
   void Relist(BlockRecord* r);
 
   absl::flat_hash_map<BlockKey, std::unique_ptr<BlockRecord>> records_;
-  std::list<BlockRecord*> host_lru_;       // oldest first
-  std::list<BlockRecord*> disk_only_lru_;  // oldest first
+  Lru host_lru_;       // oldest first
+  Lru disk_only_lru_;  // oldest first
   absl::flat_hash_map<UsageKey, TierUsage> usage_;
   uint64_t host_bytes_ = 0;
   uint64_t disk_bytes_ = 0;

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tqkv::storage {
@@ -95,6 +97,40 @@ TEST(BlockIndex, TouchMovesToYoungEndAndRelistKeepsAge) {
   index.SetOnDisk(b, true);
   index.SetHostCopy(b, nullptr);
   EXPECT_EQ(DiskOrder(index), (std::vector<std::string>{"b", "c"}));
+}
+
+// Many touched disk-only records, then host records joining the disk list:
+// every walk gives the exact order of last access, touched records and
+// newcomers interleaved by age; walking twice changes nothing.
+TEST(BlockIndex, TouchedRecordsAndNewcomersKeepExactAgeOrder) {
+  BlockIndex index;
+  constexpr int kDisk = 2000, kHost = 50;
+  for (int i = 0; i < kDisk; ++i) {
+    BlockRecord* r = index.Insert(MakeRecord("t", 1, "d" + std::to_string(i), 1, T(i)));
+    index.SetOnDisk(r, true);
+  }
+  for (int i = 0; i < kHost; ++i) {
+    BlockRecord* r = index.Insert(MakeRecord("t", 1, "h" + std::to_string(i), 1, T(5000 + 2 * i)));
+    index.SetHostCopy(r, Buf(1));
+  }
+  // The odd disk records are touched at odd times from 5003 on (some
+  // between the host records' accesses), in reverse order; some twice.
+  for (int i = kDisk - 1; i >= 1; i -= 2) index.Touch(index.Find({"t", 1, "d" + std::to_string(i)}), T(5001 + 2 * i));
+  for (int i = 1; i < 100; i += 2) index.Touch(index.Find({"t", 1, "d" + std::to_string(i)}), T(5001 + 2 * i));
+  // Host records move to disk (as spills do), oldest first.
+  for (int i = 0; i < kHost; ++i) {
+    BlockRecord* r = index.Find({"t", 1, "h" + std::to_string(i)});
+    index.SetOnDisk(r, true);
+    index.SetHostCopy(r, nullptr);
+  }
+  std::vector<std::pair<absl::Time, std::string>> want;
+  index.ForEach([&](BlockRecord* r) { want.push_back({r->last_access, r->key.block_hash}); });
+  std::sort(want.begin(), want.end());
+  std::vector<std::string> want_order;
+  for (const auto& [t, h] : want) want_order.push_back(h);
+  EXPECT_EQ(DiskOrder(index), want_order);
+  EXPECT_EQ(DiskOrder(index), want_order);
+  EXPECT_EQ(index.disk_only_blocks(), static_cast<size_t>(kDisk + kHost));
 }
 
 TEST(BlockIndex, ForEachMayEraseTheVisitedRecord) {
