@@ -195,6 +195,16 @@ bool BlockStore::ReserveDiskLocked(uint64_t bytes, IoPlan* plan) {
   return true;
 }
 
+uint64_t BlockStore::EvictableHostBytesLocked(uint64_t enough) {
+  const absl::Time now = clock_->Now();
+  uint64_t found = 0;
+  index_.ForEachHostLru([&](BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!r->io_busy && r->visible && !r->Protected(now)) found += r->size_bytes;
+    return found < enough;
+  });
+  return found;
+}
+
 void BlockStore::PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,
                                         IoPlan* plan, EvictResult* result, bool include_pinned) {
   absl::Time now = clock_->Now();
@@ -288,6 +298,12 @@ absl::Status BlockStore::ReserveHostLocked(uint64_t bytes) {
   for (int round = 0; round < kMaxAdmissionRounds; ++round) {
     uint64_t to_free = pool_.BytesToFreeFor(bytes);
     if (to_free == 0 && pool_.TryReserve(bytes)) return absl::OkStatus();
+    // A block that cannot fit even once every evictable block is gone is
+    // refused before anything is evicted for it.
+    if (pool_.used_bytes() + bytes > pool_.capacity_bytes() && host_spilling_bytes_ == 0 &&
+        EvictableHostBytesLocked(pool_.used_bytes() + bytes - pool_.capacity_bytes()) <
+            pool_.used_bytes() + bytes - pool_.capacity_bytes())
+      break;
     IoPlan plan;
     PlanHostEvictionLocked(to_free, std::nullopt, &plan, nullptr);
     if (plan.empty()) {

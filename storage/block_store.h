@@ -340,6 +340,9 @@ class BlockStore {
 
   void ReleaseHandle(uint64_t size_bytes);
   absl::Status ReserveHostLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bytes of host copies eviction could release now (idle, visible,
+  // unprotected), counted oldest first until `enough` is reached.
+  uint64_t EvictableHostBytesLocked(uint64_t enough) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans moving up to `bytes` of unprotected, idle host copies out of host
   // memory, oldest first, restricted to `scope` if set.
   void PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,

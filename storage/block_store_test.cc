@@ -314,6 +314,26 @@ TEST_F(BlockStoreTest, EvictionFollowsRecency) {
   EXPECT_EQ(s->Get(Key(3)).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A block that cannot fit even with every evictable block gone is refused
+// before anything is evicted for it: the unpinned blocks stay in place.
+TEST_F(BlockStoreTest, APutThatCannotFitEvictsNothing) {
+  auto s = OpenStore(1000);
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+    ASSERT_TRUE(s->Pin(Key(i), absl::Seconds(60)).ok());
+  }
+  for (int i = 7; i < 9; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());  // 200 bytes unpinned
+  // 400 bytes: 900 used, 200 of them evictable, 100 free.
+  EXPECT_EQ(s->BeginPut(Key(20), "", TestAccounting(400), 400).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s->Stats().counters.evictions, 0u);
+  for (int i = 0; i < 9; ++i) ExpectBytes(*s, Key(i), 100, Tier::kHost);
+  // One that fits once both are evicted is admitted.
+  auto h = s->BeginPut(Key(20), "", TestAccounting(300), 300);
+  EXPECT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(s->Stats().counters.evictions, 2u);
+}
+
 TEST_F(BlockStoreTest, PinnedBlocksAreNeverEvictedAndBudgetHolds) {
   auto s = OpenStore(1000);
   for (int i = 0; i < 9; ++i) {
