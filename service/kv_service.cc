@@ -311,6 +311,11 @@ absl::StatusOr<v1::StatsResponse> KvService::Stats(const Identity& id,
       bytes += u.payload_bytes;
     }
     ms->set_compression_ratio(bytes ? static_cast<double>(dense) / bytes : 0.0);
+    for (const storage::ModelResidency& r : stats.residency) {
+      if (r.tenant != id.tenant || r.model_id != m->model_id) continue;
+      ms->set_blocks(r.blocks);
+      ms->set_bytes(r.payload_bytes);
+    }
   }
   return resp;
 }

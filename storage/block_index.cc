@@ -42,6 +42,7 @@ void BlockIndex::SetHostCopy(BlockRecord* r, std::shared_ptr<const HostBuffer> b
   bool has = buffer != nullptr;
   r->host = std::move(buffer);
   if (had != has) {
+    if (!r->on_disk) AddResidency(*r, has);
     AddUsage(*r, Tier::kHost, has);
     if (has) {
       host_bytes_ += r->size_bytes;
@@ -55,6 +56,7 @@ void BlockIndex::SetHostCopy(BlockRecord* r, std::shared_ptr<const HostBuffer> b
 void BlockIndex::SetOnDisk(BlockRecord* r, bool on_disk) {
   if (r->on_disk != on_disk) {
     r->on_disk = on_disk;
+    if (r->host == nullptr) AddResidency(*r, on_disk);
     AddUsage(*r, Tier::kDisk, on_disk);
     if (on_disk) {
       disk_bytes_ += r->size_bytes;
@@ -99,6 +101,32 @@ void BlockIndex::AddUsage(const BlockRecord& r, Tier tier, bool add) {
     u.accounting -= r.accounting;
     if (u.blocks == 0) usage_.erase(key);
   }
+}
+
+void BlockIndex::AddResidency(const BlockRecord& r, bool add) {
+  std::pair<std::string, uint64_t> key{r.key.tenant, r.key.model_id};
+  ModelResidency& m = residency_[key];
+  if (add) {
+    m.tenant = r.key.tenant;
+    m.model_id = r.key.model_id;
+    m.blocks += 1;
+    m.payload_bytes += r.size_bytes;
+  } else {
+    assert(m.blocks > 0);
+    m.blocks -= 1;
+    m.payload_bytes -= r.size_bytes;
+    if (m.blocks == 0) residency_.erase(key);
+  }
+}
+
+std::vector<ModelResidency> BlockIndex::Residency() const {
+  std::vector<ModelResidency> out;
+  out.reserve(residency_.size());
+  for (const auto& [key, m] : residency_) out.push_back(m);
+  std::sort(out.begin(), out.end(), [](const ModelResidency& a, const ModelResidency& b) {
+    return std::tie(a.tenant, a.model_id) < std::tie(b.tenant, b.model_id);
+  });
+  return out;
 }
 
 std::vector<TierUsage> BlockIndex::Usage() const {

@@ -81,6 +81,15 @@ struct TierUsage {
   BlockAccounting accounting;  // field-wise sums
 };
 
+// Blocks of one (tenant, model) resident in at least one tier, each counted
+// once (TierUsage counts a block once per tier it is in).
+struct ModelResidency {
+  std::string tenant;
+  uint64_t model_id = 0;
+  uint64_t blocks = 0;
+  uint64_t payload_bytes = 0;
+};
+
 // Thread-compatible: the owner serialises all calls (BlockStore holds its
 // mutex). Record pointers stay valid until Erase of that record.
 class BlockIndex {
@@ -134,6 +143,8 @@ class BlockIndex {
   // Usage per (tenant, model, tier) with at least one block, sorted by
   // (tenant, model_id, tier).
   std::vector<TierUsage> Usage() const;
+  // Per (tenant, model) with at least one resident block, sorted.
+  std::vector<ModelResidency> Residency() const;
 
  private:
   using UsageKey = std::tuple<std::string, uint64_t, Tier>;
@@ -160,6 +171,9 @@ class BlockIndex {
   }
 
   void AddUsage(const BlockRecord& r, Tier tier, bool add);
+  // Counts the record in (add) or out of its model's residency when it
+  // gains its first or loses its last copy.
+  void AddResidency(const BlockRecord& r, bool add);
   // Puts the record on the list its residency calls for (keeping its place
   // if unchanged).
   void Relist(BlockRecord* r);
@@ -168,6 +182,7 @@ class BlockIndex {
   Lru host_lru_;       // oldest first
   Lru disk_only_lru_;  // oldest first
   absl::flat_hash_map<UsageKey, TierUsage> usage_;
+  absl::flat_hash_map<std::pair<std::string, uint64_t>, ModelResidency> residency_;
   uint64_t host_bytes_ = 0;
   uint64_t disk_bytes_ = 0;
   uint64_t next_generation_ = 1;

@@ -67,18 +67,29 @@ TEST(BlockIndex, ResidencyDrivesListsAndByteTotals) {
   index.SetHostCopy(b, Buf(50));
   EXPECT_EQ(index.host_bytes(), 150u);
   EXPECT_EQ(HostOrder(index), (std::vector<std::string>{"a", "b"}));
-  // Spill a: it stays host-resident until its host copy is dropped.
+  // Spill a: it stays host-resident until its host copy is dropped; while
+  // it has both copies it counts in both tiers and once in its model.
   index.SetOnDisk(a, true);
   EXPECT_EQ(index.disk_bytes(), 100u);
   EXPECT_TRUE(DiskOrder(index).empty());
+  ASSERT_EQ(index.Residency().size(), 1u);
+  EXPECT_EQ(index.Residency()[0].blocks, 2u);
+  EXPECT_EQ(index.Residency()[0].payload_bytes, 150u);
+  uint64_t tier_blocks = 0;
+  for (const TierUsage& u : index.Usage()) tier_blocks += u.blocks;
+  EXPECT_EQ(tier_blocks, 3u);
   index.SetHostCopy(a, nullptr);
   EXPECT_EQ(index.host_bytes(), 50u);
   EXPECT_EQ(HostOrder(index), (std::vector<std::string>{"b"}));
   EXPECT_EQ(DiskOrder(index), (std::vector<std::string>{"a"}));
   EXPECT_EQ(a->best_tier(), Tier::kDisk);
+  EXPECT_EQ(index.Residency()[0].blocks, 2u);
   index.Erase(a);
   EXPECT_EQ(index.disk_bytes(), 0u);
   EXPECT_TRUE(DiskOrder(index).empty());
+  EXPECT_EQ(index.Residency()[0].blocks, 1u);
+  index.Erase(b);
+  EXPECT_TRUE(index.Residency().empty());
 }
 
 TEST(BlockIndex, TouchMovesToYoungEndAndRelistKeepsAge) {

@@ -206,7 +206,7 @@ uint64_t BlockStore::EvictableHostBytesLocked(uint64_t enough) {
 }
 
 void BlockStore::PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,
-                                        IoPlan* plan, EvictResult* result, bool include_pinned) {
+                                        IoPlan* plan, EvictResult* result, bool include_pinned, bool at_most) {
   absl::Time now = clock_->Now();
   uint64_t planned = 0;
   index_.ForEachHostLru([&](BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -221,6 +221,7 @@ void BlockStore::PlanHostEvictionLocked(uint64_t bytes, const std::optional<Mode
       return true;
     }
     const uint64_t size = r->size_bytes;
+    if (at_most && planned + size > bytes) return false;
     planned += size;
     if (r->on_disk) {  // already has a disk copy: just let go of host memory
       DetachHostLocked(r);
@@ -704,7 +705,7 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
   absl::MutexLock l(&mu_);
   IoPlan plan;
   if (!spec.drop) {
-    PlanHostEvictionLocked(limit, spec.scope, &plan, &result, spec.include_pinned);
+    PlanHostEvictionLocked(limit, spec.scope, &plan, &result, spec.include_pinned, /*at_most=*/true);
     absl::Status s = RunPlanLocked(&plan);
     result.blocks += plan.evicted_blocks;
     result.bytes += plan.evicted_bytes;
@@ -724,7 +725,7 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
     }
   });
   for (BlockRecord* r : victims) {
-    if (result.bytes >= limit) break;
+    if (result.bytes + r->size_bytes > limit) break;
     result.blocks++;
     result.bytes += r->size_bytes;
     DetachHostLocked(r);
@@ -748,6 +749,7 @@ StoreStats BlockStore::Stats() {
   StoreStats s;
   absl::MutexLock l(&mu_);
   s.usage = index_.Usage();
+  s.residency = index_.Residency();
   s.counters = counters_;
   s.blocks = index_.size();
   s.host_capacity_bytes = pool_.capacity_bytes();

@@ -170,8 +170,9 @@ struct ModelScope {
 struct EvictSpec {
   // Only blocks of this model; nullopt: every block. Default: nullopt.
   std::optional<ModelScope> scope;
-  // Stop after this many payload bytes (LRU order for spills); 0: no limit.
-  // Default: 0.
+  // At most this many payload bytes, whole blocks (oldest first for
+  // spills; the walk stops at the first block that would pass it); 0: no
+  // limit. Default: 0.
   uint64_t max_bytes = 0;
   // false: move host copies out of host memory the way budget eviction does
   //        (to disk if it fits, else dropped); disk copies are untouched.
@@ -215,6 +216,7 @@ struct StoreCounters {
 
 struct StoreStats {
   std::vector<TierUsage> usage;  // per (tenant, model, tier) residency, sorted
+  std::vector<ModelResidency> residency;  // per (tenant, model), each block once, sorted
   StoreCounters counters;
   uint64_t blocks = 0;  // blocks in the index (visible, committing or deleting)
   uint64_t host_capacity_bytes = 0;
@@ -345,8 +347,11 @@ class BlockStore {
   uint64_t EvictableHostBytesLocked(uint64_t enough) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans moving up to `bytes` of unprotected, idle host copies out of host
   // memory, oldest first, restricted to `scope` if set.
+  // at_most: `bytes` is a bound not to pass (whole blocks); else a goal to
+  // reach.
   void PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,
-                              IoPlan* plan, EvictResult* result, bool include_pinned = false)
+                              IoPlan* plan, EvictResult* result, bool include_pinned = false,
+                              bool at_most = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves disk room for `bytes`, planning disk-only LRU drops as needed.
   // Returns false, having planned nothing, if even those cannot make room.

@@ -405,9 +405,12 @@ TEST_F(BlockStoreTest, EvictByModelAndByBytes) {
     ASSERT_TRUE(PutBlock(*s, Key(i, "a", 2)).ok());
     clock_.Advance(absl::Seconds(1));
   }
-  auto ev = s->Evict({.scope = ModelScope{"a", 1}, .max_bytes = 250});
+  auto ev = s->Evict({.scope = ModelScope{"a", 1}, .max_bytes = 99});
   ASSERT_TRUE(ev.ok());
-  EXPECT_EQ(ev->blocks, 3u);  // stops once >= 250 bytes are out
+  EXPECT_EQ(ev->blocks, 0u);  // a bound: no whole block fits under 99 bytes
+  ev = s->Evict({.scope = ModelScope{"a", 1}, .max_bytes = 350});
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ(ev->blocks, 3u);  // the oldest three: 300 of at most 350 bytes
   EXPECT_EQ(ev->bytes, 300u);
   EXPECT_EQ(s->Get(Key(2, "a", 1)).status().code(), absl::StatusCode::kNotFound);
   ExpectBytes(*s, Key(3, "a", 1), 100, Tier::kHost);

@@ -61,6 +61,12 @@ TEST_F(DurabilityTest, KillNineKeepsDurableAndSpilledBlocks) {
   const auto spilled = client::HashChain(32, 100);
   const auto volatile_only = client::HashChain(33, 50);
   const auto d_blocks = PutDense(model, durable, 2000, /*durable=*/true);
+  // A durable block is in host memory and on disk: once in each tier's
+  // residency, once in the model's count.
+  EXPECT_EQ(Blocks(model, v1::TIER_HOST), 100u);
+  EXPECT_EQ(Blocks(model, v1::TIER_DISK), 100u);
+  EXPECT_EQ(ModelStats(model).blocks(), 100u);
+  EXPECT_EQ(ModelStats(model).bytes(), 100 * codec_->block_bytes());
   const auto s_blocks = PutDense(model, spilled, 3000);
   v1::EvictRequest ev;
   ev.set_model_id(model.model_id());
