@@ -141,8 +141,16 @@ absl::Status Server::Shutdown() {
   if (store_ && options_.spill_on_shutdown && store_->Stats().disk_enabled) {
     storage::EvictSpec all;
     all.include_pinned = true;  // pins end with the process; keep the bytes
+    all.deadline = clock_->Now() + options_.shutdown_spill_deadline;
     absl::StatusOr<storage::EvictResult> r = store_->Evict(all);
     if (!r.ok()) status.Update(r.status());
+    if (r.ok() && options_.log != nullptr) {
+      *options_.log << "tqkv-server: shutdown spilled " << r->blocks << " blocks (" << r->bytes << " bytes)";
+      if (r->left_blocks > 0)
+        *options_.log << "; " << r->left_blocks << " blocks (" << r->left_bytes
+                      << " bytes) were not spilled by the deadline and are lost with the process";
+      *options_.log << std::endl;
+    }
   }
   if (store_) status.Update(store_->Sync());
   store_.reset();

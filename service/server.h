@@ -69,6 +69,11 @@ struct ServerOptions {
   // On graceful shutdown, move every host-resident block to disk (as far
   // as the disk budget allows) so a restart finds it. Default: true.
   bool spill_on_shutdown = true;
+  // How long that spill may take: no new batch (64 MiB) starts after it;
+  // what is left in host memory is lost with the process, counted and
+  // logged. Durable blocks are on disk already. Default: 30 s (with
+  // shutdown_grace, below deploy/k8s's 60 s termination grace period).
+  absl::Duration shutdown_spill_deadline = absl::Seconds(30);
   // How long Shutdown waits for in-flight RPCs before cancelling them.
   // Default: 10 s.
   absl::Duration shutdown_grace = absl::Seconds(10);

@@ -45,6 +45,8 @@ ABSL_FLAG(uint64_t, gpu_arena_bytes, 0,
           "the device memory free at start");
 ABSL_FLAG(bool, spill_on_shutdown, true,
           "on SIGTERM/SIGINT move host-resident blocks to disk so a restart finds them");
+ABSL_FLAG(int, shutdown_spill_deadline_ms, 30000,
+          "how long the shutdown spill of host blocks to disk may take; what is left is lost (counted, logged)");
 ABSL_FLAG(int, shutdown_grace_ms, 10000,
           "how long a graceful shutdown waits for in-flight RPCs before cancelling them");
 ABSL_FLAG(int, sequence_ttl_ms, 300000, "idle expiry of decode sequences that ask for ttl 0");
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.spill_on_shutdown = absl::GetFlag(FLAGS_spill_on_shutdown);
   o.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  o.shutdown_spill_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_spill_deadline_ms));
   o.service.sequences.default_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_sequence_ttl_ms));
   o.log_rpc_errors = absl::GetFlag(FLAGS_log_rpc_errors);
   o.log = &std::cerr;

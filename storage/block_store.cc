@@ -705,12 +705,53 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
   absl::MutexLock l(&mu_);
   IoPlan plan;
   if (!spec.drop) {
-    PlanHostEvictionLocked(limit, spec.scope, &plan, &result, spec.include_pinned, /*at_most=*/true);
-    absl::Status s = RunPlanLocked(&plan);
-    result.blocks += plan.evicted_blocks;
-    result.bytes += plan.evicted_bytes;
-    if (!s.ok()) return s;
-    return result;
+    // Batches of about batch_bytes, oldest first, each planned, written and
+    // settled before the next; the last walk's skip counts stand.
+    const uint64_t batch = std::max<uint64_t>(1, spec.batch_bytes);
+    uint64_t budget = limit;
+    for (;;) {
+      if (clock_->Now() >= spec.deadline) {
+        const absl::Time now = clock_->Now();
+        index_.ForEachHostLru([&](BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          if (InScope(*r, spec.scope) && !r->on_disk && !r->io_busy && r->visible &&
+              (spec.include_pinned || !r->Protected(now))) {
+            result.left_blocks++;
+            result.left_bytes += r->size_bytes;
+          }
+          return true;
+        });
+        return result;
+      }
+      IoPlan batch_plan;
+      EvictResult walk;
+      const uint64_t before = result.bytes;
+      // Within the caller's bound (whole blocks), about one batch: at least
+      // one block when the bound allows it.
+      if (budget <= batch) {
+        PlanHostEvictionLocked(budget, spec.scope, &batch_plan, &walk, spec.include_pinned, /*at_most=*/true);
+      } else {
+        PlanHostEvictionLocked(batch, spec.scope, &batch_plan, &walk, spec.include_pinned, /*at_most=*/true);
+        if (walk.blocks == 0 && batch_plan.empty()) {  // a block larger than a batch
+          walk = EvictResult();
+          PlanHostEvictionLocked(1, spec.scope, &batch_plan, &walk, spec.include_pinned);
+        }
+      }
+      result.skipped_pinned = walk.skipped_pinned;
+      result.skipped_busy = walk.skipped_busy;
+      result.blocks += walk.blocks;  // blocks let go at once (already on disk, or dropped)
+      result.bytes += walk.bytes;
+      if (batch_plan.empty() && walk.blocks == 0) return result;  // nothing left to move
+      absl::Status s = RunPlanLocked(&batch_plan);
+      result.blocks += batch_plan.evicted_blocks;
+      result.bytes += batch_plan.evicted_bytes;
+      if (!s.ok()) return s;
+      const uint64_t moved = result.bytes - before;
+      if (moved == 0 && batch_plan.writes.empty()) return result;
+      if (spec.max_bytes != 0) {
+        budget -= std::min(budget, moved);
+        if (budget == 0) return result;
+      }
+    }
   }
   absl::Time now = clock_->Now();
   std::vector<BlockRecord*> victims;

@@ -183,6 +183,11 @@ struct EvictSpec {
   // pins end with the process and a pinned block left in host memory would
   // be lost. Default: false.
   bool include_pinned = false;
+  // drop=false: spills are written in RocksDB batches of about this many
+  // payload bytes (bounding the memory a batch takes), and no new batch
+  // starts once the clock passes `deadline`. Defaults: 64 MiB, none.
+  uint64_t batch_bytes = uint64_t{64} << 20;
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 struct EvictResult {
@@ -190,6 +195,10 @@ struct EvictResult {
   uint64_t bytes = 0;           // their payload bytes
   uint64_t skipped_pinned = 0;  // matching blocks protected by a pin/lease
   uint64_t skipped_busy = 0;    // matching blocks with I/O in flight
+  // drop=false, stopped by the deadline: matching blocks still only in
+  // host memory (idle and, unless include_pinned, unprotected).
+  uint64_t left_blocks = 0;
+  uint64_t left_bytes = 0;
 };
 
 // Monotonic event counters.

@@ -349,6 +349,30 @@ TEST_F(BlockStoreDiskTest, ShutdownEvictionKeepsPinnedBlocks) {
   ExpectBlock(*s, Key(1), Tier::kDisk);
 }
 
+// A spill runs in batches of about batch_bytes, oldest first, until done;
+// past its deadline it starts no batch and counts what is left in host
+// memory only.
+TEST_F(BlockStoreDiskTest, SpillsRunInBatchesUntilTheDeadline) {
+  auto s = OpenStore(2000);
+  for (int i = 0; i < 9; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+  auto late = s->Evict({.batch_bytes = 250, .deadline = clock_.Now() - absl::Seconds(1)});
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->blocks, 0u);
+  EXPECT_EQ(late->left_blocks, 9u);
+  EXPECT_EQ(late->left_bytes, 900u);
+  auto all = s->Evict({.max_bytes = 850, .batch_bytes = 250, .deadline = clock_.Now() + absl::Seconds(1)});
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->blocks, 8u);  // whole blocks within 850 bytes, in batches of 3, 3, 2
+  EXPECT_EQ(all->bytes, 800u);
+  EXPECT_EQ(all->left_blocks, 0u);
+  EXPECT_EQ(s->Stats().counters.spills, 8u);
+  ExpectBlock(*s, Key(0), Tier::kDisk);
+  ExpectBlock(*s, Key(8), Tier::kHost);
+  // Blocks larger than a batch still move: key 8, and key 0, which the read
+  // above brought back into host memory.
+  EXPECT_EQ(s->Evict({.batch_bytes = 1})->blocks, 2u);
+}
+
 // Sync fsyncs the WAL behind spills; it succeeds with and without a disk tier
 // and the spilled blocks stay readable after it and after a reopen.
 TEST_F(BlockStoreDiskTest, SyncAfterSpills) {
