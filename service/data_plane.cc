@@ -286,11 +286,8 @@ class DataPlaneServer::Loop {
   }
 
   // Appends what the socket has; false (connection closed) on a reset.
-  // Bytes are read straight into the connection's input buffer: the rest of
-  // the frame being received once its length is known (no further), else
-  // up to 64 KiB. A complete frame is served before more is read, so the
-  // buffer holds about one frame and a sender that outruns the server is
-  // held back by TCP.
+  // Bytes are read straight into the connection's input buffer, with room
+  // for the whole frame being received once its length is known.
   bool ReadInput(Conn* c) {
     for (;;) {
       std::span<char> room(scratch_, sizeof scratch_);  // a failed connection's input is dropped
@@ -299,11 +296,10 @@ class DataPlaneServer::Loop {
         if (c->preface_ok && c->in.size() >= 4) {
           uint32_t frame;
           std::memcpy(&frame, c->in.data(), 4);
-          if (frame > options_.max_request_bytes || 4 + size_t{frame} <= c->in.size())
-            return true;  // Process serves (or refuses) it first
-          want = 4 + size_t{frame} - c->in.size();
+          if (frame <= options_.max_request_bytes && 4 + size_t{frame} > c->in.size())
+            want = std::max(want, 4 + size_t{frame} - c->in.size());
         }
-        room = c->in.Spare(want).first(want);
+        room = c->in.Spare(want);
       }
       const ssize_t n = read(c->fd, room.data(), room.size());
       if (n > 0 && c->failed) {
