@@ -16,14 +16,12 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <span>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "service/convert.h"
-#include "service/input_buffer.h"
 #include "service/net_address.h"
 #include "service/put_session.h"
 
@@ -54,7 +52,8 @@ struct Reply {
 struct Conn {
   int fd = -1;
   std::string peer;
-  InputBuffer in;          // received, not yet parsed bytes
+  std::string in;          // received bytes; [in_off, size) not yet parsed
+  size_t in_off = 0;
   bool preface_ok = false;
   bool closing = false;    // close once the queued replies are written
   // After a protocol error: the rest of the input is discarded; `skip`
@@ -286,30 +285,17 @@ class DataPlaneServer::Loop {
   }
 
   // Appends what the socket has; false (connection closed) on a reset.
-  // Bytes are read straight into the connection's input buffer, with room
-  // for the whole frame being received once its length is known.
   bool ReadInput(Conn* c) {
     for (;;) {
-      std::span<char> room(scratch_, sizeof scratch_);  // a failed connection's input is dropped
-      if (!c->failed) {
-        size_t want = sizeof scratch_;
-        if (c->preface_ok && c->in.size() >= 4) {
-          uint32_t frame;
-          std::memcpy(&frame, c->in.data(), 4);
-          if (frame <= options_.max_request_bytes && 4 + size_t{frame} > c->in.size())
-            want = std::max(want, 4 + size_t{frame} - c->in.size());
-        }
-        room = c->in.Spare(want);
-      }
-      const ssize_t n = read(c->fd, room.data(), room.size());
+      const ssize_t n = read(c->fd, scratch_, sizeof scratch_);
       if (n > 0 && c->failed) {
         c->skip -= std::min<uint64_t>(c->skip, static_cast<uint64_t>(n));
-        if (static_cast<size_t>(n) < room.size()) return true;
+        if (static_cast<size_t>(n) < sizeof scratch_) return true;
         continue;
       }
       if (n > 0) {
-        c->in.Commit(static_cast<size_t>(n));
-        if (static_cast<size_t>(n) < room.size()) return true;
+        c->in.append(scratch_, static_cast<size_t>(n));
+        if (static_cast<size_t>(n) < sizeof scratch_) return true;
         continue;
       }
       if (n == 0) {  // the client is done sending: answer what is complete, then close
@@ -327,8 +313,8 @@ class DataPlaneServer::Loop {
   // Serves every complete frame while the reply queue has room.
   void Process(Conn* c) {
     while (!c->failed && c->queued < options_.max_queued_reply_bytes) {
-      const size_t avail = c->in.size();
-      const char* p = c->in.data();
+      const size_t avail = c->in.size() - c->in_off;
+      const char* p = c->in.data() + c->in_off;
       if (!c->preface_ok) {
         if (avail < kPrefaceBytes) break;
         if (std::memcmp(p, kDataPlanePreface, kPrefaceBytes) != 0) {
@@ -337,7 +323,7 @@ class DataPlaneServer::Loop {
           break;
         }
         c->preface_ok = true;
-        c->in.Consume(kPrefaceBytes);
+        c->in_off += kPrefaceBytes;
         continue;
       }
       if (avail < 4) break;
@@ -356,8 +342,15 @@ class DataPlaneServer::Loop {
         Fail(c, absl::InvalidArgumentError("request frame is not a DataPlaneRequest"));
         break;
       }
-      c->in.Consume(4 + size_t{n});
+      c->in_off += 4 + size_t{n};
       Serve(c, &req);
+    }
+    if (c->in_off == c->in.size()) {
+      c->in.clear();
+      c->in_off = 0;
+    } else if (c->in_off >= (64u << 10)) {
+      c->in.erase(0, c->in_off);
+      c->in_off = 0;
     }
   }
 
@@ -373,7 +366,8 @@ class DataPlaneServer::Loop {
     c->closing = true;
     c->failed = true;
     c->skip = skip;
-    c->in.Clear();
+    c->in.clear();
+    c->in_off = 0;
   }
 
   // One frame of a put stream (see the proto's "Puts"); fills *head on a
@@ -569,7 +563,7 @@ class DataPlaneServer::Loop {
   absl::Mutex mu_;
   std::vector<std::pair<int, std::string>> adopted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
-  char scratch_[64 << 10];  // a read's least room; where a failed connection's input is dropped
+  char scratch_[64 << 10];
 };
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(

@@ -1,16 +1,10 @@
 // Unit tests of the small service components: auth token files, backend
-// selection, the data plane's input buffer, the staging area, and
-// sequence idle expiry (fake clock).
+// selection, the staging area, and sequence idle expiry (fake clock).
 #include <gtest/gtest.h>
-
-#include <cstring>
-#include <span>
-#include <string>
 
 #include "codec/cpu_backend.h"
 #include "service/auth.h"
 #include "service/backend_select.h"
-#include "service/input_buffer.h"
 #include "service/model_registry.h"
 #include "service/sequence_manager.h"
 #include "service/staging_area.h"
@@ -18,35 +12,6 @@
 
 namespace tqkv::service {
 namespace {
-
-// Bytes read in pieces come out in order; room for a whole frame is one
-// contiguous run; consumed bytes free their room.
-TEST(InputBufferTest, KeepsUnparsedBytesInOrderAndMakesRoom) {
-  InputBuffer in;
-  std::string sent;
-  for (int i = 0; i < 5000; ++i) sent += static_cast<char>('a' + i % 26);
-  size_t at = 0;
-  for (size_t piece : {3u, 100u, 4000u}) {
-    std::span<char> room = in.Spare(piece);
-    ASSERT_GE(room.size(), piece);
-    std::memcpy(room.data(), sent.data() + at, piece);
-    in.Commit(piece);
-    at += piece;
-  }
-  EXPECT_EQ(std::string(in.data(), in.size()), sent.substr(0, at));
-  in.Consume(103);
-  EXPECT_EQ(std::string(in.data(), in.size()), sent.substr(103, at - 103));
-  const size_t cap = in.capacity();
-  std::span<char> room = in.Spare(cap - 4000);  // fits once the parsed bytes' room is reused
-  EXPECT_EQ(in.capacity(), cap);
-  EXPECT_GE(room.size(), cap - 4000);
-  EXPECT_EQ(std::string(in.data(), in.size()), sent.substr(103, at - 103));
-  in.Spare(10 * cap);  // grows, keeping the bytes
-  EXPECT_GE(in.capacity(), 10 * cap);
-  EXPECT_EQ(std::string(in.data(), in.size()), sent.substr(103, at - 103));
-  in.Consume(in.size());
-  EXPECT_EQ(in.size(), 0u);
-}
 
 TEST(AuthTest, ParsesTokenFilesAndAuthenticates) {
   auto a = Authenticator::FromString("# comment\n\ntok1 alpha admin\n  tok2\tbeta  \n");
