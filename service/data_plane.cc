@@ -196,7 +196,14 @@ class DataPlaneServer::Loop {
   void Run() {
     epoll_event events[kMaxEvents];
     for (;;) {
-      const int n = epoll_wait(epoll_fd_, events, kMaxEvents, -1);
+      int timeout_ms = -1;
+      if (accept_paused_) {
+        const auto left = accept_resume_ - std::chrono::steady_clock::now();
+        timeout_ms = static_cast<int>(
+            std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(left).count()));
+      }
+      const int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
+      if (accept_paused_ && std::chrono::steady_clock::now() >= accept_resume_) ResumeAccept();
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return;
       for (int i = 0; i < n; ++i) {
@@ -231,7 +238,13 @@ class DataPlaneServer::Loop {
       socklen_t len = sizeof addr;
       const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
                              SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN, or retried on the next wake-up
+      if (fd < 0) {
+        // Out of descriptors or memory: the pending connection stays queued
+        // and the listener readable, so stop watching it for a while
+        // instead of waking up for it in a loop.
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) PauseAccept();
+        return;  // EAGAIN, or retried on the next wake-up
+      }
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       Loop* to = peers_[next_peer_++ % peers_.size()];
@@ -241,6 +254,24 @@ class DataPlaneServer::Loop {
         to->Adopt(fd, PeerName(addr));
       }
     }
+  }
+
+  void PauseAccept() {
+    epoll_event ev{};
+    ev.events = 0;
+    ev.data.ptr = &kListenTag;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev) != 0) return;  // then keep trying as before
+    accept_paused_ = true;
+    accept_resume_ = std::chrono::steady_clock::now() + kAcceptBackoff;
+  }
+
+  void ResumeAccept() {
+    accept_paused_ = false;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = &kListenTag;
+    (void)epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+    Accept();
   }
 
   void Register(int fd, std::string peer) {
@@ -564,6 +595,11 @@ class DataPlaneServer::Loop {
   std::vector<std::pair<int, std::string>> adopted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
   char scratch_[64 << 10];
+  // Accepting pauses for kAcceptBackoff when the process is out of
+  // descriptors (or memory).
+  static constexpr std::chrono::milliseconds kAcceptBackoff{100};
+  bool accept_paused_ = false;
+  std::chrono::steady_clock::time_point accept_resume_;
 };
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(

@@ -7,11 +7,15 @@
 // frames, truncated streams), pipelining, auth and tenancy, blocks served
 // from disk after eviction, concurrent clients, and the request counter.
 #include <netdb.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -687,6 +691,45 @@ TEST_F(DataPlaneTest, DecodeStepAppendsAndAttendsInOneCall) {
   EXPECT_EQ(dp->Append(ap).status().code(), StatusCode::kInvalidArgument);
   ap.set_sequence_id("no-such-sequence");
   EXPECT_EQ(dp->Append(ap).status().code(), StatusCode::kNotFound);
+}
+
+// The server's CPU seconds so far (user + system), from /proc.
+double CpuSeconds(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  std::getline(f, line);
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::vector<std::string> fields{std::istream_iterator<std::string>(rest), std::istream_iterator<std::string>()};
+  if (fields.size() < 13) return -1;
+  return (std::stod(fields[11]) + std::stod(fields[12])) / sysconf(_SC_CLK_TCK);
+}
+
+// Out of file descriptors, the data plane stops watching its listener for a
+// moment instead of waking up for the pending connection in a loop, and it
+// accepts and serves again once descriptors are free.
+TEST_F(DataPlaneTest, OutOfDescriptorsDoesNotSpinAndRecovers) {
+  const pid_t pid = server_->pid();
+  size_t open = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"))) ++open;
+  rlimit old{};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, nullptr, &old), 0);
+  rlimit tight = {open + 4, old.rlim_max};
+  if (prlimit(pid, RLIMIT_NOFILE, &tight, nullptr) != 0) GTEST_SKIP() << "cannot set the server's descriptor limit";
+  std::vector<int> fds;
+  for (int i = 0; i < 12; ++i) fds.push_back(RawConnect());  // 4 accepted, the rest wait in the backlog
+  absl::SleepFor(absl::Milliseconds(300));
+  const double cpu0 = CpuSeconds(pid);
+  absl::SleepFor(absl::Seconds(1));
+  const double busy = CpuSeconds(pid) - cpu0;
+  EXPECT_GE(cpu0, 0);
+  EXPECT_LT(busy, 0.3) << "CPU seconds in one second while out of descriptors";
+  for (int fd : fds) close(fd);
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &old, nullptr), 0);
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  v1::AttendRequest at;
+  at.add_items()->set_sequence_id("no-such-sequence");
+  EXPECT_EQ(dp->Attend(at).status().code(), StatusCode::kNotFound);
 }
 
 TEST_F(DataPlaneTest, TenancyComesFromTheToken) {
