@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -62,6 +63,7 @@ struct Conn {
   bool failed = false;
   uint64_t skip = 0;
   bool half_closed = false;  // shutdown(SHUT_WR) sent while skipping
+  std::chrono::steady_clock::time_point last_active;  // last event (idle timeout)
   uint32_t interest = 0;   // epoll events registered
   std::deque<Reply> out;
   uint64_t queued = 0;     // unwritten reply bytes
@@ -146,8 +148,9 @@ absl::StatusOr<int> Listen(const std::string& address, int* port) {
 
 class DataPlaneServer::Loop {
  public:
-  Loop(int listen_fd, const DataPlaneOptions& options, KvService* service, const RpcEnv* env)
-      : listen_fd_(listen_fd), options_(options), service_(service), env_(env) {}
+  Loop(int listen_fd, const DataPlaneOptions& options, KvService* service, const RpcEnv* env,
+       std::atomic<int>* connections)
+      : listen_fd_(listen_fd), options_(options), service_(service), env_(env), connections_(connections) {}
 
   ~Loop() {
     for (auto& [fd, conn] : conns_) close(fd);
@@ -196,14 +199,24 @@ class DataPlaneServer::Loop {
   void Run() {
     epoll_event events[kMaxEvents];
     for (;;) {
+      // Wake for the accept backoff's end and, while connections are open,
+      // once a second to close idle ones.
+      std::optional<std::chrono::steady_clock::time_point> wake;
+      if (accept_paused_) wake = accept_resume_;
+      if (!conns_.empty()) wake = std::min(wake.value_or(next_sweep_), next_sweep_);
       int timeout_ms = -1;
-      if (accept_paused_) {
-        const auto left = accept_resume_ - std::chrono::steady_clock::now();
+      if (wake) {
+        const auto left = *wake - std::chrono::steady_clock::now();
         timeout_ms = static_cast<int>(
             std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(left).count()));
       }
       const int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
-      if (accept_paused_ && std::chrono::steady_clock::now() >= accept_resume_) ResumeAccept();
+      const auto now = std::chrono::steady_clock::now();
+      if (accept_paused_ && now >= accept_resume_) ResumeAccept();
+      if (now >= next_sweep_) {
+        CloseIdle(now);
+        next_sweep_ = now + std::chrono::seconds(1);
+      }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return;
       for (int i = 0; i < n; ++i) {
@@ -279,12 +292,35 @@ class DataPlaneServer::Loop {
     conn->fd = fd;
     conn->peer = std::move(peer);
     Conn* c = conn.get();
+    c->last_active = std::chrono::steady_clock::now();
     conns_[fd] = std::move(conn);
+    connections_->fetch_add(1);
     c->interest = EPOLLIN;
     epoll_event ev{};
     ev.events = c->interest;
     ev.data.ptr = c;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) Close(c);
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      Close(c);
+      return;
+    }
+    if (connections_->load() > options_.max_connections) {
+      // Over the cap: one RESOURCE_EXHAUSTED reply, then the connection
+      // closes once the client has sent what it had (up to 1 MiB read and
+      // dropped) and read the reply.
+      Fail(c, absl::ResourceExhaustedError(absl::StrCat("the data plane serves at most ", options_.max_connections,
+                                                        " connections; try again later")),
+           /*skip=*/1 << 20);
+      UpdateInterest(c);
+    }
+  }
+
+  // Closes connections without an event for options_.idle_timeout.
+  void CloseIdle(std::chrono::steady_clock::time_point now) {
+    const auto limit = absl::ToChronoNanoseconds(options_.idle_timeout);
+    std::vector<Conn*> idle;
+    for (auto& [fd, c] : conns_)
+      if (now - c->last_active > limit) idle.push_back(c.get());
+    for (Conn* c : idle) Close(c);
   }
 
   void Wake() {
@@ -293,6 +329,7 @@ class DataPlaneServer::Loop {
   }
 
   void OnEvent(Conn* c, uint32_t events) {
+    c->last_active = std::chrono::steady_clock::now();
     if (events & EPOLLIN) {
       if (!ReadInput(c)) return;
       Process(c);
@@ -581,6 +618,7 @@ class DataPlaneServer::Loop {
     (void)epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // close() removes it in any case
     close(fd);
     conns_.erase(fd);  // destroys *c
+    connections_->fetch_sub(1);
   }
 
   const int listen_fd_;
@@ -600,6 +638,8 @@ class DataPlaneServer::Loop {
   static constexpr std::chrono::milliseconds kAcceptBackoff{100};
   bool accept_paused_ = false;
   std::chrono::steady_clock::time_point accept_resume_;
+  std::chrono::steady_clock::time_point next_sweep_ = std::chrono::steady_clock::now();
+  std::atomic<int>* const connections_;  // shared by the loops
 };
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
@@ -609,6 +649,9 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
         absl::StrCat("data plane threads must be 1..64, not ", options.threads));
   if (options.max_request_bytes < 64)
     return absl::InvalidArgumentError("data plane max_request_bytes must be at least 64");
+  if (options.max_connections < 1) return absl::InvalidArgumentError("data plane max_connections must be at least 1");
+  if (options.idle_timeout <= absl::ZeroDuration())
+    return absl::InvalidArgumentError("data plane idle_timeout must be positive");
   std::unique_ptr<DataPlaneServer> s(new DataPlaneServer());
   s->options_ = options;
   int port = 0;
@@ -617,7 +660,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   s->address_ = absl::StrCat(hp.first, ":", port);
   std::vector<Loop*> all;
   for (int i = 0; i < options.threads; ++i) {
-    auto loop = std::make_unique<Loop>(s->listen_fd_, s->options_, service, env);
+    auto loop = std::make_unique<Loop>(s->listen_fd_, s->options_, service, env, &s->connections_);
     TQ_RETURN_IF_ERROR(loop->Init(/*accept=*/i == 0));
     all.push_back(loop.get());
     s->loops_.push_back(std::move(loop));

@@ -34,12 +34,14 @@
 #define TQKV_SERVICE_DATA_PLANE_H_
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "service/kv_service.h"
 #include "service/rpc_scope.h"
 
@@ -62,6 +64,13 @@ struct DataPlaneOptions {
   // Reply bytes queued on one connection above which the server stops
   // reading that connection's requests. Default: 64 MiB.
   uint64_t max_queued_reply_bytes = uint64_t{64} << 20;
+  // A connection with no bytes read or written for this long is closed
+  // (an open put stream on it commits nothing and releases its memory).
+  // Default: 10 minutes.
+  absl::Duration idle_timeout = absl::Minutes(10);
+  // Connections served at once; one more is answered RESOURCE_EXHAUSTED
+  // and closed. Default: 4096.
+  int max_connections = 4096;
 };
 
 class DataPlaneServer {
@@ -93,6 +102,7 @@ class DataPlaneServer {
   std::string address_;
   int listen_fd_ = -1;
   std::vector<std::unique_ptr<Loop>> loops_;
+  std::atomic<int> connections_{0};  // open connections, all loops
   std::vector<std::thread> threads_;
 };
 

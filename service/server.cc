@@ -88,6 +88,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                     ? absl::StrCat(listen.first, ":", listen.second == 0 ? 0 : listen.second + 1)
                     : options.data_listen;
     dp.threads = options.data_threads;
+    dp.idle_timeout = options.data_idle_timeout;
+    dp.max_connections = options.data_max_connections;
     dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
     dp.max_dense_reply_bytes = static_cast<uint64_t>(options.max_message_bytes);
     TQ_ASSIGN_OR_RETURN(s->data_plane_, DataPlaneServer::Start(dp, s->service_.get(), &s->env_));

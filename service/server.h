@@ -47,6 +47,10 @@ struct ServerOptions {
   std::string data_listen = "auto";
   // Data-plane event loops. Default: 2.
   int data_threads = 2;
+  // Data-plane connections idle this long are closed. Default: 10 minutes.
+  absl::Duration data_idle_timeout = absl::Minutes(10);
+  // Most data-plane connections served at once. Default: 4096.
+  int data_max_connections = 4096;
   // Prometheus /metrics address; port 0 picks a free port; empty disables.
   // Default: 0.0.0.0:9464.
   std::string metrics_listen = "0.0.0.0:9464";

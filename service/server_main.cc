@@ -26,6 +26,10 @@ ABSL_FLAG(std::string, data_listen, "auto",
           "data-plane address HOST:PORT for bulk packed reads over plain TCP (auto: the gRPC host "
           "and port + 1, or port 0 when --listen has port 0; off: disabled)");
 ABSL_FLAG(int, data_threads, 2, "data-plane event-loop threads");
+ABSL_FLAG(int, data_idle_timeout_s, 600,
+          "close data-plane connections idle this many seconds (an open put stream on one commits nothing)");
+ABSL_FLAG(int, data_max_connections, 4096,
+          "most data-plane connections at once; one more gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled)");
 ABSL_FLAG(std::string, data_dir, "./data",
@@ -85,6 +89,8 @@ int main(int argc, char** argv) {
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.data_listen = absl::GetFlag(FLAGS_data_listen);
   o.data_threads = absl::GetFlag(FLAGS_data_threads);
+  o.data_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_idle_timeout_s));
+  o.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes);

@@ -732,6 +732,42 @@ TEST_F(DataPlaneTest, OutOfDescriptorsDoesNotSpinAndRecovers) {
   EXPECT_EQ(dp->Attend(at).status().code(), StatusCode::kNotFound);
 }
 
+// Idle connections are closed, and a connection over the cap gets
+// RESOURCE_EXHAUSTED and is closed; the others are served as before.
+TEST_F(DataPlaneTest, IdleConnectionsCloseAndTheConnectionCapHolds) {
+  server_.reset();
+  StartServer({"--data_idle_timeout_s=1", "--data_max_connections=2"});
+  v1::DataPlaneRequest attend;
+  attend.mutable_attend()->add_items()->set_sequence_id("no-such-sequence");
+  v1::DataPlaneReply head;
+  std::string payload;
+  const int a = RawConnect(), b = RawConnect();
+  SendRaw(a, "TQKVDP01" + Frame(attend));
+  ASSERT_TRUE(ReadReply(a, &head, &payload));
+  EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kNotFound));
+  SendRaw(b, "TQKVDP01");
+  absl::SleepFor(absl::Milliseconds(200));  // both registered
+  const int c = RawConnect();
+  SendRaw(c, "TQKVDP01" + Frame(attend));
+  ASSERT_TRUE(ReadReply(c, &head, &payload));
+  EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kResourceExhausted)) << head.message();
+  shutdown(c, SHUT_WR);
+  EXPECT_TRUE(ClosedByServer(c));
+  close(c);
+  SendRaw(a, Frame(attend));  // still served
+  ASSERT_TRUE(ReadReply(a, &head, &payload));
+  EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kNotFound));
+  // Silent for more than a second: both are closed within the next sweep.
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_TRUE(ClosedByServer(a));
+  EXPECT_TRUE(ClosedByServer(b));
+  close(a);
+  close(b);
+  auto dp = Dp();  // room again
+  ASSERT_NE(dp, nullptr);
+  EXPECT_EQ(dp->Attend(attend.attend()).status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(DataPlaneTest, TenancyComesFromTheToken) {
   server_.reset();
   client_.reset();
