@@ -19,6 +19,25 @@ void LineLog::Write(const std::string& line) {
   *out_ << line << '\n' << std::flush;
 }
 
+void LineLog::WriteLimited(const std::string& line, std::chrono::steady_clock::time_point now) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (now - window_ >= std::chrono::seconds(1)) {
+    window_ = now;
+    written_ = 0;
+  }
+  if (per_second_ > 0 && written_ >= per_second_) {
+    ++dropped_;
+    return;
+  }
+  ++written_;
+  if (dropped_ > 0) {
+    *out_ << "tqkv-server: " << dropped_ << " log lines of failed calls dropped (more than " << per_second_
+          << " a second)\n";
+    dropped_ = 0;
+  }
+  *out_ << line << '\n' << std::flush;
+}
+
 RpcScope::RpcScope(const RpcEnv& env, const char* method, grpc::CallbackServerContext* ctx)
     : env_(env),
       method_(method),
@@ -30,7 +49,7 @@ void RecordCall(const RpcEnv& env, const char* method, const std::string& peer,
                 const absl::Status& status, double seconds) {
   if (env.metrics != nullptr) env.metrics->Record(method, status.code(), seconds);
   if (env.log != nullptr && !status.ok() && status.code() != absl::StatusCode::kNotFound) {
-    env.log->Write(absl::StrCat("tqkv-server: ", method, " from ", peer, " -> ",
+    env.log->WriteLimited(absl::StrCat("tqkv-server: ", method, " from ", peer, " -> ",
                                 CodeName(status.code()), ": ", std::string(status.message()),
                                 " (", static_cast<int64_t>(seconds * 1e6), " us)"));
   }

@@ -14,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <ostream>
 #include <string>
@@ -27,12 +28,23 @@ namespace tqkv::service {
 // Whole-line logging to a stream shared by many threads. Thread-safe.
 class LineLog {
  public:
-  explicit LineLog(std::ostream* out) : out_(out) {}
+  // WriteLimited writes at most `per_second` lines in any one-second window
+  // (0: no limit).
+  explicit LineLog(std::ostream* out, int per_second = 20) : out_(out), per_second_(per_second) {}
   void Write(const std::string& line);  // appends '\n' and flushes
+  // As Write while this second's allowance lasts; later lines are counted
+  // instead, and the next line written says how many were dropped (so a
+  // client sending bad requests in a loop cannot flood the log).
+  void WriteLimited(const std::string& line,
+                    std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
  private:
   std::ostream* const out_;
+  const int per_second_;
   std::mutex mu_;
+  std::chrono::steady_clock::time_point window_;  // start of the current second
+  int written_ = 0;                               // limited lines written in it
+  uint64_t dropped_ = 0;                          // not written since the last note
 };
 
 // What every RPC scope needs; owned by the server, shared by all handlers.

@@ -1,17 +1,38 @@
 // Unit tests of the small service components: auth token files, backend
-// selection, the staging area, and sequence idle expiry (fake clock).
+// selection, the failed-call log's rate limit, the staging area, and
+// sequence idle expiry (fake clock).
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <sstream>
+#include <string>
 
 #include "codec/cpu_backend.h"
 #include "service/auth.h"
 #include "service/backend_select.h"
 #include "service/model_registry.h"
+#include "service/rpc_scope.h"
 #include "service/sequence_manager.h"
 #include "service/staging_area.h"
 #include "storage/clock.h"
 
 namespace tqkv::service {
 namespace {
+
+// Rate-limited lines: at most N a second; the next written line after a
+// full second says how many were dropped.
+TEST(LineLogTest, RateLimitedLinesAreCountedOnceTheSecondsAllowanceIsSpent) {
+  std::ostringstream out;
+  LineLog log(&out, 3);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 8; ++i) log.WriteLimited("line " + std::to_string(i), t0 + std::chrono::milliseconds(i));
+  EXPECT_EQ(out.str(), "line 0\nline 1\nline 2\n");
+  log.Write("unlimited");
+  log.WriteLimited("late", t0 + std::chrono::milliseconds(1100));
+  EXPECT_EQ(out.str(),
+            "line 0\nline 1\nline 2\nunlimited\n"
+            "tqkv-server: 5 log lines of failed calls dropped (more than 3 a second)\nlate\n");
+}
 
 TEST(AuthTest, ParsesTokenFilesAndAuthenticates) {
   auto a = Authenticator::FromString("# comment\n\ntok1 alpha admin\n  tok2\tbeta  \n");
