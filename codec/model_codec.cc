@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<ModelCodec>> ModelCodec::Create(const ModelShape&
   bool metadata_checked = false;
   m->layers_.resize(shape.num_layers);
   size_t offset = 0;
+  uint64_t held = 0;  // estimated codec memory of the layers built so far
   for (int l = 0; l < shape.num_layers; ++l) {
     Format f = default_format;
     if (auto it = options.layer_formats.find(l); it != options.layer_formats.end()) {
@@ -90,6 +91,18 @@ absl::StatusOr<std::unique_ptr<ModelCodec>> ModelCodec::Create(const ModelShape&
                                                     CodecKey{options.seed, uint32_t(l), uint32_t(h),
                                                              Component::kValue},
                                                     f.v.kind == ComponentSpec::Kind::kRecipe ? vh : std::vector<int>{}));
+      if (h == 0 && options.max_codec_bytes != 0) {
+        // This layer's heads, and the layers after it, cost about what
+        // this head does: stop before building what would not fit.
+        held += static_cast<uint64_t>(shape.num_kv_heads) * (kc->HeapBytes() + vc->HeapBytes());
+        const uint64_t projected = held + static_cast<uint64_t>(shape.num_layers - 1 - l) *
+                                              shape.num_kv_heads * (kc->HeapBytes() + vc->HeapBytes());
+        if (projected > options.max_codec_bytes)
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "the codec of this model would hold about ", projected, " bytes (", shape.num_layers, " layers x ",
+              shape.num_kv_heads, " kv heads x K and V, ", kc->HeapBytes() + vc->HeapBytes(),
+              " bytes each at layer ", l, "); the limit is ", options.max_codec_bytes));
+      }
       lc.k_.push_back(std::move(kc));
       lc.v_.push_back(std::move(vc));
     }

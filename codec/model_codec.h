@@ -43,6 +43,11 @@ struct CodecOptions {
   std::optional<RotationKind> rotation;
   // Model rotation seed (see seed.h). Default 0.
   uint64_t seed = 0;
+  // Most memory the codec may hold (rotations and QJL matrices of every
+  // layer, head and component), checked from the first head of each layer
+  // before the rest is built: RESOURCE_EXHAUSTED beyond it. 0: no limit.
+  // Default: 512 MiB.
+  uint64_t max_codec_bytes = uint64_t{512} << 20;
 };
 
 // Codecs of one layer.

@@ -60,6 +60,29 @@ TEST(ModelCodec, ErrorsNameTheProblem) {
   EXPECT_NE(missing.status().message().find("layer 1"), std::string::npos) << missing.status();
 }
 
+// A codec whose rotations and matrices would not fit the memory limit is
+// refused from its first head, before the rest is built: 256 layers x 256 kv
+// heads with dense QR rotations (64 KiB each at d = 128) would hold ~8.6 GB.
+TEST(ModelCodec, RefusesACodecOverItsMemoryLimit) {
+  const ModelShape huge{256, 256, 256, 128, 16};
+  auto refused = ModelCodec::Create(huge, {.rotation = RotationKind::kQr}, nullptr);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("the limit is 536870912"), std::string::npos) << refused.status();
+  // The same shape fits a limit sized for it, and a small model fits the default.
+  auto small = ModelCodec::Create({2, 8, 32, 128, 16}, {.rotation = RotationKind::kQr}, nullptr);
+  ASSERT_TRUE(small.ok()) << small.status();
+  const uint64_t per_head = (*small)->layer(0).k(0).HeapBytes() + (*small)->layer(0).v(0).HeapBytes();
+  EXPECT_GT(per_head, 2u * 128 * 128 * sizeof(float));  // two dense 128 x 128 rotations
+  EXPECT_EQ(ModelCodec::Create({4, 8, 32, 128, 16}, {.rotation = RotationKind::kQr, .max_codec_bytes = 4 * 8 * per_head - 1},
+                               nullptr)
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(
+      ModelCodec::Create({4, 8, 32, 128, 16}, {.rotation = RotationKind::kQr, .max_codec_bytes = 4 * 8 * per_head}, nullptr)
+          .ok());
+}
+
 TEST(ModelCodec, SeedsDifferPerLayerHeadAndComponent) {
   auto m = *ModelCodec::Create({2, 2, 2, 128, 16}, {.format = "k4v4", .seed = 5}, nullptr);
   EXPECT_NE(m->layer(0).k(0).groups()[0].rotation.signs1(), m->layer(0).k(1).groups()[0].rotation.signs1());

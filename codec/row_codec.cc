@@ -72,6 +72,17 @@ uint64_t QjlSeed(uint64_t model_seed, Component c, int group) {
                     ((static_cast<uint64_t>(c) << 8) | static_cast<uint64_t>(group)));
 }
 
+size_t RowCodec::HeapBytes() const {
+  size_t bytes = sizeof(RowCodec);
+  for (const Group& g : groups_) {
+    const Rotation& r = g.rotation;
+    bytes += sizeof(Group) + sizeof(int) * (g.channels.size() + r.blocks().size()) +
+             sizeof(float) * (g.qjl.size() + g.qjl_t.size() + r.signs1().size() + r.signs2().size() +
+                              r.matrix().size());
+  }
+  return bytes;
+}
+
 absl::StatusOr<std::unique_ptr<RowCodec>> RowCodec::Create(const ComponentSpec& spec, int dim,
                                                            RotationKind rotation,
                                                            const CodecKey& key,

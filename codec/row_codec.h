@@ -67,6 +67,8 @@ class RowCodec {
 
   int dim() const { return layout_.dim; }
   size_t row_bytes() const { return layout_.row_bytes; }
+  // Memory this codec holds (rotations, QJL matrices, channel maps).
+  size_t HeapBytes() const;
   const RowLayout& layout() const { return layout_; }
   const std::vector<Group>& groups() const { return groups_; }
 

@@ -84,8 +84,11 @@ absl::StatusOr<std::unique_ptr<RegisteredModel>> BuildModel(const std::string& t
   TQ_ASSIGN_OR_RETURN(CodecOptions options, OptionsFromCodecConfig(req.codec(), &metadata));
   absl::StatusOr<std::unique_ptr<ModelCodec>> codec =
       ModelCodec::Create(shape, options, metadata ? &*metadata : nullptr);
-  if (!codec.ok())  // every codec refusal here is a property of the request
+  if (!codec.ok()) {  // every codec refusal here is a property of the request
+    if (absl::IsResourceExhausted(codec.status()))  // over the codec memory limit
+      return absl::ResourceExhaustedError(absl::StrCat("codec: ", codec.status().message()));
     return absl::InvalidArgumentError(absl::StrCat("codec: ", codec.status().message()));
+  }
 
   auto m = std::make_unique<RegisteredModel>();
   m->tenant = tenant;
