@@ -147,7 +147,8 @@ absl::Status Server::Shutdown() {
     absl::StatusOr<storage::EvictResult> r = store_->Evict(all);
     if (!r.ok()) status.Update(r.status());
     if (r.ok() && options_.log != nullptr) {
-      *options_.log << "tqkv-server: shutdown spilled " << r->blocks << " blocks (" << r->bytes << " bytes)";
+      *options_.log << "tqkv-server: shutdown moved " << r->blocks << " blocks (" << r->bytes
+                    << " bytes) out of host memory (to disk; dropped where the disk budget is full)";
       if (r->left_blocks > 0)
         *options_.log << "; " << r->left_blocks << " blocks (" << r->left_bytes
                       << " bytes) were not spilled by the deadline and are lost with the process";
