@@ -199,8 +199,16 @@ class DataPlaneServer::Loop {
   void Run() {
     epoll_event events[kMaxEvents];
     for (;;) {
-      // Wake for the accept backoff's end and, while connections are open,
-      // once a second to close idle ones.
+      // Timed work runs between waits, never while a wait's events (which
+      // point at connections) are being handled: the end of the accept
+      // backoff and, while connections are open, a sweep a second that
+      // closes idle ones.
+      const auto now = std::chrono::steady_clock::now();
+      if (accept_paused_ && now >= accept_resume_) ResumeAccept();
+      if (now >= next_sweep_) {
+        CloseIdle(now);
+        next_sweep_ = now + std::chrono::seconds(1);
+      }
       std::optional<std::chrono::steady_clock::time_point> wake;
       if (accept_paused_) wake = accept_resume_;
       if (!conns_.empty()) wake = std::min(wake.value_or(next_sweep_), next_sweep_);
@@ -211,12 +219,6 @@ class DataPlaneServer::Loop {
             std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(left).count()));
       }
       const int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
-      const auto now = std::chrono::steady_clock::now();
-      if (accept_paused_ && now >= accept_resume_) ResumeAccept();
-      if (now >= next_sweep_) {
-        CloseIdle(now);
-        next_sweep_ = now + std::chrono::seconds(1);
-      }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return;
       for (int i = 0; i < n; ++i) {
@@ -269,21 +271,23 @@ class DataPlaneServer::Loop {
     }
   }
 
-  void PauseAccept() {
+  // Stops or restarts watching the listener; false if epoll refused.
+  bool WatchListener(bool on) {
     epoll_event ev{};
-    ev.events = 0;
+    ev.events = on ? EPOLLIN : 0;
     ev.data.ptr = &kListenTag;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev) != 0) return;  // then keep trying as before
+    return epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev) == 0;
+  }
+
+  void PauseAccept() {
+    if (!WatchListener(false)) return;  // then keep trying as before
     accept_paused_ = true;
     accept_resume_ = std::chrono::steady_clock::now() + kAcceptBackoff;
   }
 
   void ResumeAccept() {
     accept_paused_ = false;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = &kListenTag;
-    (void)epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+    (void)WatchListener(true);
     Accept();
   }
 
