@@ -39,6 +39,12 @@ std::unique_ptr<ModelCodec> TestCodec(const char* format, const ModelShape& shap
                              fmt.needs_metadata() ? &meta : nullptr);
 }
 
+// Bytes of a device arena holding `slots` blocks of `codec` (slots are
+// rounded up to 256 bytes, as DeviceBlockCache::EnsureSlotBytes does).
+size_t ArenaOfSlots(const ModelCodec& codec, size_t slots) {
+  return slots * ((codec.block_bytes() + 255) / 256 * 256);
+}
+
 // A batch of blocks (full and partial, whole model and a layer range, one
 // batch with mixed input dtypes) encodes to the CPU backend's bytes.
 TEST(CudaBackend, EncodeBlocksMatchesCpuEncodeOfEachBlock) {
@@ -48,7 +54,7 @@ TEST(CudaBackend, EncodeBlocksMatchesCpuEncodeOfEachBlock) {
     const int layers = 3, H = 2, QH = 8, dim = 128, bs = 16;
     auto codec = TestCodec(format, {layers, H, QH, dim, bs});
     CpuBackend cpu({.threads = 0});
-    auto gpu_or = CreateCudaBackend({.arena_bytes = 4 * ((codec->block_bytes() + 255) / 256 * 256)});
+    auto gpu_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 4)});
     ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
     ComputeBackend& gpu = **gpu_or;
     const std::vector<int> tokens = {16, 16, 9, 16, 1, 16, 15};
@@ -137,7 +143,7 @@ TEST(CudaBackend, MatchesCpuBackend) {
     auto codec = TestCodec(format, {layers, H, QH, dim, bs});
     CpuBackend cpu({.threads = 0});
     // Arena of 4 slots: a 5-block batch cannot fit.
-    auto gpu_or = CreateCudaBackend({.arena_bytes = 4 * ((codec->block_bytes() + 255) / 256 * 256)});
+    auto gpu_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 4)});
     ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
     ComputeBackend& gpu = **gpu_or;
     const int blocks = 5;
@@ -257,7 +263,7 @@ TEST(CudaBackend, ReusedSlotListsSurviveEvictionInTheSameBatch) {
   const int layers = 1, H = 2, QH = 4, dim = 128, bs = 16;
   auto codec = *ModelCodec::Create({layers, H, QH, dim, bs}, {.format = "k4v4"}, nullptr);
   CpuBackend cpu({.threads = 0});
-  auto gpu_or = CreateCudaBackend({.arena_bytes = 5 * ((codec->block_bytes() + 255) / 256 * 256)});
+  auto gpu_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 5)});
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
   ComputeBackend& gpu = **gpu_or;
   std::vector<std::vector<uint8_t>> payloads(6, std::vector<uint8_t>(codec->block_bytes()));
@@ -325,8 +331,8 @@ TEST(CudaBackend, DecodeLoopWithTailIdsAndFillingBlocks) {
   const int layers = 2, H = 8, QH = 32, dim = 128, bs = 16;
   auto codec = *ModelCodec::Create({layers, H, QH, dim, bs}, {.format = "k4v4", .seed = 5}, nullptr);
   CpuBackend cpu({.threads = 0});
-  auto with_ids_or = CreateCudaBackend({.arena_bytes = 64 * ((codec->block_bytes() + 255) / 256 * 256)});
-  auto plain_or = CreateCudaBackend({.arena_bytes = 64 * ((codec->block_bytes() + 255) / 256 * 256)});
+  auto with_ids_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 64)});
+  auto plain_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 64)});
   ASSERT_TRUE(with_ids_or.ok()) << with_ids_or.status();
   ASSERT_TRUE(plain_or.ok()) << plain_or.status();
   ComputeBackend& with_ids = **with_ids_or;

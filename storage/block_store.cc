@@ -745,10 +745,8 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
       result.blocks += batch_plan.evicted_blocks;
       result.bytes += batch_plan.evicted_bytes;
       if (!s.ok()) return s;
-      const uint64_t moved = result.bytes - before;
-      if (moved == 0 && batch_plan.writes.empty()) return result;
       if (spec.max_bytes != 0) {
-        budget -= std::min(budget, moved);
+        budget -= std::min(budget, result.bytes - before);
         if (budget == 0) return result;
       }
     }
