@@ -40,10 +40,12 @@ def main():
     ap.add_argument("--shapes", default="", help="subset, e.g. 64x4096 (default: all)")
     ap.add_argument("--formats", default="", help="subset, e.g. k3v3/128,k4v4/64 (default: all)")
     ap.add_argument("--generic-shapes", default="64x4096,1x131072", help="shapes that also time the generic kernel")
+    ap.add_argument("--compare", default="", help="other kernels to time on the same pages, e.g. tiles,format_tiles")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
     generic = {tuple(int(x) for x in s.split("x")) for s in args.generic_shapes.split(",") if s}
     formats = [(f.split("/")[0], int(f.split("/")[1])) for f in args.formats.split(",") if f] or FORMATS
+    compare = [c for c in args.compare.split(",") if c]
     lib = gb.load(args.lib)
     dev = torch.device("cuda")
     stream = torch.cuda.current_stream().cuda_stream
@@ -64,8 +66,9 @@ def main():
             pos = torch.full((batch,), ctx - 1, dtype=torch.int64, device=dev)
             out = torch.empty(batch, QH, dim, dtype=torch.float32, device=dev)
             generic_id = lib.tqkv_gpu_attention_kernel_id(b"generic")
+            compare_ids = [lib.tqkv_gpu_attention_kernel_id(c.encode()) for c in compare]
             ws_bytes = max(lib.tqkv_gpu_attention_workspace(h, batch, ctx, stride, 0, kid)
-                           for kid in (gb.SERVED, generic_id))
+                           for kid in [gb.SERVED, generic_id] + compare_ids)
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
 
             def call(kernel=gb.SERVED):
@@ -91,6 +94,9 @@ def main():
                 if call(generic_id):
                     sys.exit(f"attention (generic) {fmt} d{dim}: {lib.tqkv_gpu_last_error().decode()}")
                 g = f"{gb.timed_device(lambda: call(generic_id), 5) / t_served:10.1f}x"
+            for name, kid in zip(compare, compare_ids):
+                t = gb.timed_device(lambda: call(kid), args.iters) if call(kid) == 0 else None
+                g += f"  {name} {t * 1e3:.1f}us" if t is not None else f"  {name} -"
             kernel = gb.kernel_name(lib, lib.tqkv_gpu_attention_kernel(h, batch, ctx, stride))
             frac = t_stream / t_served
             key = f"{fmt}/d{dim}"

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "gpu/attention_plan.h"
+#include "gpu/format_tiles.h"
 #include "gpu/kernels.h"
 #include "gpu/kernels/attention.cuh"
 #include "gpu/kernels/attention_fast.cuh"
@@ -321,10 +322,15 @@ cudaError_t FormatsWith(const Decode& x) {
   const int packed_splits = d.tail_split >= 0 ? d.tail_split : d.splits;
   const dim3 grid(static_cast<unsigned>(x.a.num_queries * x.a.kv_heads * d.head_chunks), packed_splits);
   FormatDecodeKernel<GC, CPL><<<grid, 32 * kAttnWarps, smem, x.stream>>>(x.a, d, x.states, x.recs);
-  e = cudaGetLastError();
-  if (e != cudaSuccess || d.tail_split < 0) return e;
-  AttnDims tail = d;  // the generic kernel's own q-head chunks
-  tail.head_chunks = GenericHeadChunks(d.group);
+  return cudaGetLastError();
+}
+
+// The dense tails' split (AttnDims::tail_split) of a kernel that reads
+// packed tokens only: the generic kernel with its own q-head chunks.
+cudaError_t LaunchTailSplit(const Decode& x) {
+  if (x.d().tail_split < 0) return cudaSuccess;
+  AttnDims tail = x.d();
+  tail.head_chunks = GenericHeadChunks(tail.group);
   return LaunchGeneric(x.a, tail, x.states, x.recs, x.stream);
 }
 
@@ -475,7 +481,14 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, const AttentionPlan& plan,
     case K::kStagedHolesK:
     case K::kTiles:
     case K::kCudaCore: e = LaunchSpecialised(x); break;
-    case K::kFormats: e = LaunchFormats(x); break;
+    case K::kFormatTiles:
+      e = LaunchFormatTiles(l, d, states, recs, stream);
+      if (e == cudaSuccess) e = LaunchTailSplit(x);
+      break;
+    case K::kFormats:
+      e = LaunchFormats(x);
+      if (e == cudaSuccess) e = LaunchTailSplit(x);
+      break;
     case K::kGeneric: e = LaunchGeneric(l, d, states, recs, stream); break;
     default: e = cudaErrorNotSupported;
   }

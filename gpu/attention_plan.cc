@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "gpu/format_tiles.h"
+
 namespace tqkv::gpu {
 namespace {
 
@@ -14,16 +16,19 @@ using K = AttnKernel;
 // tokens of (query, 8-head group) context; with less, their block
 // prologue loses to the smaller staged blocks. TMA-staged beats the holes
 // layouts at every benchmark shape; the staged kernels beat the
-// register-buffered tiles by 3-14%.
+// register-buffered tiles by 3-14%. The format tiles beat the formats
+// kernel by 1.7-3.2× wherever both run and lose to the register-buffered
+// tiles for k2v2 (148 vs 124 µs at 64 × 4K).
 constexpr ServedKernel kServed[] = {
     {K::kRowSets, 4, 4},      {K::kRowSets, 4, 2},  {K::kStagedTma, 4, 4}, {K::kStagedHoles, 4, 4},
     {K::kStagedHolesK, 4, 2}, {K::kTiles, 4, 4},    {K::kTiles, 2, 4},     {K::kTiles, 2, 2},
     {K::kCudaCore, 4, 4},     {K::kCudaCore, 4, 2}, {K::kCudaCore, 2, 4},  {K::kCudaCore, 2, 2},
-    {K::kFormats, 0, 0},      {K::kGeneric, 0, 0},
+    {K::kFormatTiles, 0, 0},  {K::kFormats, 0, 0},  {K::kGeneric, 0, 0},
 };
 
-constexpr const char* kNames[kNumAttnKernels] = {"rowsets",   "staged_tma", "staged_holes", "staged_holes_k",
-                                                 "tiles",     "cuda_core",  "formats",      "generic"};
+constexpr const char* kNames[kNumAttnKernels] = {"rowsets",   "staged_tma",   "staged_holes", "staged_holes_k",
+                                                 "tiles",     "cuda_core",    "format_tiles", "formats",
+                                                 "generic"};
 
 constexpr int64_t kMinSplitTokens = 256;
 constexpr int64_t kRowSetMinWork = 65536;
@@ -135,13 +140,20 @@ bool Eligible(K kernel, const AttentionLaunch& a, const AttentionDevice& dev) {
     case K::kStagedHolesK: return TensorCore(a, dev) && kb == 4 && vb == 2;
     case K::kTiles: return TensorCore(a, dev) && !(kb == 4 && vb == 2);
     case K::kCudaCore: return Specialised(a);
+    case K::kFormatTiles: return dev.tensor_core_smem && GenericFits(a) && FormatTilesIndex(a) >= 0;
     case K::kFormats: return GenericFits(a) && FormatsBlockHeads(a) > 0;
     case K::kGeneric: return GenericFits(a);
   }
   return false;
 }
 
-bool TensorCoreKernel(K k) { return k <= K::kTiles; }
+// The kernels whose splits follow the waves-and-overhead cost model, and
+// their occupancy.
+bool TensorCoreKernel(K k) { return k <= K::kTiles || k == K::kFormatTiles; }
+KernelOccupancy OccupancyOf(K kernel, const AttentionLaunch& a) {
+  if (kernel == K::kFormatTiles) return {FormatTilesResident(FormatTilesIndex(a)), kTileWarps, 1};
+  return TensorCoreOccupancy(kernel, Bits(a.host_k), Bits(a.host_v), a.q_heads / a.kv_heads);
+}
 
 // Context splits over the packed tokens.
 int PackedSplits(const AttentionLaunch& a, const AttentionDevice& dev, K kernel, int head_chunks, int forced) {
@@ -152,7 +164,7 @@ int PackedSplits(const AttentionLaunch& a, const AttentionDevice& dev, K kernel,
     // Fewest waves of resident blocks × tokens per block, plus a per-block
     // overhead (tables, merge) worth ~kBlockOverheadTokens tokens at 4 warps.
     constexpr double kBlockOverheadTokens = 192.0 / 4;
-    const KernelOccupancy occ = TensorCoreOccupancy(kernel, Bits(a.host_k), Bits(a.host_v), a.q_heads / a.kv_heads);
+    const KernelOccupancy occ = OccupancyOf(kernel, a);
     const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads / occ.kv_heads_per_block);
     const int64_t resident = sms * std::max(occ.blocks_per_sm, 1);
     const int64_t max_splits = std::clamp<int64_t>((ctx + kMinSplitTokens - 1) / kMinSplitTokens, 1, kMaxSplits);
@@ -190,7 +202,47 @@ int PackedSplits(const AttentionLaunch& a, const AttentionDevice& dev, K kernel,
   return static_cast<int>(std::clamp<int64_t>((sms * 8 + blocks - 1) / blocks, 1, std::min<int64_t>(by_ctx, kMaxSplits)));
 }
 
+// The descriptor's groups are the parts of `f`, in order, at the same
+// state offsets; norms where the kernel reads them (fp32 at 4-byte, fp16
+// at 2-byte offsets).
+bool HasTileFormat(const GpuComponent& c, const TileFormat& f, int dim) {
+  if (c.kind == kGpuDense || dim != f.dim || c.row_bytes != f.row_bytes || c.state_size != f.state) return false;
+  int p = 0;
+  for (int gi = 0; gi < c.num_groups; ++gi) {
+    const GpuGroup& g = c.groups[gi];
+    const int align = f.fp16_norms ? 2 : 4;
+    if ((g.fp16_norms != 0) != f.fp16_norms || g.norm_offset % align != 0) return false;
+    auto part_is = [&](bool sign, int state, int bits) {
+      if (p >= f.parts) return false;
+      const TilePart& t = f.part[p++];
+      return t.sign == sign && t.group == gi && t.channels == g.channels && t.state == state && t.bits == bits;
+    };
+    if (!part_is(false, g.state_offset, g.mse_bits)) return false;
+    if (g.qjl && (!part_is(true, g.state_offset + g.channels, 1) || g.residual_offset % align != 0)) return false;
+  }
+  return p == f.parts;
+}
+
 }  // namespace
+
+int FormatTilesIndex(const AttentionLaunch& a) {
+  if (a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || a.q_heads / a.kv_heads > kTileMaxGroup) return -1;
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3) == 0; };
+  const bool pow2 = a.block_size >= 16 && (a.block_size & (a.block_size - 1)) == 0;
+  if (!pow2 || a.block_stride % 4 != 0 || !aligned(a.k_base) || !aligned(a.v_base)) return -1;
+  for (int i = 0; i < kNumFormatTiles; ++i)
+    if (HasTileFormat(a.host_k, kFormatTiles[i].k, a.dim) && HasTileFormat(a.host_v, kFormatTiles[i].v, a.dim))
+      return i;
+  return -1;
+}
+
+int FormatTilesResident(int index) {
+  if (index < 0 || index >= kNumFormatTiles) return 0;
+  const FormatTilesEntry& e = kFormatTiles[index];
+  const size_t bytes = FormatTilesLayout::Of(e.k, e.v).bytes;
+  const int by_smem = static_cast<int>((228u * 1024u) / (bytes + 1024));  // 1 KiB reserved per block
+  return std::min(by_smem, FormatTilesBlocksPerSm(e));
+}
 
 const char* AttnKernelName(AttnKernel k) {
   const int i = static_cast<int>(k);
@@ -241,13 +293,14 @@ cudaError_t PlanAttention(const AttentionLaunch& a, const AttentionDevice& dev, 
     d.formats_heads = FormatsBlockHeads(a);
     d.formats_cpl = FormatsCpl(d.sv);
   }
-  d.head_chunks = IsSpecialised(p.kernel)     ? 1
+  if (p.kernel == K::kFormatTiles) d.format_tiles = FormatTilesIndex(a);
+  d.head_chunks = IsSpecialised(p.kernel) || p.kernel == K::kFormatTiles ? 1
                   : p.kernel == K::kFormats ? (d.group + d.formats_heads - 1) / d.formats_heads
                                             : GenericHeadChunks(d.group);
   d.splits = PackedSplits(a, dev, p.kernel, d.head_chunks, overrides.splits);
   const int64_t ctx = std::max<int64_t>(a.max_context, 1);
   d.chunk = ((ctx + d.splits - 1) / d.splits + 127) / 128 * 128;
-  if (a.has_tail && p.kernel == K::kFormats) d.tail_split = d.splits++;
+  if (a.has_tail && (p.kernel == K::kFormats || p.kernel == K::kFormatTiles)) d.tail_split = d.splits++;
   const bool staged = p.kernel == K::kRowSets || p.kernel == K::kStagedTma || p.kernel == K::kStagedHoles ||
                       p.kernel == K::kStagedHolesK;
   p.fold_query = staged && a.host_k.groups[0].rotation == kGpuHadamard;

@@ -32,12 +32,14 @@ enum class AttnKernel : int8_t {
   kStagedHolesK,  // 8 warps, K stages in the holes of a 256-byte-row K table, V stages dense
   kTiles,         // register-buffered tensor-core tiles (attention_mma.cuh)
   kCudaCore,      // CUDA-core kernel of the specialised formats (attention_fast.cuh)
+  kFormatTiles,   // tensor-core tiles of the formats compiled in gpu/format_tiles.h (attention_format_tiles.cuh)
   kFormats,       // every packed format, read at run time (attention_formats.cuh)
   kGeneric,       // every layout, fp16 layers and QJL included (attention.cuh)
 };
-inline constexpr int kNumAttnKernels = 8;
+inline constexpr int kNumAttnKernels = 9;
 // "rowsets", "staged_tma", "staged_holes", "staged_holes_k", "tiles",
-// "cuda_core", "formats", "generic"; null for a value outside the enum.
+// "cuda_core", "format_tiles", "formats", "generic"; null for a value
+// outside the enum.
 const char* AttnKernelName(AttnKernel k);
 // The kernel of that name, or nullopt.
 std::optional<AttnKernel> AttnKernelByName(const char* name);
@@ -85,6 +87,7 @@ struct AttnDims {
   int tail_split = -1;
   int formats_heads = 0;  // the formats kernel's q heads per block
   int formats_cpl = 0;    // and value-state channels per lane
+  int format_tiles = -1;  // the format-tiles kernel's entry of kFormatTiles (gpu/format_tiles.h)
 };
 
 struct AttentionPlan {

@@ -13,6 +13,7 @@
 #include "codec/model_codec.h"
 #include "codec/test_util.h"
 #include "gpu/codec_tables.h"
+#include "gpu/format_tiles.h"
 
 namespace tqkv::gpu {
 namespace {
@@ -101,7 +102,9 @@ TEST(AttentionPlan, EveryPlanPicksAnEligibleServedKernel) {
               EXPECT_TRUE(p.kernel == eligible[0] || rowsets_skipped) << AttnKernelName(p.kernel);
               EXPECT_GE(p.dims.splits, 1);
               EXPECT_LE(p.dims.splits, 1025);
-              EXPECT_EQ(p.dims.tail_split >= 0, tail && p.kernel == AttnKernel::kFormats);
+              EXPECT_EQ(p.dims.tail_split >= 0,
+                        tail && (p.kernel == AttnKernel::kFormats || p.kernel == AttnKernel::kFormatTiles));
+              EXPECT_EQ(p.dims.format_tiles >= 0, p.kernel == AttnKernel::kFormatTiles);
               if (p.kernel == AttnKernel::kFormats) {
                 // Value-state channels per lane: the smallest instantiated width that holds sv.
                 const int cpl = p.dims.formats_cpl;
@@ -143,9 +146,10 @@ TEST(AttentionPlan, PrefersTheMeasuredKernelAtTheBenchmarkShapes) {
   EXPECT_EQ(KernelOf(Launch("k4v4", 128, 16, 2, 64, 4096)), "cuda_core");  // kv heads % 4 != 0
   EXPECT_EQ(KernelOf(Launch("k4v4", 128, 32, 2, 64, 4096)), "formats");    // GQA 16
   EXPECT_EQ(KernelOf(Launch("k4v4", 128, 32, 8, 64, 4096, true)), "rowsets");  // tails: the fused merge
-  EXPECT_EQ(KernelOf(Launch("k3v3", 128, 32, 8, 64, 4096)), "formats");
-  EXPECT_EQ(KernelOf(Launch("k4v4", 64, 32, 8, 64, 4096)), "formats");
-  EXPECT_EQ(KernelOf(Launch("turboquant35", 128, 32, 8, 1, 4096)), "formats");
+  EXPECT_EQ(KernelOf(Launch("k3v3", 128, 32, 8, 64, 4096)), "format_tiles");
+  EXPECT_EQ(KernelOf(Launch("k4v4", 64, 32, 8, 64, 4096)), "format_tiles");
+  EXPECT_EQ(KernelOf(Launch("turboquant35", 128, 32, 8, 1, 4096)), "format_tiles");
+  EXPECT_EQ(KernelOf(Launch("k4v3", 64, 32, 8, 64, 4096)), "formats");  // not compiled at d = 64
   EXPECT_EQ(KernelOf(Launch("fp16", 128, 32, 8, 1, 4096)), "generic");
   // The row-set and staged kernels rotate their own queries (Hadamard K
   // rotations); the others read prepared query states.
@@ -173,6 +177,46 @@ TEST(AttentionPlan, PrefersTheMeasuredKernelAtTheBenchmarkShapes) {
   AttentionLaunch two_codebooks = Launch("k4v4", 128, 32, 8, 64, 4096);
   two_codebooks.uniform_codebooks = false;
   EXPECT_EQ(KernelOf(two_codebooks), "tiles");
+}
+
+// Every format the format-tiles kernel is compiled for, at its head dim
+// and GQA groups 1-8 (odd ones too), plans it; groups over 8, misaligned
+// pages and blocks under 16 tokens do not.
+TEST(AttentionPlan, FormatTilesServeEveryCompiledFormat) {
+  auto name_of = [](const TileFormat& f) -> std::string {
+    if (f.parts == 1) return "k" + std::to_string(f.part[0].bits);
+    const bool qjl = f.parts == 4;
+    const int high_bits = f.part[0].bits + (qjl ? 1 : 0);
+    return std::string(high_bits == 3 ? "turboquant25" : "turboquant35") + (qjl ? "" : "_noqjl");
+  };
+  int served = 0;
+  for (int i = 0; i < kNumFormatTiles; ++i) {
+    const FormatTilesEntry& e = kFormatTiles[i];
+    const std::string k = name_of(e.k), v = name_of(e.v);
+    const std::string format = e.k.parts == 1 ? k + "v" + std::to_string(e.v.part[0].bits) : k;
+    SCOPED_TRACE(format + " d" + std::to_string(e.k.dim));
+    EXPECT_GE(FormatTilesResident(i), 1);
+    for (int q : {8, 24, 32, 64}) {
+      const AttentionLaunch a = Launch(format, e.k.dim, q, 8, 4, 4096);
+      EXPECT_EQ(FormatTilesIndex(a), q / 8 <= 8 ? i : -1) << q;
+      if (q == 24) {
+        AttentionPlan p;
+        ASSERT_EQ(PlanAttention(a, kH200, &p, {.kernel = AttnKernel::kFormatTiles}), cudaSuccess);
+        EXPECT_EQ(p.dims.format_tiles, i);
+        ++served;
+      }
+    }
+  }
+  EXPECT_EQ(served, kNumFormatTiles);
+  AttentionLaunch a = Launch("k3v3", 128, 32, 8, 4, 4096);
+  ASSERT_GE(FormatTilesIndex(a), 0);
+  a.block_size = 8;
+  EXPECT_EQ(FormatTilesIndex(a), -1);
+  a = Launch("k3v3", 128, 32, 8, 4, 4096);
+  a.v_base += 2;
+  EXPECT_EQ(FormatTilesIndex(a), -1);
+  EXPECT_EQ(FormatTilesIndex(Launch("fp16", 128, 32, 8, 4, 4096)), -1);
+  EXPECT_EQ(KernelOf(Launch("k3v3", 128, 32, 8, 4, 4096), {.num_sms = 132, .tensor_core_smem = false}), "formats");
 }
 
 TEST(AttentionPlan, RefusesKernelsThatCannotRunTheLaunchAndBadShapes) {

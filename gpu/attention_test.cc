@@ -41,7 +41,7 @@ struct Case {
   bool expect_fast = false;  // the plan picks a specialised kernel
   bool qr = false;  // QR rotation (the staged kernel then reads prepared queries)
   int tail_dtype = kGpuF16;  // the tail rows as the launch reads them (kGpuF32: the fp16 values widened)
-  bool expect_formats = false;  // the plan picks the formats kernel
+  bool expect_formats = false;  // the plan picks the format-tiles or the formats kernel
 };
 
 std::string Name(const Case& c) {
@@ -216,7 +216,8 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   AttentionPlan served;
   ASSERT_EQ(PlanAttention(a, dev, &served, {.splits = c.splits}), cudaSuccess);
   EXPECT_EQ(IsSpecialised(served.kernel), c.expect_fast) << AttnKernelName(served.kernel);
-  EXPECT_EQ(served.kernel == AttnKernel::kFormats, c.expect_formats) << AttnKernelName(served.kernel);
+  const bool formats = served.kernel == AttnKernel::kFormats || served.kernel == AttnKernel::kFormatTiles;
+  EXPECT_EQ(formats, c.expect_formats) << AttnKernelName(served.kernel);
   // Every served kernel that can run the launch, the plan's choice first;
   // the kernels that rotate their own queries run once more with the K
   // signs through the descriptors (k_signs null).

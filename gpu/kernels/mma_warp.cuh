@@ -9,7 +9,7 @@
 #ifndef TQKV_GPU_KERNELS_MMA_WARP_CUH_
 #define TQKV_GPU_KERNELS_MMA_WARP_CUH_
 
-#include "gpu/kernels/attention.cuh"
+#include "gpu/kernels/attention_base.cuh"
 
 namespace tqkv::gpu {
 
