@@ -14,14 +14,18 @@ absl::StatusOr<std::unique_ptr<DeviceBlockCache>> DeviceBlockCache::Create(size_
 absl::Status DeviceBlockCache::EnsureSlotBytes(size_t block_bytes) {
   if (block_bytes == 0) return absl::InvalidArgumentError("block of 0 bytes");
   if (block_bytes <= slot_bytes_) return absl::OkStatus();
-  if (!map_.empty())
-    return absl::FailedPreconditionError(absl::StrCat("arena slots are ", slot_bytes_, " bytes; a ",
-                                                      block_bytes, "-byte block needs an empty arena"));
-  slot_bytes_ = (block_bytes + 255) / 256 * 256;
-  num_slots_ = arena_.bytes() / slot_bytes_;
-  if (num_slots_ == 0)
+  const size_t slot = (block_bytes + 255) / 256 * 256;
+  if (arena_.bytes() / slot == 0)
     return absl::ResourceExhaustedError(absl::StrCat("arena of ", arena_.bytes(), " bytes cannot hold a ",
                                                      block_bytes, "-byte block"));
+  // Every resident block is a copy of a payload its owner still holds: the
+  // re-carved arena re-uploads each on its next use.
+  evictions_ += map_.size();
+  map_.clear();
+  lru_.clear();
+  resident_bytes_ = 0;
+  slot_bytes_ = slot;
+  num_slots_ = arena_.bytes() / slot_bytes_;
   free_.clear();
   for (size_t i = num_slots_; i-- > 0;) free_.push_back(static_cast<int32_t>(i));
   ++generation_;

@@ -23,9 +23,13 @@ class DeviceBlockCache {
   // Allocates `arena_bytes` of device memory (RESOURCE_EXHAUSTED on failure).
   static absl::StatusOr<std::unique_ptr<DeviceBlockCache>> Create(size_t arena_bytes);
 
-  // Makes slots of at least `block_bytes`. Slot size is fixed by the first
-  // call; a later larger request is accepted only while nothing is resident
-  // (then the arena is re-carved), else FAILED_PRECONDITION.
+  // Makes slots of at least `block_bytes` (rounded up to 256). A request
+  // larger than the slots re-carves the arena: every resident block is
+  // dropped (counted as evicted) and re-uploads on its next Acquire, so
+  // models of different block sizes share one arena in slots of the
+  // largest. Call it between batches (no block of the current epoch may be
+  // in use). RESOURCE_EXHAUSTED when the arena cannot hold one such block
+  // (nothing changes).
   absl::Status EnsureSlotBytes(size_t block_bytes);
 
   // Slot holding `id`, assigning one on a miss (*miss = true: the caller

@@ -255,6 +255,65 @@ TEST(CudaBackend, MatchesCpuBackend) {
   }
 }
 
+// Two models whose blocks differ in size share the arena: the larger
+// model's first call re-carves it (the smaller model's blocks are dropped
+// and re-uploaded on their next use), and both keep matching the CPU.
+TEST(CudaBackend, ModelsOfDifferentBlockSizesShareTheArena) {
+  TQ_SKIP_WITHOUT_GPU();
+  const int H = 2, QH = 8, dim = 128, bs = 16;
+  auto small = *ModelCodec::Create({1, H, QH, dim, bs}, {.format = "k2v2"}, nullptr);
+  auto big = *ModelCodec::Create({1, H, QH, dim, bs}, {.format = "k8v8"}, nullptr);
+  ASSERT_LT(small->block_bytes(), big->block_bytes());
+  CpuBackend cpu({.threads = 0});
+  auto gpu_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*big, 4)});
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  ComputeBackend& gpu = **gpu_or;
+  auto payloads = [&](const ModelCodec& codec, uint64_t seed) {
+    std::vector<std::vector<uint8_t>> p(2, std::vector<uint8_t>(codec.block_bytes()));
+    for (int b = 0; b < 2; ++b) {
+      std::vector<uint16_t> hk = ToHalf(RandomRows(bs * H, dim, seed + b)),
+                            hv = ToHalf(RandomRows(bs * H, dim, seed + 10 + b));
+      EXPECT_TRUE(cpu.EncodeBlock(codec, 0, 1, {{hk.data(), DType::kF16, bs, H, dim}},
+                                  {{hv.data(), DType::kF16, bs, H, dim}}, p[b].data())
+                      .ok());
+    }
+    return p;
+  };
+  const auto ps = payloads(*small, 100), pb = payloads(*big, 200);
+  auto attend = [&](const ModelCodec& codec, const std::vector<std::vector<uint8_t>>& p, uint64_t first_id) {
+    const std::vector<BlockRef> refs = {{first_id, p[0].data()}, {first_id + 1, p[1].data()}};
+    AttendSequence s;
+    s.blocks = refs;
+    s.packed_tokens = 2 * bs;
+    AttendBatch batch;
+    batch.layer = 0;
+    batch.shape = {QH, H, dim, 0};
+    batch.sequences = {s};
+    batch.query_offsets = {0, 1};
+    batch.positions = {2 * bs - 1};
+    std::vector<float> q = RandomRows(QH, dim, first_id), got(q.size()), want(q.size());
+    PointAtContiguousF32(batch, q.data(), got.data());
+    absl::Status st = gpu.Attend(codec, batch);
+    ASSERT_TRUE(st.ok()) << st;
+    PointAtContiguousF32(batch, q.data(), want.data());
+    ASSERT_TRUE(cpu.Attend(codec, batch).ok());
+    std::vector<double> wd(want.begin(), want.end());
+    EXPECT_LT(RelativeError(wd.data(), got.data(), got.size()), 2e-3);
+  };
+  attend(*small, ps, 1);
+  EXPECT_EQ(gpu.Stats().device_blocks, 2u);
+  attend(*big, pb, 11);  // re-carves: the small model's two blocks are dropped
+  BackendStats st = gpu.Stats();
+  EXPECT_EQ(st.device_blocks, 2u);
+  EXPECT_EQ(st.evictions, 2u);
+  attend(*small, ps, 1);  // re-uploaded into the larger slots
+  st = gpu.Stats();
+  EXPECT_EQ(st.device_blocks, 4u);
+  EXPECT_EQ(st.uploads, 6u);
+  attend(*big, pb, 11);  // everything resident
+  EXPECT_EQ(gpu.Stats().uploads, 6u);
+}
+
 // Remembered slot lists: a keyed sequence attended again reuses its slots
 // while the arena is unchanged; when another sequence of the same batch evicts one
 // of its blocks, it is re-acquired (re-uploaded) and results stay exact.
