@@ -370,7 +370,7 @@ cudaError_t PrepareWith(const AttentionLaunch& a, const AttnDims& d, float* stat
 template <int VPL>
 cudaError_t MergeWith(const AttentionLaunch& a, const AttnDims& d, const float* recs, cudaStream_t st) {
   const int64_t warps = a.num_queries * a.q_heads;
-  const size_t smem = kAttnWarps * (d.sv + a.dim + VPL * 32) * sizeof(float);
+  const size_t smem = kAttnWarps * (d.sv + a.dim + VPL * 32 + d.splits) * sizeof(float);
   if (smem > 48 * 1024) {
     cudaError_t e = AllowDynamicSmem(reinterpret_cast<const void*>(MergeKernel<VPL>), smem);
     if (e != cudaSuccess) return e;

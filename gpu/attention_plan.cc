@@ -300,11 +300,18 @@ cudaError_t PlanAttention(const AttentionLaunch& a, const AttentionDevice& dev, 
   d.splits = PackedSplits(a, dev, p.kernel, d.head_chunks, overrides.splits);
   const int64_t ctx = std::max<int64_t>(a.max_context, 1);
   d.chunk = ((ctx + d.splits - 1) / d.splits + 127) / 128 * 128;
-  if (a.has_tail && (p.kernel == K::kFormats || p.kernel == K::kFormatTiles)) d.tail_split = d.splits++;
+  // The fused merge takes the specialised kernels' records and, at d = 128
+  // with one V group, the format tiles' (it attends the dense tail itself
+  // and spreads a long sequence's splits over several warps; the generic
+  // merge takes one warp per query head: 67 µs of a 1 × 32K k3v3 call's
+  // 115 on the H200). Other kernels attend tails in a split of their own.
+  p.fast_merge = FastMergeFits(a.host_v) &&
+                 (IsSpecialised(p.kernel) || (p.kernel == K::kFormatTiles && a.dim == 128));
+  if (a.has_tail && !p.fast_merge && (p.kernel == K::kFormats || p.kernel == K::kFormatTiles))
+    d.tail_split = d.splits++;
   const bool staged = p.kernel == K::kRowSets || p.kernel == K::kStagedTma || p.kernel == K::kStagedHoles ||
                       p.kernel == K::kStagedHolesK;
   p.fold_query = staged && a.host_k.groups[0].rotation == kGpuHadamard;
-  p.fast_merge = IsSpecialised(p.kernel) && FastMergeFits(a.host_v);
   p.states_bytes = (static_cast<size_t>(a.num_queries) * a.q_heads * d.sk * sizeof(float) + 255) / 256 * 256;
   p.workspace_bytes =
       p.states_bytes + static_cast<size_t>(a.num_queries) * a.q_heads * d.splits * d.record * sizeof(float);

@@ -96,8 +96,9 @@ struct AttentionPlan {
   // The row-set and staged kernels rotate their queries themselves (a
   // Hadamard K rotation): no preparation launch.
   bool fold_query = false;
-  // The fused merge (one V group of <= 128 channels; it attends the dense
-  // tail too) instead of the generic merge.
+  // The fused merge (the specialised kernels and the format tiles at d =
+  // 128, one V group of <= 128 channels; it attends the dense tail too)
+  // instead of the generic merge.
   bool fast_merge = false;
   // Workspace: [queries, q heads, sk] query states in the first
   // states_bytes, then the split records (2 + sv + dim floats each).

@@ -103,7 +103,12 @@ TEST(AttentionPlan, EveryPlanPicksAnEligibleServedKernel) {
               EXPECT_GE(p.dims.splits, 1);
               EXPECT_LE(p.dims.splits, 1025);
               EXPECT_EQ(p.dims.tail_split >= 0,
-                        tail && (p.kernel == AttnKernel::kFormats || p.kernel == AttnKernel::kFormatTiles));
+                        tail && !p.fast_merge &&
+                            (p.kernel == AttnKernel::kFormats || p.kernel == AttnKernel::kFormatTiles));
+              // The fused merge: the specialised kernels, and the format tiles at d = 128 with one V group.
+              const bool one_v_group = a.host_v.num_groups == 1;
+              EXPECT_EQ(p.fast_merge, IsSpecialised(p.kernel) ||
+                                          (p.kernel == AttnKernel::kFormatTiles && dim == 128 && one_v_group));
               EXPECT_EQ(p.dims.format_tiles >= 0, p.kernel == AttnKernel::kFormatTiles);
               if (p.kernel == AttnKernel::kFormats) {
                 // Value-state channels per lane: the smallest instantiated width that holds sv.
@@ -115,7 +120,6 @@ TEST(AttentionPlan, EveryPlanPicksAnEligibleServedKernel) {
               EXPECT_EQ(p.dims.group, h.q / h.kv);
               EXPECT_EQ(p.workspace_bytes,
                         p.states_bytes + sizeof(float) * batch * h.q * p.dims.splits * (2 + p.dims.sv + dim));
-              EXPECT_TRUE(IsSpecialised(p.kernel) || !p.fast_merge);
               // Every eligible kernel plans when forced.
               for (AttnKernel k : eligible) {
                 AttentionPlan forced;

@@ -254,23 +254,31 @@ __global__ void __launch_bounds__(32 * kAttnWarps) MergeKernel(AttentionLaunch a
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kAttnWarps + warp;
   if (w >= a.num_queries * a.q_heads) return;
   const int accw = d.sv + a.dim;
-  float* buf = sm + warp * (accw + VPL * 32);
+  float* buf = sm + warp * (accw + VPL * 32 + d.splits);
   float* rbuf = buf + accw;
+  float* weight = rbuf + VPL * 32;  // [splits] exp2(m_s − max)
   const float* rec = records + w * d.splits * d.record;
+  // The splits' maximum, weights and sum spread over the lanes, then every
+  // channel sums its splits eight loads at a time (a long sequence has
+  // hundreds of splits: one warp per (query, head) waits on each load
+  // otherwise).
   float mx = -CUDART_INF_F;
-  for (int s = 0; s < d.splits; ++s) mx = fmaxf(mx, rec[s * d.record]);
+  for (int s = lane; s < d.splits; s += 32) mx = fmaxf(mx, rec[s * d.record]);
+  mx = WarpMax(mx);
   float L = 0.0f;
-  for (int s = 0; s < d.splits; ++s) {
+  for (int s = lane; s < d.splits; s += 32) {
     const float ms = rec[s * d.record];
-    if (ms != -CUDART_INF_F) L += exp2f(ms - mx) * rec[s * d.record + 1];
+    const float f = ms == -CUDART_INF_F ? 0.0f : exp2f(ms - mx);
+    weight[s] = f;
+    L = fmaf(f, rec[s * d.record + 1], L);
   }
+  L = WarpSum(L);
+  __syncwarp();
   for (int e = lane; e < accw; e += 32) {
     float v = 0.0f;
     if (e < d.sv || use_dense) {
-      for (int s = 0; s < d.splits; ++s) {
-        const float ms = rec[s * d.record];
-        if (ms != -CUDART_INF_F) v = fmaf(exp2f(ms - mx), rec[s * d.record + 2 + e], v);
-      }
+#pragma unroll 8
+      for (int s = 0; s < d.splits; ++s) v = fmaf(weight[s], rec[s * d.record + 2 + e], v);
     }
     buf[e] = v;
   }
