@@ -140,10 +140,20 @@ absl::StatusOr<std::vector<std::string>> ModelRegistry::Load() {
 
 absl::StatusOr<ModelRegistry::RegisterResult> ModelRegistry::Register(
     const std::string& tenant, const v1::RegisterModelRequest& req) {
+  {
+    // The same request again (a worker re-registering at start-up): no
+    // codec to build.
+    absl::MutexLock l(&mu_);
+    auto it = models_.find({tenant, ModelIdFor(tenant, req.model_name())});
+    if (it != models_.end() && it->second->name == req.model_name() &&
+        it->second->request.SerializeAsString() == req.SerializeAsString())
+      return RegisterResult{it->second, false};
+  }
   TQ_ASSIGN_OR_RETURN(std::unique_ptr<RegisteredModel> built, BuildModel(tenant, req));
   absl::MutexLock reg(&register_mu_);
   {
     absl::MutexLock l(&mu_);
+    ++codec_builds_;
     auto it = models_.find({tenant, built->model_id});
     if (it != models_.end()) {
       const RegisteredModel& have = *it->second;
@@ -157,6 +167,11 @@ absl::StatusOr<ModelRegistry::RegisterResult> ModelRegistry::Register(
             " (choose a new model_name for a new layout)"));
       return RegisterResult{it->second, false};
     }
+    int have = 0;
+    for (auto m = models_.lower_bound({tenant, 0}); m != models_.end() && m->first.first == tenant; ++m) ++have;
+    if (have >= options_.max_models_per_tenant)
+      return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' has ", have,
+                                                       " models, the most one tenant may register"));
   }
   TQ_RETURN_IF_ERROR(store_->PutModelRecord(tenant, built->model_id, EncodeRecord(*built)));
   std::shared_ptr<const RegisteredModel> m = std::move(built);
@@ -183,6 +198,11 @@ absl::StatusOr<std::shared_ptr<const RegisteredModel>> ModelRegistry::Resolve(
         "layout fingerprint mismatch for model '", m->name, "': request has '",
         ref.layout_fingerprint(), "', registered is '", m->fingerprint, "'"));
   return m;
+}
+
+uint64_t ModelRegistry::codec_builds() const {
+  absl::MutexLock l(&mu_);
+  return codec_builds_;
 }
 
 std::vector<std::shared_ptr<const RegisteredModel>> ModelRegistry::List(

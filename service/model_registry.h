@@ -62,10 +62,17 @@ uint64_t ModelIdFor(const std::string& tenant, const std::string& model_name);
 absl::StatusOr<std::unique_ptr<RegisteredModel>> BuildModel(const std::string& tenant,
                                                             const v1::RegisterModelRequest& req);
 
+struct ModelRegistryOptions {
+  // Models one tenant may register (records loaded at start-up count but
+  // are never refused). Default: 256.
+  int max_models_per_tenant = 256;
+};
+
 class ModelRegistry {
  public:
   // `store` is not owned and must outlive the registry.
-  explicit ModelRegistry(storage::BlockStore* store) : store_(store) {}
+  explicit ModelRegistry(storage::BlockStore* store, ModelRegistryOptions options = {})
+      : store_(store), options_(options) {}
 
   // Reads every model record from the store. A record that no longer
   // builds, or whose fingerprint changed (codec upgrade), is skipped and
@@ -77,9 +84,11 @@ class ModelRegistry {
     bool created = false;
   };
   // INVALID_ARGUMENT for a bad request; ALREADY_EXISTS for a conflicting
-  // registration of the same name; INTERNAL for a model id collision
-  // between two names; storage errors if the record cannot be persisted
-  // (then nothing is registered).
+  // registration of the same name; RESOURCE_EXHAUSTED for a new model of a
+  // tenant that has max_models_per_tenant; INTERNAL for a model id
+  // collision between two names; storage errors if the record cannot be
+  // persisted (then nothing is registered). A request equal byte for byte
+  // to the registered one returns it without building a codec.
   absl::StatusOr<RegisterResult> Register(const std::string& tenant,
                                           const v1::RegisterModelRequest& req);
 
@@ -93,15 +102,20 @@ class ModelRegistry {
                                                               uint64_t model_id) const;
   // Models of `tenant` ordered by id (every tenant's when `tenant` is null).
   std::vector<std::shared_ptr<const RegisteredModel>> List(const std::string* tenant) const;
+  // Codecs built by Register (a codec of many layers and heads costs
+  // seconds and up to CodecOptions::max_codec_bytes).
+  uint64_t codec_builds() const;
 
  private:
   storage::BlockStore* const store_;
+  const ModelRegistryOptions options_;
   // Lock order: register_mu_ (serialises Register's check-persist-insert)
   // before mu_ (guards the map; never held across storage calls).
   absl::Mutex register_mu_;
   mutable absl::Mutex mu_;
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const RegisteredModel>> models_
       ABSL_GUARDED_BY(mu_);
+  uint64_t codec_builds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tqkv::service

@@ -123,6 +123,46 @@ TEST(ModelRegistryTest, RegisterIsIdempotentRefusesConflictsAndPersists) {
   EXPECT_EQ((*m)->codec->block_bytes(), (*BuildModel("t", Small("m")))->codec->block_bytes());
 }
 
+// A byte-identical re-registration builds no codec; an equivalent one (an
+// alias) builds one and resolves to the same model. A tenant's models are
+// capped for new names only; other tenants and models loaded from disk are
+// not refused.
+TEST(ModelRegistryTest, ReRegistrationIsCheapAndTenantsHaveAModelLimit) {
+  const std::string dir = TempDir();
+  {
+    auto store = OpenStore(dir);
+    ModelRegistry reg(store.get(), {.max_models_per_tenant = 2});
+    ASSERT_TRUE(reg.Register("t", Small("a")).ok());
+    EXPECT_EQ(reg.codec_builds(), 1u);
+    for (int i = 0; i < 3; ++i) {
+      auto again = reg.Register("t", Small("a"));
+      ASSERT_TRUE(again.ok());
+      EXPECT_FALSE(again->created);
+    }
+    EXPECT_EQ(reg.codec_builds(), 1u) << "identical requests build no codec";
+    auto alias = Small("a");
+    alias.mutable_codec()->set_cache_dtype("tq4");
+    auto same = reg.Register("t", alias);
+    ASSERT_TRUE(same.ok()) << same.status();
+    EXPECT_FALSE(same->created);
+    EXPECT_EQ(reg.codec_builds(), 2u);
+    ASSERT_TRUE(reg.Register("t", Small("b")).ok());
+    auto third = reg.Register("t", Small("c"));
+    EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+    EXPECT_EQ(reg.List(nullptr).size(), 2u) << "a refused model changes nothing";
+    EXPECT_TRUE(reg.Register("t", Small("b")).ok()) << "existing models re-register at the limit";
+    EXPECT_TRUE(reg.Register("u", Small("c")).ok()) << "the limit is per tenant";
+  }
+  auto store = OpenStore(dir);
+  ModelRegistry reg(store.get(), {.max_models_per_tenant = 1});
+  auto warnings = reg.Load();
+  ASSERT_TRUE(warnings.ok());
+  EXPECT_TRUE(warnings->empty());
+  const std::string t = "t";
+  EXPECT_EQ(reg.List(&t).size(), 2u) << "models on disk load over a lowered limit";
+  EXPECT_EQ(reg.Register("t", Small("d")).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
 TEST(ModelRegistryTest, BadRequestsAreInvalidArgument) {
   auto r = Small("");
   EXPECT_EQ(BuildModel("t", r).status().code(), absl::StatusCode::kInvalidArgument);

@@ -45,7 +45,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     so.disk_path = (std::filesystem::path(options.data_dir) / "rocksdb").string();
   }
   TQ_ASSIGN_OR_RETURN(s->store_, storage::BlockStore::Open(so));
-  s->registry_ = std::make_unique<ModelRegistry>(s->store_.get());
+  s->registry_ = std::make_unique<ModelRegistry>(
+      s->store_.get(), ModelRegistryOptions{.max_models_per_tenant = options.max_models_per_tenant});
   TQ_ASSIGN_OR_RETURN(std::vector<std::string> warnings, s->registry_->Load());
   for (const std::string& w : warnings) note(w);
 

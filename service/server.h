@@ -63,6 +63,8 @@ struct ServerOptions {
   uint64_t host_budget_bytes = uint64_t{1} << 30;
   // Disk budget for spilled/durable payloads. Default: 64 GiB.
   uint64_t disk_budget_bytes = uint64_t{64} << 30;
+  // Models one tenant may register. Default: 256.
+  int max_models_per_tenant = 256;
   // Largest gRPC message received or sent. Default: 64 MiB.
   int max_message_bytes = 64 << 20;
   // `token tenant [admin]` lines; empty: auth off (tenant "default").

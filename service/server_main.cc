@@ -39,6 +39,8 @@ ABSL_FLAG(std::string, backend, "auto",
 ABSL_FLAG(uint64_t, host_budget_bytes, uint64_t{1} << 30, "host-memory budget for block payloads");
 ABSL_FLAG(uint64_t, disk_budget_bytes, uint64_t{64} << 30, "disk budget for spilled/durable blocks");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message received or sent");
+ABSL_FLAG(int, max_models_per_tenant, 256,
+          "models one tenant may register; one more gets RESOURCE_EXHAUSTED (models on disk always load)");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "file of `token tenant [admin]` lines; empty: auth off, every caller is tenant "
           "\"default\" with admin rights");
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes);
   o.disk_budget_bytes = absl::GetFlag(FLAGS_disk_budget_bytes);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.max_models_per_tenant = absl::GetFlag(FLAGS_max_models_per_tenant);
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.spill_on_shutdown = absl::GetFlag(FLAGS_spill_on_shutdown);
