@@ -16,7 +16,9 @@ TEST(FormatMetadataAgreement, HighChannelCounts) {
       ComponentSpec spec = ParseFormat(name)->k;
       absl::StatusOr<RowLayout> layout = MakeRowLayout(spec, d);
       ASSERT_EQ(meta.ok(), layout.ok()) << name << " d=" << d;
-      if (meta.ok()) EXPECT_EQ(*meta, RecipeHighChannels(kind, d)) << name << " d=" << d;
+      if (meta.ok()) {
+        EXPECT_EQ(*meta, RecipeHighChannels(kind, d)) << name << " d=" << d;
+      }
     }
   }
 }
