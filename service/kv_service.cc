@@ -182,20 +182,17 @@ absl::StatusOr<v1::PinResponse> KvService::Pin(const Identity& id, const v1::Pin
   const absl::Duration ttl = req.ttl_ms() == 0
                                  ? options_.default_pin_ttl
                                  : std::min(absl::Milliseconds(req.ttl_ms()), options_.max_pin_ttl);
-  std::vector<storage::BlockKey> pinned;
-  for (const std::string& h : req.block_hashes()) {
-    storage::BlockKey key{id.tenant, model->model_id, h};
-    absl::Status s = store_->Pin(key, ttl);
-    if (!s.ok()) {
-      for (const storage::BlockKey& k : pinned) store_->Unpin(k).IgnoreError();
-      if (s.code() == absl::StatusCode::kNotFound)
-        return absl::NotFoundError(absl::StrCat("block ", Hex(h), " is not stored; nothing pinned"));
-      return s;
-    }
-    pinned.push_back(std::move(key));
-  }
+  std::vector<storage::BlockKey> keys;
+  keys.reserve(req.block_hashes_size());
+  for (const std::string& h : req.block_hashes()) keys.push_back({id.tenant, model->model_id, h});
+  size_t missing = 0;
+  absl::Status s = store_->PinAll(keys, ttl, &missing);
+  if (s.code() == absl::StatusCode::kNotFound)
+    return absl::NotFoundError(
+        absl::StrCat("block ", Hex(req.block_hashes(static_cast<int>(missing))), " is not stored; nothing pinned"));
+  TQ_RETURN_IF_ERROR(s);
   v1::PinResponse resp;
-  resp.set_pinned(static_cast<uint32_t>(pinned.size()));
+  resp.set_pinned(static_cast<uint32_t>(keys.size()));
   return resp;
 }
 

@@ -635,24 +635,34 @@ absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
 // ------------------------------------------------------- pins and removal
 
 absl::Status BlockStore::Pin(const BlockKey& key, absl::Duration ttl) {
+  return PinAll(std::span<const BlockKey>(&key, 1), ttl);
+}
+
+absl::Status BlockStore::PinAll(std::span<const BlockKey> keys, absl::Duration ttl, size_t* missing) {
   if (ttl <= absl::ZeroDuration() || ttl > options_.max_pin_ttl) {
     return absl::InvalidArgumentError(absl::StrCat("pin ttl must be in (0, ",
                                                    absl::FormatDuration(options_.max_pin_ttl),
                                                    "]"));
   }
   absl::MutexLock l(&mu_);
-  BlockRecord* r = index_.Find(key);
-  if (r == nullptr || !r->visible) {
-    return absl::NotFoundError(absl::StrCat("no block ", DebugString(key)));
+  std::vector<BlockRecord*> records(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    records[i] = index_.Find(keys[i]);
+    if (records[i] == nullptr || !records[i]->visible) {
+      if (missing != nullptr) *missing = i;
+      return absl::NotFoundError(absl::StrCat("no block ", DebugString(keys[i])));
+    }
   }
-  absl::Time now = clock_->Now();
-  if (!r->Protected(now)) {  // expired leases void earlier pins
-    r->pin_count = 0;
-    r->lease_deadline = now + ttl;
-  } else {
-    r->lease_deadline = std::max(r->lease_deadline, now + ttl);
+  const absl::Time now = clock_->Now();
+  for (BlockRecord* r : records) {
+    if (!r->Protected(now)) {  // expired leases void earlier pins
+      r->pin_count = 0;
+      r->lease_deadline = now + ttl;
+    } else {
+      r->lease_deadline = std::max(r->lease_deadline, now + ttl);
+    }
+    r->pin_count++;
   }
-  r->pin_count++;
   return absl::OkStatus();
 }
 

@@ -50,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -311,6 +312,9 @@ class BlockStore {
   // void. Evict skips protected blocks; Delete removes them regardless.
   // INVALID_ARGUMENT: ttl <= 0 or > max_pin_ttl. NOT_FOUND: no visible block.
   absl::Status Pin(const BlockKey& key, absl::Duration ttl);
+  // Pins every key, or none: NOT_FOUND (naming the first missing key, in
+  // *missing when not null) changes no block's pins or lease.
+  absl::Status PinAll(std::span<const BlockKey> keys, absl::Duration ttl, size_t* missing = nullptr);
   // Removes one pin. FAILED_PRECONDITION if the block has no live pin (never
   // pinned, all unpinned, or lease expired). NOT_FOUND: no visible block.
   absl::Status Unpin(const BlockKey& key);

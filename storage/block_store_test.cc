@@ -386,6 +386,27 @@ TEST_F(BlockStoreTest, PinsCountAndLeasesExpire) {
   EXPECT_EQ(ev->skipped_pinned, 0u);
 }
 
+// PinAll pins every key or none: a missing key leaves the others' pin
+// counts and leases as they were (a pin-then-unpin rollback would have
+// extended a pinned block's lease).
+TEST_F(BlockStoreTest, PinAllPinsEveryKeyOrNone) {
+  auto s = OpenStore(1000);
+  ASSERT_TRUE(PutBlock(*s, Key(1)).ok());
+  ASSERT_TRUE(PutBlock(*s, Key(2)).ok());
+  ASSERT_TRUE(s->Pin(Key(1), absl::Seconds(5)).ok());
+  const std::vector<BlockKey> keys = {Key(1), Key(2), Key(3)};
+  size_t missing = 99;
+  EXPECT_EQ(s->PinAll(keys, absl::Seconds(60), &missing).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(missing, 2u);
+  EXPECT_EQ(s->Unpin(Key(2)).code(), absl::StatusCode::kFailedPrecondition) << "key 2 got no pin";
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(s->Unpin(Key(1)).code(), absl::StatusCode::kFailedPrecondition) << "key 1's lease was not extended";
+  ASSERT_TRUE(s->PinAll({keys.data(), 2}, absl::Seconds(10)).ok());
+  EXPECT_EQ(s->Evict({})->skipped_pinned, 2u);
+  ASSERT_TRUE(s->Unpin(Key(1)).ok());
+  ASSERT_TRUE(s->Unpin(Key(2)).ok());
+}
+
 TEST_F(BlockStoreTest, RePinAfterExpiryStartsAFreshLease) {
   auto s = OpenStore(1000);
   BlockKey k = Key(1);
