@@ -375,8 +375,30 @@ __global__ void __launch_bounds__(32 * kTileWarps, MB)
       });
       s[v] = tt + tok < t1 ? x : -CUDART_INF_F;
     }
-    // Online softmax of head g over its quad (tokens 0..15 of the tile).
-    QuadSoftmax<4>(s, m, l, acc, i);  // finite maxima: the tile's first token is valid
+    // Online softmax of head g over the quad (tokens 0..15 of the tile).
+    float tmax = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+    tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 2));
+    const float mnew = fmaxf(m, tmax);  // finite: the tile's first token is valid
+    const float corr = FastExp2(m - mnew);
+    m = mnew;
+    float psum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      s[v] = FastExp2(s[v] - mnew);
+      psum += s[v];
+    }
+    l = fmaf(l, corr, psum);
+    if (__any_sync(kFullMask, corr != 1.0f)) {
+      const float ca = __shfl_sync(kFullMask, corr, 8 * i), cb = __shfl_sync(kFullMask, corr, 8 * i + 4);
+#pragma unroll
+      for (int u = 0; u < C::kVTiles; ++u) {
+        acc[u][0] *= ca;
+        acc[u][1] *= cb;
+        acc[u][2] *= ca;
+        acc[u][3] *= cb;
+      }
+    }
     // Values, part by part: P's B fragment scaled by the part's coefficient.
     const uint32_t* vr[4];
 #pragma unroll

@@ -429,7 +429,35 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     float s[TPS][4];
 #pragma unroll
     for (int k = 0; k < TPS; ++k) scores(tl0 + k, r[k], s[k]);
-    QuadSoftmax<4 * TPS>(&s[0][0], m, l, acc, i);  // finite maxima: the step's first token is valid
+    float tmax = s[0][0];
+#pragma unroll
+    for (int k = 0; k < TPS; ++k)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) tmax = fmaxf(tmax, s[k][v]);
+    tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 2));
+    const float mnew = fmaxf(m, tmax);  // finite: the step's first token is valid
+    const float corr = FastExp2(m - mnew);
+    m = mnew;
+    float psum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < TPS; ++k)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        s[k][v] = FastExp2(s[k][v] - mnew);
+        psum += s[k][v];
+      }
+    l = fmaf(l, corr, psum);
+    if (__any_sync(kFullMask, corr != 1.0f)) {
+      const float ca = __shfl_sync(kFullMask, corr, 8 * i), cb = __shfl_sync(kFullMask, corr, 8 * i + 4);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        acc[u][0] *= ca;
+        acc[u][1] *= cb;
+        acc[u][2] *= ca;
+        acc[u][3] *= cb;
+      }
+    }
 #pragma unroll
     for (int k = 0; k < TPS; ++k) values(tl0 + k, r[k], s[k]);
   };

@@ -101,41 +101,6 @@ struct KRegTable {
   }
 };
 
-// Heads-on-M online softmax step (MmaDecodeKernel, FormatTilesKernel): lane
-// (g, i) holds the scores s[0..N) of head g for its tokens of the step; the
-// maximum reduces over the lanes of one g, s becomes the probabilities
-// exp2(s − m), l gains the lane's partial sum, and the accumulator's columns
-// (heads 2i, 2i + 1: the corrections of lanes 8i and 8i + 4) rescale when
-// any maximum moved. The step's first token must be valid (finite maxima).
-template <int N, int U>
-__device__ __forceinline__ void QuadSoftmax(float* s, float& m, float& l, float (&acc)[U][4], int i) {
-  float tmax = s[0];
-#pragma unroll
-  for (int v = 1; v < N; ++v) tmax = fmaxf(tmax, s[v]);
-  tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 1));
-  tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 2));
-  const float mnew = fmaxf(m, tmax);
-  const float corr = FastExp2(m - mnew);
-  m = mnew;
-  float psum = 0.0f;
-#pragma unroll
-  for (int v = 0; v < N; ++v) {
-    s[v] = FastExp2(s[v] - mnew);
-    psum += s[v];
-  }
-  l = fmaf(l, corr, psum);
-  if (__any_sync(kFullMask, corr != 1.0f)) {
-    const float ca = __shfl_sync(kFullMask, corr, 8 * i), cb = __shfl_sync(kFullMask, corr, 8 * i + 4);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      acc[u][0] *= ca;
-      acc[u][1] *= cb;
-      acc[u][2] *= ca;
-      acc[u][3] *= cb;
-    }
-  }
-}
-
 // Tokens-on-M helpers shared by MmaDecodeKernel (kMmaTokM) and TokMTiles
 // (StagedDecodeKernel, RowSetDecodeKernel). Lane (g, i) holds the scores
 // s[k][2·nt + e] of tokens g + 8·nt, heads 2i + e, of TPS tiles, the
