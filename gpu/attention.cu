@@ -73,13 +73,6 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
-// Resident blocks per SM: the register budget `mb`, capped by shared
-// memory (228 KiB per SM, 1 KiB reserved per block).
-constexpr int Resident(size_t smem_per_block, int mb) {
-  const int by_smem = static_cast<int>((228u * 1024u) / (smem_per_block + 1024));
-  return by_smem < mb ? by_smem : mb;
-}
-
 template <int KB, int VB, int G>
 KernelOccupancy OccupancyWith(K kernel) {
   if constexpr (KB == 4) {
@@ -87,24 +80,26 @@ KernelOccupancy OccupancyWith(K kernel) {
       case K::kRowSets: {
         constexpr int kVb = VB == 4 ? 4 : 2;
         using L = RowSetLayout<kVb, kRowSetStages, G, kRowSetParities>;
-        return {Resident(L::kBytes, kRowSetBlocksPerSm<kRowSetParities>), kRowSetParities, kRowSetHeads};
+        return {ResidentBlocks(L::kBytes, kRowSetBlocksPerSm<kRowSetParities>), kRowSetParities, kRowSetHeads};
       }
       case K::kStagedTma:
         if constexpr (VB == 4) {
           constexpr StagedCfg c = kStagedTmaCfg;
-          return {Resident(StagedSmemBytes<4, true, c.layout, c.warps, c.stages, G>(), c.blocks_per_sm), c.warps, 1};
+          return {ResidentBlocks(StagedSmemBytes<4, true, c.layout, c.warps, c.stages, G>(), c.blocks_per_sm),
+                  c.warps, 1};
         }
         break;
       case K::kStagedHoles:
         if constexpr (VB == 4) {
           constexpr StagedCfg c = kStagedHolesCfg;
-          return {Resident(StagedSmemBytes<4, true, c.layout, c.warps, c.stages, G>(), c.blocks_per_sm), c.warps, 1};
+          return {ResidentBlocks(StagedSmemBytes<4, true, c.layout, c.warps, c.stages, G>(), c.blocks_per_sm),
+                  c.warps, 1};
         }
         break;
       case K::kStagedHolesK:
         if constexpr (VB == 2) {
           constexpr StagedCfg c = kStagedHolesKCfg;
-          return {Resident(StagedSmemBytes<2, false, c.layout, c.warps, c.stages, G>(), c.blocks_per_sm), c.warps,
+          return {ResidentBlocks(StagedSmemBytes<2, false, c.layout, c.warps, c.stages, G>(), c.blocks_per_sm), c.warps,
                   1};
         }
         break;
@@ -114,7 +109,7 @@ KernelOccupancy OccupancyWith(K kernel) {
   if constexpr (!(KB == 4 && VB == 2)) {
     if (kernel == K::kTiles) {
       using C = TilesCfg<KB, VB>;
-      return {Resident(MmaSmemBytes<KB, VB, G, C::kKm>(), C::kMb), kMmaWarps, 1};
+      return {ResidentBlocks(MmaSmemBytes<KB, VB, G, C::kKm>(), C::kMb), kMmaWarps, 1};
     }
   }
   return {};

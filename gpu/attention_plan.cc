@@ -150,13 +150,15 @@ bool Eligible(K kernel, const AttentionLaunch& a, const AttentionDevice& dev) {
 // The kernels whose splits follow the waves-and-overhead cost model, and
 // their occupancy.
 bool TensorCoreKernel(K k) { return k <= K::kTiles || k == K::kFormatTiles; }
-KernelOccupancy OccupancyOf(K kernel, const AttentionLaunch& a) {
-  if (kernel == K::kFormatTiles) return {FormatTilesResident(FormatTilesIndex(a)), kTileWarps, 1};
+// format_tiles: the launch's entry of kFormatTiles (AttnDims::format_tiles).
+KernelOccupancy OccupancyOf(K kernel, const AttentionLaunch& a, int format_tiles) {
+  if (kernel == K::kFormatTiles) return {FormatTilesResident(format_tiles), kTileWarps, 1};
   return TensorCoreOccupancy(kernel, Bits(a.host_k), Bits(a.host_v), a.q_heads / a.kv_heads);
 }
 
 // Context splits over the packed tokens.
-int PackedSplits(const AttentionLaunch& a, const AttentionDevice& dev, K kernel, int head_chunks, int forced) {
+int PackedSplits(const AttentionLaunch& a, const AttentionDevice& dev, K kernel, int head_chunks, int format_tiles,
+                 int forced) {
   if (forced > 0) return std::min(forced, kMaxSplits);
   const int64_t ctx = std::max<int64_t>(a.max_context, 1);
   const int64_t sms = std::max(dev.num_sms, 1);
@@ -164,7 +166,7 @@ int PackedSplits(const AttentionLaunch& a, const AttentionDevice& dev, K kernel,
     // Fewest waves of resident blocks × tokens per block, plus a per-block
     // overhead (tables, merge) worth ~kBlockOverheadTokens tokens at 4 warps.
     constexpr double kBlockOverheadTokens = 192.0 / 4;
-    const KernelOccupancy occ = OccupancyOf(kernel, a);
+    const KernelOccupancy occ = OccupancyOf(kernel, a, format_tiles);
     const int64_t blocks = std::max<int64_t>(1, a.num_queries * a.kv_heads / occ.kv_heads_per_block);
     const int64_t resident = sms * std::max(occ.blocks_per_sm, 1);
     const int64_t max_splits = std::clamp<int64_t>((ctx + kMinSplitTokens - 1) / kMinSplitTokens, 1, kMaxSplits);
@@ -239,9 +241,7 @@ int FormatTilesIndex(const AttentionLaunch& a) {
 int FormatTilesResident(int index) {
   if (index < 0 || index >= kNumFormatTiles) return 0;
   const FormatTilesEntry& e = kFormatTiles[index];
-  const size_t bytes = FormatTilesLayout::Of(e.k, e.v).bytes;
-  const int by_smem = static_cast<int>((228u * 1024u) / (bytes + 1024));  // 1 KiB reserved per block
-  return std::min(by_smem, FormatTilesBlocksPerSm(e));
+  return ResidentBlocks(FormatTilesLayout::Of(e.k, e.v).bytes, FormatTilesBlocksPerSm(e));
 }
 
 const char* AttnKernelName(AttnKernel k) {
@@ -297,7 +297,7 @@ cudaError_t PlanAttention(const AttentionLaunch& a, const AttentionDevice& dev, 
   d.head_chunks = IsSpecialised(p.kernel) || p.kernel == K::kFormatTiles ? 1
                   : p.kernel == K::kFormats ? (d.group + d.formats_heads - 1) / d.formats_heads
                                             : GenericHeadChunks(d.group);
-  d.splits = PackedSplits(a, dev, p.kernel, d.head_chunks, overrides.splits);
+  d.splits = PackedSplits(a, dev, p.kernel, d.head_chunks, d.format_tiles, overrides.splits);
   const int64_t ctx = std::max<int64_t>(a.max_context, 1);
   d.chunk = ((ctx + d.splits - 1) / d.splits + 127) / 128 * 128;
   // The fused merge takes the specialised kernels' records and, at d = 128

@@ -125,6 +125,12 @@ std::vector<AttnKernel> EligibleAttentionKernels(const AttentionLaunch& a, const
 
 // Facts of the compiled kernels the plan reads, defined with them
 // (attention.cu).
+// Resident blocks per SM of a kernel budgeted for `mb` by its registers,
+// capped by shared memory (228 KiB per SM, 1 KiB reserved per block).
+constexpr int ResidentBlocks(size_t smem_per_block, int mb) {
+  const int by_smem = static_cast<int>((228u * 1024u) / (smem_per_block + 1024));
+  return by_smem < mb ? by_smem : mb;
+}
 struct KernelOccupancy {
   int blocks_per_sm = 0;       // register budget capped by shared memory; 0: not served
   int warps_per_kv_head = 0;   // warps that share one kv head's tiles

@@ -145,8 +145,7 @@ absl::StatusOr<ModelRegistry::RegisterResult> ModelRegistry::Register(
     // codec to build.
     absl::MutexLock l(&mu_);
     auto it = models_.find({tenant, ModelIdFor(tenant, req.model_name())});
-    if (it != models_.end() && it->second->name == req.model_name() &&
-        it->second->request.SerializeAsString() == req.SerializeAsString())
+    if (it != models_.end() && it->second->request.SerializeAsString() == req.SerializeAsString())
       return RegisterResult{it->second, false};
   }
   TQ_ASSIGN_OR_RETURN(std::unique_ptr<RegisteredModel> built, BuildModel(tenant, req));
