@@ -1,29 +1,37 @@
 #include "service/auth.h"
 
-#include <fstream>
-#include <sstream>
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "storage/block_key.h"
 
 namespace tqkv::service {
+namespace {
 
-absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read auth tokens file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  absl::StatusOr<Authenticator> a = FromString(ss.str());
-  if (!a.ok()) return absl::Status(a.status().code(), absl::StrCat(path, ": ", a.status().message()));
-  return a;
+constexpr absl::string_view kUriPrefix = "x509-uri:";
+constexpr absl::string_view kCnPrefix = "x509-cn:";
+
+std::string Digest(absl::string_view token) {
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), d);
+  return std::string(reinterpret_cast<const char*>(d), sizeof d);
 }
 
-absl::StatusOr<Authenticator> Authenticator::FromString(const std::string& contents) {
-  Authenticator a;
-  a.enabled_ = true;
+}  // namespace
+
+absl::StatusOr<AuthTable> AuthTable::Parse(const std::string& contents) {
+  AuthTable t;
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(contents, '\n')) {
     ++line_no;
@@ -31,25 +39,133 @@ absl::StatusOr<Authenticator> Authenticator::FromString(const std::string& conte
     if (f.empty() || absl::StartsWith(f[0], "#")) continue;
     if (f.size() < 2 || f.size() > 3 || (f.size() == 3 && f[2] != "admin"))
       return absl::InvalidArgumentError(
-          absl::StrCat("line ", line_no, ": expected `token tenant [admin]`"));
+          absl::StrCat("line ", line_no, ": expected `credential tenant [admin]`"));
     if (!storage::ValidateTenant(f[1]).ok() || f[1].empty())
       return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": invalid tenant"));
-    if (!a.tokens_.emplace(f[0], Identity{f[1], f.size() == 3}).second)
-      return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": duplicate token"));
+    Identity id{f[1], f.size() == 3};
+    bool inserted;
+    if (absl::StartsWith(f[0], "x509-")) {
+      if (!(absl::StartsWith(f[0], kUriPrefix) && f[0].size() > kUriPrefix.size()) &&
+          !(absl::StartsWith(f[0], kCnPrefix) && f[0].size() > kCnPrefix.size()))
+        return absl::InvalidArgumentError(
+            absl::StrCat("line ", line_no, ": expected x509-uri:URI or x509-cn:NAME"));
+      inserted = t.certs_.emplace(f[0], std::move(id)).second;
+    } else {
+      inserted = t.tokens_.emplace(Digest(f[0]), std::move(id)).second;
+    }
+    if (!inserted)
+      return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": duplicate credential"));
   }
+  return t;
+}
+
+const Identity* AuthTable::FindToken(const std::string& token) const {
+  const std::string d = Digest(token);
+  auto it = tokens_.find(d);
+  // The map compared digests, not tokens; the explicit constant-time check
+  // keeps the match independent of how the map compares keys.
+  if (it == tokens_.end() || CRYPTO_memcmp(it->first.data(), d.data(), d.size()) != 0)
+    return nullptr;
+  return &it->second;
+}
+
+const Identity* AuthTable::FindCertificate(const PeerCertificate& peer) const {
+  for (const std::string& uri : peer.uris)
+    if (auto it = certs_.find(absl::StrCat(kUriPrefix, uri)); it != certs_.end()) return &it->second;
+  if (peer.common_name.empty()) return nullptr;
+  auto it = certs_.find(absl::StrCat(kCnPrefix, peer.common_name));
+  return it == certs_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<AuthTable> Authenticator::ReadFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return absl::NotFoundError(
+        absl::StrCat("cannot read auth tokens file ", path, ": ", std::strerror(errno)));
+  struct stat st {};
+  std::string contents;
+  absl::Status status;
+  if (fstat(fd, &st) != 0) {
+    status = absl::NotFoundError(absl::StrCat("cannot stat auth tokens file ", path, ": ",
+                                              std::strerror(errno)));
+  } else if ((st.st_mode & 077) != 0) {
+    status = absl::FailedPreconditionError(absl::StrFormat(
+        "auth tokens file %s has mode %04o: group and others must have no access (chmod 600 %s)",
+        path, st.st_mode & 07777, path));
+  } else {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) contents.append(buf, static_cast<size_t>(n));
+    if (n < 0)
+      status = absl::NotFoundError(
+          absl::StrCat("cannot read auth tokens file ", path, ": ", std::strerror(errno)));
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  absl::StatusOr<AuthTable> t = AuthTable::Parse(contents);
+  if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromFile(const std::string& path) {
+  absl::StatusOr<AuthTable> t = ReadFile(path);
+  if (!t.ok()) return t.status();
+  auto a = std::make_unique<Authenticator>();
+  a->enabled_ = true;
+  a->path_ = path;
+  a->table_ = std::make_shared<const AuthTable>(*std::move(t));
   return a;
 }
 
-absl::StatusOr<Identity> Authenticator::Authenticate(const std::string& authorization) const {
+absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromString(const std::string& contents) {
+  absl::StatusOr<AuthTable> t = AuthTable::Parse(contents);
+  if (!t.ok()) return t.status();
+  auto a = std::make_unique<Authenticator>();
+  a->enabled_ = true;
+  a->table_ = std::make_shared<const AuthTable>(*std::move(t));
+  return a;
+}
+
+std::shared_ptr<const AuthTable> Authenticator::table() const {
+  absl::ReaderMutexLock l(&mu_);
+  return table_;
+}
+
+bool Authenticator::uses_certificates() const {
+  std::shared_ptr<const AuthTable> t = table();
+  return t != nullptr && t->certificates() > 0;
+}
+
+absl::StatusOr<std::string> Authenticator::Reload() {
+  if (path_.empty()) return absl::FailedPreconditionError("no auth tokens file to reload");
+  absl::StatusOr<AuthTable> t = ReadFile(path_);
+  if (!t.ok()) return t.status();
+  std::string summary =
+      absl::StrCat(t->tokens(), " tokens, ", t->certificates(), " certificate identities");
+  auto fresh = std::make_shared<const AuthTable>(*std::move(t));
+  absl::MutexLock l(&mu_);
+  table_ = std::move(fresh);
+  return summary;
+}
+
+absl::StatusOr<Identity> Authenticator::Authenticate(const std::string& authorization,
+                                                     const PeerCertificate* peer) const {
   if (!enabled_) return Identity{kDefaultTenant, true};
+  std::shared_ptr<const AuthTable> t = table();
+  const Identity* by_cert = peer != nullptr ? t->FindCertificate(*peer) : nullptr;
+  if (authorization.empty()) {
+    if (by_cert != nullptr) return *by_cert;
+    return absl::UnauthenticatedError(
+        "missing `authorization: Bearer <token>` metadata (and no mapped client certificate)");
+  }
   constexpr absl::string_view kBearer = "Bearer ";
-  if (authorization.empty())
-    return absl::UnauthenticatedError("missing `authorization: Bearer <token>` metadata");
   if (!absl::StartsWith(authorization, kBearer))
     return absl::UnauthenticatedError("authorization metadata must be `Bearer <token>`");
-  auto it = tokens_.find(authorization.substr(kBearer.size()));
-  if (it == tokens_.end()) return absl::UnauthenticatedError("unknown token");
-  return it->second;
+  const Identity* by_token = t->FindToken(authorization.substr(kBearer.size()));
+  if (by_token == nullptr) return absl::UnauthenticatedError("unknown token");
+  if (by_cert != nullptr && by_cert->tenant != by_token->tenant)
+    return absl::UnauthenticatedError("the token and the client certificate name different tenants");
+  return *by_token;
 }
 
 }  // namespace tqkv::service

@@ -50,8 +50,8 @@ namespace tqkv::service {
 inline constexpr char kDataPlanePreface[] = "TQKVDP01";  // 8 bytes on the wire
 
 struct DataPlaneOptions {
-  // HOST:PORT to listen on; port 0 picks a free port. Default: 0.0.0.0:50052.
-  std::string listen = "0.0.0.0:50052";
+  // HOST:PORT to listen on; port 0 picks a free port. Default: 127.0.0.1:50052.
+  std::string listen = "127.0.0.1:50052";
   // Event-loop threads. Default: 2.
   int threads = 2;
   // Largest request frame accepted; a larger one is answered with

@@ -2,6 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 
@@ -11,8 +12,25 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "service/listen_policy.h"
 
 namespace tqkv::service {
+namespace {
+
+// Drops gRPC's reflection plugin from a builder. Linking libgrpc++_reflection
+// registers the plugin with every ServerBuilder of the process (a static
+// initializer), so "off" must take it out again.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+      return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(p.get()) != nullptr;
+    });
+  }
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       const CudaBackendFactory& cuda) {
@@ -27,6 +45,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto note = [&](const std::string& line) {
     if (s->log_) s->log_->Write(absl::StrCat("tqkv-server: ", line));
   };
+  const bool data_on = !options.data_listen.empty() && options.data_listen != "off";
+  const std::string data_listen =
+      options.data_listen == "auto"
+          ? absl::StrCat(listen.first, ":", listen.second == 0 ? 0 : listen.second + 1)
+          : options.data_listen;
+  {  // Before anything binds or opens the store.
+    const bool auth = s->auth_->enabled();
+    std::vector<ListenerExposure> listeners = {{"--listen", options.listen, auth}};
+    if (data_on) listeners.push_back({"--data_listen", data_listen, auth});
+    if (!options.metrics_listen.empty())
+      listeners.push_back({"--metrics_listen", options.metrics_listen, auth});
+    std::string warning;
+    TQ_RETURN_IF_ERROR(CheckListeners(listeners, options.insecure_listen_any, &warning));
+    if (!warning.empty()) note(warning);
+  }
 
   if (options.clock == nullptr) s->owned_clock_ = std::make_unique<storage::RealClock>();
   s->clock_ = options.clock ? options.clock : s->owned_clock_.get();
@@ -77,17 +110,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat(mhost.first, ":", ports.empty() ? mhost.second : ports.front());
   }
 
-  s->env_ = RpcEnv{&s->auth_, s->rpc_metrics_.get(),
+  s->env_ = RpcEnv{s->auth_.get(), s->rpc_metrics_.get(),
                    options.log_rpc_errors ? s->log_.get() : nullptr};
   s->kv_handler_ = std::make_unique<KvStoreHandler>(s->service_.get(), &s->env_);
   s->admin_handler_ = std::make_unique<AdminHandler>(s->service_.get(), &s->env_);
 
   // The data plane first: Stats reports its address from the first call on.
-  if (!options.data_listen.empty() && options.data_listen != "off") {
+  if (data_on) {
     DataPlaneOptions dp;
-    dp.listen = options.data_listen == "auto"
-                    ? absl::StrCat(listen.first, ":", listen.second == 0 ? 0 : listen.second + 1)
-                    : options.data_listen;
+    dp.listen = data_listen;
     dp.threads = options.data_threads;
     dp.idle_timeout = options.data_idle_timeout;
     dp.max_connections = options.data_max_connections;
@@ -98,8 +129,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     s->service_->SetDataPlaneAddress(s->data_address_);
   }
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (options.grpc_reflection) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  } else {
+    builder.SetOption(std::make_unique<WithoutReflection>());
+  }
   int bound_port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -116,6 +151,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->address_ = absl::StrCat(listen.first, ":", bound_port);
   s->maintenance_ = std::thread([p = s.get()] { p->MaintenanceLoop(); });
   return s;
+}
+
+absl::Status Server::ReloadAuth() {
+  absl::StatusOr<std::string> r =
+      auth_->enabled() ? auth_->Reload()
+                       : absl::FailedPreconditionError("no --auth_tokens_file: nothing to reload");
+  if (log_) {
+    log_->Write(r.ok() ? absl::StrCat("tqkv-server: auth file ", options_.auth_tokens_file,
+                                      " reloaded: ", *r)
+                       : absl::StrCat("tqkv-server: auth file reload failed, the previous "
+                                      "tokens stay in force: ", r.status().ToString()));
+  }
+  return r.status();
 }
 
 void Server::MaintenanceLoop() {

@@ -39,12 +39,20 @@ class Registry;
 namespace tqkv::service {
 
 struct ServerOptions {
-  // gRPC address; port 0 picks a free port. Default: 0.0.0.0:50051.
-  std::string listen = "0.0.0.0:50051";
+  // gRPC address; port 0 picks a free port. Default: 127.0.0.1:50051.
+  // Every listener binds loopback only unless its callers are
+  // authenticated or insecure_listen_any is set (listen_policy.h).
+  std::string listen = "127.0.0.1:50051";
   // Data-plane address (bulk packed reads over plain TCP, see
   // data_plane.h): HOST:PORT; "auto" = the gRPC host and port + 1 (port 0
   // when the gRPC port is 0); "off" or empty disables it. Default: auto.
   std::string data_listen = "auto";
+  // Allow listeners beyond loopback without authentication (no auth file;
+  // for gRPC and metrics also no TLS). Start then writes one warning line
+  // to `log`. Default: false (Start fails with INVALID_ARGUMENT).
+  bool insecure_listen_any = false;
+  // Serve gRPC server reflection (grpc.reflection.v1alpha). Default: false.
+  bool grpc_reflection = false;
   // Data-plane event loops. Default: 2.
   int data_threads = 2;
   // Data-plane connections idle this long are closed. Default: 10 minutes.
@@ -52,8 +60,8 @@ struct ServerOptions {
   // Most data-plane connections served at once. Default: 4096.
   int data_max_connections = 4096;
   // Prometheus /metrics address; port 0 picks a free port; empty disables.
-  // Default: 0.0.0.0:9464.
-  std::string metrics_listen = "0.0.0.0:9464";
+  // Default: 127.0.0.1:9464.
+  std::string metrics_listen = "127.0.0.1:9464";
   // Directory of the RocksDB disk tier (created if missing); empty: no disk
   // tier (host memory only, nothing survives a restart). Default: ./data.
   std::string data_dir = "./data";
@@ -67,8 +75,8 @@ struct ServerOptions {
   int max_models_per_tenant = 256;
   // Largest gRPC message received or sent. Default: 64 MiB.
   int max_message_bytes = 64 << 20;
-  // `token tenant [admin]` lines; empty: auth off (tenant "default").
-  // Default: empty.
+  // Auth file (auth.h: `credential tenant [admin]` lines, mode 0600 or
+  // stricter); empty: auth off (tenant "default"). Default: empty.
   std::string auth_tokens_file;
   // CPU backend worker threads; -1: cores − 1. Default: -1.
   int threads = -1;
@@ -100,8 +108,10 @@ class Server {
  public:
   // Builds everything and starts serving. `cuda` is the CUDA backend
   // factory when linked (null otherwise). Errors: bad options
-  // (INVALID_ARGUMENT), backend selection errors, store open errors,
-  // UNAVAILABLE when an address cannot be bound.
+  // (INVALID_ARGUMENT, including an unauthenticated listener beyond
+  // loopback without insecure_listen_any), the auth file's errors
+  // (Authenticator::FromFile), backend selection errors, store open
+  // errors, UNAVAILABLE when an address cannot be bound.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
                                                         const CudaBackendFactory& cuda);
   // Shuts down if still running.
@@ -116,6 +126,11 @@ class Server {
   // Empty when metrics are disabled.
   const std::string& metrics_address() const { return metrics_address_; }
   std::string backend_name() const { return backend_->name(); }
+
+  // Re-reads the auth file (Authenticator::Reload) and logs the outcome;
+  // on failure the previous tokens stay in force. Errors: Reload's;
+  // FAILED_PRECONDITION when auth is off. Thread-safe.
+  absl::Status ReloadAuth();
   const std::string& backend_note() const { return backend_note_; }
 
   // Graceful: health turns NOT_SERVING, new calls are refused, in-flight
@@ -137,7 +152,7 @@ class Server {
   std::unique_ptr<ComputeBackend> backend_;
   std::string backend_note_;
   std::unique_ptr<KvService> service_;
-  Authenticator auth_;
+  std::unique_ptr<Authenticator> auth_ = std::make_unique<Authenticator>();
   std::unique_ptr<LineLog> log_;
   std::shared_ptr<prometheus::Registry> prom_registry_;
   std::unique_ptr<RpcMetrics> rpc_metrics_;

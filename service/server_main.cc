@@ -5,8 +5,9 @@
 //   tqkv-server listening on HOST:PORT
 //   tqkv-server data plane listening on HOST:PORT   (unless --data_listen=off)
 //   tqkv-server metrics listening on HOST:PORT      (unless metrics are off)
-// with the ports actually bound (useful with port 0). SIGTERM or SIGINT
-// shut it down gracefully (see Server::Shutdown) and it exits 0.
+// with the ports actually bound (useful with port 0). SIGHUP re-reads the
+// auth file (a bad file is logged and the previous tokens stay). SIGTERM or
+// SIGINT shut it down gracefully (see Server::Shutdown) and it exits 0.
 #include <signal.h>
 
 #include <cstdint>
@@ -21,7 +22,9 @@
 #include "gpu/cuda_backend.h"
 #include "service/server.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address HOST:PORT (port 0: any free port)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC listen address HOST:PORT (port 0: any free port). Beyond loopback needs "
+          "--auth_tokens_file or TLS, or --insecure_listen_any");
 ABSL_FLAG(std::string, data_listen, "auto",
           "data-plane address HOST:PORT for bulk packed reads over plain TCP (auto: the gRPC host "
           "and port + 1, or port 0 when --listen has port 0; off: disabled)");
@@ -30,8 +33,13 @@ ABSL_FLAG(int, data_idle_timeout_s, 600,
           "close data-plane connections idle this many seconds (an open put stream on one commits nothing)");
 ABSL_FLAG(int, data_max_connections, 4096,
           "most data-plane connections at once; one more gets RESOURCE_EXHAUSTED");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
-          "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled). "
+          "Beyond loopback needs --auth_tokens_file or TLS, or --insecure_listen_any");
+ABSL_FLAG(bool, insecure_listen_any, false,
+          "allow listening beyond loopback without authentication (no --auth_tokens_file; for "
+          "gRPC and metrics also no TLS); the server warns once at start");
+ABSL_FLAG(bool, grpc_reflection, false, "serve gRPC server reflection");
 ABSL_FLAG(std::string, data_dir, "./data",
           "directory of the RocksDB disk tier (created if missing; empty: no disk tier)");
 ABSL_FLAG(std::string, backend, "auto",
@@ -42,8 +50,9 @@ ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message received or se
 ABSL_FLAG(int, max_models_per_tenant, 256,
           "models one tenant may register; one more gets RESOURCE_EXHAUSTED (models on disk always load)");
 ABSL_FLAG(std::string, auth_tokens_file, "",
-          "file of `token tenant [admin]` lines; empty: auth off, every caller is tenant "
-          "\"default\" with admin rights");
+          "file of `credential tenant [admin]` lines (credential: a bearer token, x509-uri:URI "
+          "or x509-cn:NAME); mode 0600 or stricter; re-read on SIGHUP; empty: auth off, every "
+          "caller is tenant \"default\" with admin rights");
 ABSL_FLAG(int, threads, -1, "CPU backend worker threads (-1: cores - 1)");
 ABSL_FLAG(int, gpu_device, 0, "CUDA device ordinal of the cuda backend");
 ABSL_FLAG(uint64_t, gpu_arena_bytes, 0,
@@ -63,7 +72,8 @@ int main(int argc, char** argv) {
       "tqkv-server: GPU-resident KV-cache store with TurboQuant compression.\n"
       "Prints `tqkv-server listening on HOST:PORT` (and the data-plane and metrics addresses)\n"
       "once serving;\n"
-      "SIGTERM/SIGINT drain in-flight RPCs, spill host blocks to disk and exit 0.");
+      "SIGHUP re-reads the auth file; SIGTERM/SIGINT drain in-flight RPCs, spill host blocks\n"
+      "to disk and exit 0.");
   absl::FlagsUsageConfig usage;
   // --help lists this file's flags (absl's default looks for a file named
   // after the binary).
@@ -78,17 +88,20 @@ int main(int argc, char** argv) {
   // detection; that costs a measurable share of small-RPC throughput.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
-  // Block the shutdown signals in every thread (threads inherit the mask);
-  // the main thread collects them with sigwait.
+  // Block the shutdown and reload signals in every thread (threads inherit
+  // the mask); the main thread collects them with sigwait.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   tqkv::service::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.insecure_listen_any = absl::GetFlag(FLAGS_insecure_listen_any);
+  o.grpc_reflection = absl::GetFlag(FLAGS_grpc_reflection);
   o.data_listen = absl::GetFlag(FLAGS_data_listen);
   o.data_threads = absl::GetFlag(FLAGS_data_threads);
   o.data_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_idle_timeout_s));
@@ -129,7 +142,9 @@ int main(int argc, char** argv) {
             << "'" << std::endl;
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    (*server)->ReloadAuth().IgnoreError();  // logs its outcome
+  }
   std::cerr << "tqkv-server: signal " << sig << ", shutting down" << std::endl;
   absl::Status s = (*server)->Shutdown();
   server->reset();

@@ -1,15 +1,21 @@
-// Unit tests of the small service components: auth token files, backend
+// Unit tests of the small service components: auth files (tokens,
+// certificate identities, file modes, reload), the listen policy, backend
 // selection, the failed-call log's rate limit, the staging area, and
 // sequence idle expiry (fake clock).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <string>
 
 #include "codec/cpu_backend.h"
 #include "service/auth.h"
 #include "service/backend_select.h"
+#include "service/listen_policy.h"
 #include "service/model_registry.h"
 #include "service/rpc_scope.h"
 #include "service/sequence_manager.h"
@@ -37,25 +43,125 @@ TEST(LineLogTest, RateLimitedLinesAreCountedOnceTheSecondsAllowanceIsSpent) {
 TEST(AuthTest, ParsesTokenFilesAndAuthenticates) {
   auto a = Authenticator::FromString("# comment\n\ntok1 alpha admin\n  tok2\tbeta  \n");
   ASSERT_TRUE(a.ok()) << a.status();
-  auto id = a->Authenticate("Bearer tok1");
+  auto id = (*a)->Authenticate("Bearer tok1");
   ASSERT_TRUE(id.ok());
   EXPECT_EQ(id->tenant, "alpha");
   EXPECT_TRUE(id->admin);
-  id = a->Authenticate("Bearer tok2");
+  id = (*a)->Authenticate("Bearer tok2");
   ASSERT_TRUE(id.ok());
   EXPECT_EQ(id->tenant, "beta");
   EXPECT_FALSE(id->admin);
-  EXPECT_EQ(a->Authenticate("").status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(a->Authenticate("tok1").status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(a->Authenticate("Bearer tok3").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*a)->Authenticate("").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*a)->Authenticate("tok1").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*a)->Authenticate("Bearer tok3").status().code(), absl::StatusCode::kUnauthenticated);
+  // A prefix or an extension of a token is not the token.
+  EXPECT_EQ((*a)->Authenticate("Bearer tok").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*a)->Authenticate("Bearer tok11").status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_FALSE(Authenticator::FromString("tok1 alpha\ntok1 beta\n").ok());
   EXPECT_FALSE(Authenticator::FromString("tok1 alpha root\n").ok());
   EXPECT_FALSE(Authenticator::FromString("lonely\n").ok());
+  EXPECT_FALSE(Authenticator::FromString("x509-dns:a alpha\n").ok());
+  EXPECT_FALSE(Authenticator::FromString("x509-cn: alpha\n").ok());
   Authenticator off;
   auto anyone = off.Authenticate("");
   ASSERT_TRUE(anyone.ok());
   EXPECT_EQ(anyone->tenant, "default");
   EXPECT_TRUE(anyone->admin);
+  EXPECT_EQ((*a)->Reload().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(AuthTest, CertificatesMapToTenantsAndMustAgreeWithTheToken) {
+  auto a = Authenticator::FromString(
+      "x509-uri:spiffe://tqkv/a alpha\nx509-cn:ops-box ops admin\ntok-a alpha\ntok-b beta\n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->uses_certificates());
+  const PeerCertificate by_uri{{"https://other", "spiffe://tqkv/a"}, "ops-box"};
+  auto id = (*a)->Authenticate("", &by_uri);  // the URI wins over the CN
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->tenant, "alpha");
+  EXPECT_FALSE(id->admin);
+  const PeerCertificate by_cn{{}, "ops-box"};
+  id = (*a)->Authenticate("", &by_cn);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->tenant, "ops");
+  EXPECT_TRUE(id->admin);
+  const PeerCertificate unmapped{{"spiffe://tqkv/z"}, "nobody"};
+  EXPECT_EQ((*a)->Authenticate("", &unmapped).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE((*a)->Authenticate("Bearer tok-a", &by_uri).ok());
+  EXPECT_EQ((*a)->Authenticate("Bearer tok-b", &by_uri).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // A certificate is no help when the token is bad.
+  EXPECT_EQ((*a)->Authenticate("Bearer nope", &by_uri).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+// Writes `contents` to a fresh file with `mode`; returns its path.
+std::string WriteFile(const std::string& contents, mode_t mode) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(base ? base : "/tmp") + "/authXXXXXX";
+  const int fd = mkstemp(path.data());
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(write(fd, contents.data(), contents.size()), static_cast<ssize_t>(contents.size()));
+  fchmod(fd, mode);
+  close(fd);
+  return path;
+}
+
+TEST(AuthTest, FileReadableByOthersIsRefusedNamingItsMode) {
+  const std::string path = WriteFile("tok alpha\n", 0644);
+  auto a = Authenticator::FromFile(path);
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+  EXPECT_NE(a.status().message().find(path), std::string::npos) << a.status();
+  EXPECT_NE(a.status().message().find("0644"), std::string::npos) << a.status();
+  chmod(path.c_str(), 0640);
+  EXPECT_EQ(Authenticator::FromFile(path).status().code(), absl::StatusCode::kFailedPrecondition);
+  chmod(path.c_str(), 0600);
+  EXPECT_TRUE(Authenticator::FromFile(path).ok());
+  EXPECT_EQ(Authenticator::FromFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(AuthTest, ReloadSwapsTokensAndABadFileKeepsTheOldOnes) {
+  const std::string path = WriteFile("old alpha\n", 0600);
+  auto a = Authenticator::FromFile(path);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::ofstream(path, std::ios::trunc) << "new alpha\nnew2 beta admin\n";
+  auto r = (*a)->Reload();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, "2 tokens, 0 certificate identities");
+  EXPECT_EQ((*a)->Authenticate("Bearer old").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE((*a)->Authenticate("Bearer new").ok());
+  std::ofstream(path, std::ios::trunc) << "broken line with four\n";
+  EXPECT_EQ((*a)->Reload().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*a)->Authenticate("Bearer new").ok());
+  chmod(path.c_str(), 0604);
+  EXPECT_EQ((*a)->Reload().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*a)->Authenticate("Bearer new2").ok());
+}
+
+TEST(ListenPolicyTest, LoopbackHosts) {
+  for (const char* h : {"127.0.0.1", "127.8.9.10", "localhost", "::1", "[::1]"})
+    EXPECT_TRUE(IsLoopbackHost(h)) << h;
+  for (const char* h : {"0.0.0.0", "[::]", "::", "10.0.0.1", "128.0.0.1", "example.com", "", "[::2]"})
+    EXPECT_FALSE(IsLoopbackHost(h)) << h;
+}
+
+TEST(ListenPolicyTest, UnprotectedListenersBeyondLoopbackNeedTheFlag) {
+  std::string warning = "stale";
+  EXPECT_TRUE(CheckListeners({{"--listen", "127.0.0.1:1", false}, {"--data_listen", "0.0.0.0:2", true}},
+                             false, &warning)
+                  .ok());
+  EXPECT_EQ(warning, "");
+  const std::vector<ListenerExposure> open = {{"--listen", "0.0.0.0:1", false},
+                                              {"--metrics_listen", "[::]:3", false}};
+  absl::Status s = CheckListeners(open, false, &warning);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--listen=0.0.0.0:1, --metrics_listen=[::]:3"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--insecure_listen_any"), std::string::npos) << s;
+  ASSERT_TRUE(CheckListeners(open, true, &warning).ok());
+  EXPECT_NE(warning.find("WARNING"), std::string::npos);
+  EXPECT_NE(warning.find("--listen=0.0.0.0:1"), std::string::npos);
+  EXPECT_EQ(CheckListeners({{"--listen", "nonsense", true}}, false, &warning).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 class FakeBackend : public CpuBackend {

@@ -3,6 +3,7 @@
 // case, each against a fresh real server. Every put goes over gRPC and
 // over the data plane, which must answer with the same code.
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
 #include <fstream>
 
@@ -440,6 +441,7 @@ class AuthTest : public ServerTest {
     std::ofstream(dir + "/tokens") << "# token tenant [admin]\n"
                                    << "tok-a alpha admin\n"
                                    << "tok-b beta\n";
+    chmod((dir + "/tokens").c_str(), 0600);  // the server refuses files others may read
     StartServer({"--auth_tokens_file=" + dir + "/tokens"});
   }
   std::unique_ptr<client::Client> As(const std::string& token) {

@@ -9,6 +9,7 @@
 #include <netdb.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -774,6 +775,7 @@ TEST_F(DataPlaneTest, TenancyComesFromTheToken) {
   data_dir_.clear();
   const std::string dir = MakeTempDir("tokens");
   std::ofstream(dir + "/tokens") << "tok-a alpha\ntok-b beta\n";
+  chmod((dir + "/tokens").c_str(), 0600);  // the server refuses files others may read
   StartServer({"--auth_tokens_file=" + dir + "/tokens"});
   client::ClientOptions o;
   o.target = server_->address();

@@ -1,6 +1,7 @@
 #include "tests/server_process.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -39,20 +41,38 @@ std::string MakeTempDir(const std::string& prefix) {
   return d ? std::string(d) : std::string();
 }
 
+std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::string& data_dir, const std::vector<std::string>& flags) {
+    const std::string& data_dir, const std::vector<std::string>& flags, const ServerLaunch& launch) {
   int fds[2];
   if (pipe(fds) != 0) return absl::InternalError("pipe failed");
-  std::vector<std::string> args = {ServerBinary(), "--listen=127.0.0.1:0",
-                                   "--metrics_listen=127.0.0.1:0", "--data_dir=" + data_dir,
-                                   "--threads=1", "--backend=" + TestBackend()};
+  std::vector<std::string> args = launch.wrapper;
+  args.push_back(ServerBinary());
+  if (!launch.default_addresses) {
+    args.push_back("--listen=127.0.0.1:0");
+    args.push_back("--metrics_listen=127.0.0.1:0");
+  }
+  for (const std::string& a : {"--data_dir=" + data_dir, std::string("--threads=1"),
+                               "--backend=" + TestBackend()})
+    args.push_back(a);
   args.insert(args.end(), flags.begin(), flags.end());
+  int err_fd = -1;
+  if (!launch.stderr_path.empty()) {
+    err_fd = open(launch.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (err_fd < 0) return absl::InternalError("cannot create " + launch.stderr_path);
+  }
   std::vector<char*> argv;  // built before fork: the child only execs
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
+    if (err_fd >= 0) dup2(err_fd, 2);
     dup2(fds[1], 1);
     close(fds[0]);
     close(fds[1]);
@@ -60,6 +80,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     _exit(127);
   }
   close(fds[1]);
+  if (err_fd >= 0) close(err_fd);
   auto p = std::unique_ptr<ServerProcess>(new ServerProcess());
   p->pid_ = pid;
   p->stdout_fd_ = fds[0];
@@ -112,6 +133,10 @@ int ServerProcess::Stop() {
   if (pid_ <= 0) return -1000;
   kill(pid_, SIGTERM);
   return Wait();
+}
+
+void ServerProcess::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
 }
 
 void ServerProcess::Kill() {

@@ -14,13 +14,27 @@
 
 namespace tqkv::testing {
 
+// How ServerProcess::Start runs the binary beyond its flags.
+struct ServerLaunch {
+  // Leave out --listen and --metrics_listen (the server's defaults apply).
+  // Default: false.
+  bool default_addresses = false;
+  // argv words the server runs under (e.g. {"/usr/bin/unshare", "-rn"}: it
+  // must exec the server in the same process). Default: none.
+  std::vector<std::string> wrapper;
+  // File the server's stderr goes to; empty: the test's stderr.
+  std::string stderr_path;
+};
+
 class ServerProcess {
  public:
   // Starts `tqkv-server --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0
   // --data_dir <data_dir> --threads=1 --backend=<TestBackend()> <flags...>` and waits (up to 30 s) for both
-  // "listening on" lines. UNAVAILABLE if the process exits first.
+  // "listening on" lines. UNAVAILABLE if the process exits first (the
+  // message holds its exit code).
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const std::string& data_dir,
-                                                              const std::vector<std::string>& flags);
+                                                              const std::vector<std::string>& flags,
+                                                              const ServerLaunch& launch = {});
   // SIGKILLs the process if it is still running.
   ~ServerProcess();
 
@@ -34,6 +48,8 @@ class ServerProcess {
   int Stop();
   // SIGKILL and wait.
   void Kill();
+  // Sends `sig` (e.g. SIGHUP) and returns at once.
+  void Signal(int sig);
 
  private:
   int Wait();
@@ -48,6 +64,8 @@ std::string ServerBinary();
 std::string TestBackend();
 // A fresh empty directory under $TEST_TMPDIR.
 std::string MakeTempDir(const std::string& prefix);
+// Contents of `path` ("" if unreadable).
+std::string ReadFileOrEmpty(const std::string& path);
 // Body of GET http://address/path (HTTP/1.0), or an error.
 absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);
 // Runs `promtool check metrics` on `text`; returns its combined output and

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing and starts tqkv-server on its embedded defaults:
-# gRPC on 0.0.0.0:50051, Prometheus /metrics on 0.0.0.0:9464, RocksDB spill
+# gRPC on 127.0.0.1:50051, Prometheus /metrics on 127.0.0.1:9464, RocksDB spill
 # under ./data, the CUDA backend when a GPU is usable, else the CPU backend.
 # Extra arguments go to the server (e.g. --listen 127.0.0.1:6000);
 # `tools/serve.sh --help` lists every flag.
