@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "service/grpc_status.h"
+#include "service/tls.h"
 
 namespace tqkv::service {
 namespace {
@@ -10,6 +11,12 @@ std::string Authorization(grpc::CallbackServerContext* ctx) {
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
   return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+absl::StatusOr<Identity> Authenticate(const Authenticator& auth, grpc::CallbackServerContext* ctx) {
+  if (!auth.uses_certificates()) return auth.Authenticate(Authorization(ctx));
+  const PeerCertificate peer = PeerCertificateOf(*ctx);
+  return auth.Authenticate(Authorization(ctx), &peer);
 }
 
 }  // namespace
@@ -43,7 +50,7 @@ RpcScope::RpcScope(const RpcEnv& env, const char* method, grpc::CallbackServerCo
       method_(method),
       ctx_(ctx),
       start_(std::chrono::steady_clock::now()),
-      identity_(env.auth->Authenticate(Authorization(ctx))) {}
+      identity_(Authenticate(*env.auth, ctx)) {}
 
 void RecordCall(const RpcEnv& env, const char* method, const std::string& peer,
                 const absl::Status& status, double seconds) {

@@ -66,7 +66,8 @@ class RpcScope {
   RpcScope(const RpcScope&) = delete;
   RpcScope& operator=(const RpcScope&) = delete;
 
-  // The caller, or UNAUTHENTICATED.
+  // The caller (from the bearer token and, where the auth file maps
+  // certificates, the verified client certificate), or UNAUTHENTICATED.
   const absl::StatusOr<Identity>& identity() const { return identity_; }
   // Records and logs the outcome; returns the status to send.
   grpc::Status Finish(const absl::Status& status);

@@ -50,12 +50,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       options.data_listen == "auto"
           ? absl::StrCat(listen.first, ":", listen.second == 0 ? 0 : listen.second + 1)
           : options.data_listen;
+  TQ_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      ServerCredentials(options.tls));
   {  // Before anything binds or opens the store.
     const bool auth = s->auth_->enabled();
-    std::vector<ListenerExposure> listeners = {{"--listen", options.listen, auth}};
+    const bool tls = options.tls.enabled();
+    std::vector<ListenerExposure> listeners = {{"--listen", options.listen, auth || tls}};
     if (data_on) listeners.push_back({"--data_listen", data_listen, auth});
     if (!options.metrics_listen.empty())
-      listeners.push_back({"--metrics_listen", options.metrics_listen, auth});
+      listeners.push_back({"--metrics_listen", options.metrics_listen, auth || tls});
     std::string warning;
     TQ_RETURN_IF_ERROR(CheckListeners(listeners, options.insecure_listen_any, &warning));
     if (!warning.empty()) note(warning);
@@ -136,7 +139,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     builder.SetOption(std::make_unique<WithoutReflection>());
   }
   int bound_port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(options.listen, credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   // Large HTTP/2 frames and an eager flow-control window: block payloads are

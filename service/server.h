@@ -28,6 +28,7 @@
 #include "service/model_registry.h"
 #include "service/net_address.h"
 #include "service/rpc_scope.h"
+#include "service/tls.h"
 #include "storage/block_store.h"
 #include "storage/clock.h"
 
@@ -53,6 +54,9 @@ struct ServerOptions {
   bool insecure_listen_any = false;
   // Serve gRPC server reflection (grpc.reflection.v1alpha). Default: false.
   bool grpc_reflection = false;
+  // TLS (and mTLS) on the gRPC listener; the data plane and metrics stay
+  // plain TCP. Default: off.
+  ServerTlsOptions tls;
   // Data-plane event loops. Default: 2.
   int data_threads = 2;
   // Data-plane connections idle this long are closed. Default: 10 minutes.

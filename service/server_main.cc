@@ -40,6 +40,16 @@ ABSL_FLAG(bool, insecure_listen_any, false,
           "allow listening beyond loopback without authentication (no --auth_tokens_file; for "
           "gRPC and metrics also no TLS); the server warns once at start");
 ABSL_FLAG(bool, grpc_reflection, false, "serve gRPC server reflection");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain of the gRPC listener; set (with --tls_key_file): gRPC serves "
+          "TLS only. The data plane and metrics stay plain TCP");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle; set: mutual TLS, every gRPC client must present a certificate it "
+          "verifies (tenants from certificates: x509-uri:/x509-cn: lines in --auth_tokens_file)");
+ABSL_FLAG(int, tls_reload_interval_s, 60,
+          "how often the TLS certificate, key and client CA files are re-read (new handshakes "
+          "use the new ones; no restart)");
 ABSL_FLAG(std::string, data_dir, "./data",
           "directory of the RocksDB disk tier (created if missing; empty: no disk tier)");
 ABSL_FLAG(std::string, backend, "auto",
@@ -102,6 +112,10 @@ int main(int argc, char** argv) {
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.insecure_listen_any = absl::GetFlag(FLAGS_insecure_listen_any);
   o.grpc_reflection = absl::GetFlag(FLAGS_grpc_reflection);
+  o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  o.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  o.tls.reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_interval_s));
   o.data_listen = absl::GetFlag(FLAGS_data_listen);
   o.data_threads = absl::GetFlag(FLAGS_data_threads);
   o.data_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_idle_timeout_s));

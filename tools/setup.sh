@@ -12,11 +12,13 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev libxxhash-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libssl-dev  # token digests, TLS file checks
   # tests and benchmarks
   prometheus redis-server redis-tools
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest
   libhiredis-dev  # bench/service_bench (Redis baseline client)
   curl procps
+  openssl  # the TLS tests make their certificates with the CLI
 )
 
 missing=()

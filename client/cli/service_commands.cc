@@ -1,6 +1,8 @@
 // `tqkv` subcommands that talk to a running tqkv-server through the C++
 // client (client/cpp). Every command takes --server HOST:PORT (default
-// localhost:50051), --token T and --timeout_ms MS.
+// localhost:50051), --token T and --timeout_ms MS, and for TLS on gRPC
+// --tls_ca FILE (or `system` for the system's root CAs), --tls_cert FILE
+// --tls_key FILE (mutual TLS) and --tls_server_name NAME.
 //
 //   status                        health and backend; exit 1 unless SERVING
 //   stats  [--model_id ID]        per-model blocks and bytes by tier
@@ -33,7 +35,8 @@ namespace tqkv::cli {
 namespace {
 
 // Flag names shared by the commands (constexpr arrays: no global objects).
-constexpr const char* kCommon[] = {"server", "token", "timeout_ms", "help"};
+constexpr const char* kCommon[] = {"server",   "token",    "timeout_ms",      "help",
+                                   "tls_ca",   "tls_cert", "tls_key",         "tls_server_name"};
 constexpr const char* kModel[] = {"model",      "layers", "kv_heads", "q_heads", "head_dim",
                                   "block_size", "format", "blocks",   "seed"};
 
@@ -66,6 +69,12 @@ absl::StatusOr<std::unique_ptr<client::Client>> MakeClient(const Args& a) {
   auto ms = a.GetInt("timeout_ms", 30000);
   if (!ms.ok()) return ms.status();
   o.deadline = absl::Milliseconds(*ms);
+  const std::string ca = a.Get("tls_ca", "");
+  o.tls = ca == "system";
+  if (!o.tls) o.tls_ca_file = ca;
+  o.tls_cert_file = a.Get("tls_cert", "");
+  o.tls_key_file = a.Get("tls_key", "");
+  o.tls_server_name = a.Get("tls_server_name", "");
   return client::Client::Connect(o);
 }
 
@@ -372,6 +381,7 @@ int Bench(const Args& a, Ctx& c) {
 void Usage(const std::string& cmd, std::ostream& out) {
   out << "usage: tqkv " << cmd
       << " [--server HOST:PORT] [--token T] [--timeout_ms MS]"
+         " [--tls_ca FILE|system [--tls_cert FILE --tls_key FILE] [--tls_server_name NAME]]"
          " [--model NAME --layers L --kv_heads H --q_heads Q --head_dim D --block_size B"
          " --format F] [--blocks N --seed S] [--durable] [--dense] [--threads T --rounds R]"
          " [--model_id ID] [--data HOST:PORT (put, get, bench: over the data plane)]\n";

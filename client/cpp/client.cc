@@ -1,6 +1,8 @@
 #include "client/cpp/client.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -12,11 +14,46 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-Client::Client(const ClientOptions& options) : options_(options) {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const ClientOptions& o) {
+  if (!o.use_tls()) return grpc::InsecureChannelCredentials();
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty())
+    return absl::InvalidArgumentError("tls_cert_file and tls_key_file go together");
+  grpc::SslCredentialsOptions ssl;
+  if (!o.tls_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadFile(o.tls_ca_file);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+  }
+  if (!o.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadFile(o.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadFile(o.tls_key_file);
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *std::move(cert);
+    ssl.pem_private_key = *std::move(key);
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+Client::Client(const ClientOptions& options, std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : options_(options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  channel_ = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  channel_ = grpc::CreateCustomChannel(options.target, credentials, args);
   kv_ = v1::KvStore::NewStub(channel_);
   admin_ = v1::Admin::NewStub(channel_);
   health_ = grpc::health::v1::Health::NewStub(channel_);
@@ -25,7 +62,9 @@ Client::Client(const ClientOptions& options) : options_(options) {
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("client target is empty");
   if (options.max_attempts < 1) return absl::InvalidArgumentError("max_attempts must be >= 1");
-  return std::unique_ptr<Client>(new Client(options));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(options);
+  if (!credentials.ok()) return credentials.status();
+  return std::unique_ptr<Client>(new Client(options, *std::move(credentials)));
 }
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {

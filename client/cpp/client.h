@@ -45,6 +45,22 @@ struct ClientOptions {
   std::string token;
   // Largest message sent or received. Default: 64 MiB.
   int max_message_bytes = 64 << 20;
+  // TLS: connect with TLS, verifying the server's certificate against
+  // tls_ca_file (PEM) or, when that is empty, the system's root CAs.
+  // Setting any tls_* file implies it. Default: false (plaintext).
+  bool tls = false;
+  std::string tls_ca_file;
+  // Client certificate chain and key (PEM) for servers that require mutual
+  // TLS; both or neither. Default: empty.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Name the server's certificate must carry, when it is not the host of
+  // `target` (e.g. connecting by IP address). Default: empty.
+  std::string tls_server_name;
+
+  bool use_tls() const {
+    return tls || !tls_ca_file.empty() || !tls_cert_file.empty() || !tls_key_file.empty();
+  }
 };
 
 // grpc::Status → absl::Status (same code and message).
@@ -52,8 +68,10 @@ absl::Status FromGrpc(const grpc::Status& s);
 
 class Client {
  public:
-  // Creates the channel (connection is lazy). INVALID_ARGUMENT for an empty
-  // target.
+  // Creates the channel (connection is lazy; a failed TLS handshake shows
+  // as UNAVAILABLE on the calls). INVALID_ARGUMENT for an empty target or
+  // only one of tls_cert_file/tls_key_file; NOT_FOUND when a TLS file
+  // cannot be read.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
   // SERVING → true, NOT_SERVING → false; errors as statuses.
@@ -82,7 +100,7 @@ class Client {
   const ClientOptions& options() const { return options_; }
 
  private:
-  explicit Client(const ClientOptions& options);
+  Client(const ClientOptions& options, std::shared_ptr<grpc::ChannelCredentials> credentials);
   // Runs attempt(ctx) with retries on UNAVAILABLE.
   absl::Status WithRetry(const std::function<grpc::Status(grpc::ClientContext*)>& attempt);
 

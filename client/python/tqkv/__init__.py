@@ -8,7 +8,7 @@
         c.lookup(m, [b"h0", b"h1"]).hits                   # 1
         c.get_blocks(m, [b"h0"], dense=True)[0].k           # dequantized fp16
 """
-from .client import Client, Sequence
+from .client import Client, Sequence, tls_credentials
 from .data_plane import DataPlane
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, TqkvError,
@@ -24,5 +24,5 @@ __all__ = [
     "TqkvError", "InvalidArgument", "NotFound", "FailedPrecondition", "AlreadyExists",
     "ResourceExhausted", "DataLoss", "Unavailable", "Unauthenticated", "PermissionDenied",
     "DeadlineExceeded", "Aborted", "bf16_to_float32", "float32_to_bf16",
-    "LayerwiseLoader", "LayerwiseSaver",
+    "LayerwiseLoader", "LayerwiseSaver", "tls_credentials",
 ]
