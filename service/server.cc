@@ -62,6 +62,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     std::string warning;
     TQ_RETURN_IF_ERROR(CheckListeners(listeners, options.insecure_listen_any, &warning));
     if (!warning.empty()) note(warning);
+    if (s->auth_->uses_certificates() && !options.tls.mutual())
+      note("the auth file maps client certificates, but without --tls_client_ca_file no "
+           "certificate is verified: those lines identify nobody");
   }
 
   if (options.clock == nullptr) s->owned_clock_ = std::make_unique<storage::RealClock>();

@@ -183,6 +183,8 @@ TEST(SafeDefaultsTest, SighupReloadsTokensAndABadFileKeepsTheOldOnes) {
       << ReadFileOrEmpty(launch.stderr_path);
   EXPECT_NE(ReadFileOrEmpty(launch.stderr_path).find("has mode 0644"), std::string::npos);
   EXPECT_TRUE(new_client->Stats(v1::StatsRequest()).ok());
+  old_client.reset();  // open channels would hold up the graceful stop
+  new_client.reset();
   EXPECT_EQ(p.value()->Stop(), 0);
 }
 
