@@ -211,6 +211,17 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   a.k_base = dkpad.as<uint8_t>();
   a.v_base = dvpad.as<uint8_t>();
   a.block_stride = static_cast<int64_t>(stride);
+  // The same tables as separate per-sequence tables (AttentionLaunch::
+  // seq_tables) in reverse order, max_blocks readable entries after each;
+  // the launch's block_table then points every block at a poisoned page.
+  std::vector<int32_t> moved((nseq + 1) * max_blocks, perm.back()), poisoned(table.size(), perm.back());
+  for (int s = 0; s < nseq; ++s)
+    std::copy(table.begin() + s * max_blocks, table.begin() + (s + 1) * max_blocks,
+              moved.begin() + (nseq - 1 - s) * max_blocks);
+  DeviceBuffer dmoved = ToDevice(moved), dpoisoned = ToDevice(poisoned);
+  std::vector<const int32_t*> seq_ptrs(nseq);
+  for (int s = 0; s < nseq; ++s) seq_ptrs[s] = dmoved.as<int32_t>() + (nseq - 1 - s) * max_blocks;
+  DeviceBuffer dseq_ptrs = ToDevice(seq_ptrs);
   AttentionDevice dev;
   ASSERT_EQ(ProbeAttentionDevice(0, &dev), cudaSuccess);
   AttentionPlan served;
@@ -221,19 +232,25 @@ TEST_P(AttentionKernels, MatchesFp64ReferenceOverDequantizedKv) {
   // Every served kernel that can run the launch, the plan's choice first;
   // the kernels that rotate their own queries run once more with the K
   // signs through the descriptors (k_signs null).
+  // Each runs again with per-sequence tables.
   struct Run {
     AttnKernel kernel;
     bool signs;
+    bool seq_tables = false;
   };
   std::vector<Run> runs;
   for (AttnKernel k : EligibleAttentionKernels(a, dev)) {
     runs.push_back({k, true});
+    runs.push_back({k, true, true});
     if (k_signs != nullptr && (k == AttnKernel::kRowSets || k == AttnKernel::kStagedTma)) runs.push_back({k, false});
   }
   ASSERT_FALSE(runs.empty());
   for (const Run& run : runs) {
-    SCOPED_TRACE(std::string(AttnKernelName(run.kernel)) + (run.signs ? "" : " (signs through the descriptors)"));
+    SCOPED_TRACE(std::string(AttnKernelName(run.kernel)) + (run.signs ? "" : " (signs through the descriptors)") +
+                 (run.seq_tables ? " (per-sequence tables)" : ""));
     a.k_signs = run.signs ? k_signs : nullptr;
+    a.block_table = run.seq_tables ? dpoisoned.as<int32_t>() : dt.as<int32_t>();
+    a.seq_tables = run.seq_tables ? dseq_ptrs.as<const int32_t*>() : nullptr;
     AttentionPlan plan;
     ASSERT_EQ(PlanAttention(a, dev, &plan, {.splits = c.splits, .kernel = run.kernel}), cudaSuccess);
     DeviceBuffer ws = *DeviceBuffer::Allocate(plan.workspace_bytes);

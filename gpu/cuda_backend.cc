@@ -14,11 +14,14 @@
 #include "gpu/cuda_util.h"
 #include "gpu/kernels.h"
 #include "gpu/scatter.h"
+#include "gpu/seq_tables.h"
 
 namespace tqkv::gpu {
 namespace {
 
 size_t Align(size_t n) { return (n + 255) / 256 * 256; }
+
+constexpr size_t kMaxSeqTables = 16384;  // keyed sequences' tables kept (beyond: dropped, rebuilt on demand)
 
 // Lays out several host arrays in one pinned buffer and one device buffer so
 // that a call needs a single host-to-device copy.
@@ -49,13 +52,15 @@ DType SharedDType(std::span<const Item> items) {
 class CudaBackend : public ComputeBackend {
  public:
   CudaBackend(const CudaBackendOptions& o, CudaStream stream, CudaEvent attend_start, CudaEvent attend_stop,
-              std::unique_ptr<DeviceBlockCache> cache, std::unique_ptr<DeviceBlockCache> tail_cache, const AttentionDevice& device)
+              std::unique_ptr<DeviceBlockCache> cache, std::unique_ptr<DeviceBlockCache> tail_cache,
+              std::unique_ptr<DeviceSeqTables> seq_tables, const AttentionDevice& device)
       : options_(o),
         stream_(std::move(stream)),
         attend_start_(std::move(attend_start)),
         attend_stop_(std::move(attend_stop)),
         cache_(std::move(cache)),
         device_(device),
+        seq_tables_(std::move(seq_tables)),
         tail_cache_(std::move(tail_cache)) {}
 
   std::string name() const override { return "cuda"; }
@@ -233,16 +238,18 @@ class CudaBackend : public ComputeBackend {
     int32_t max_blocks = 1;
     for (const AttendSequence& q : b.sequences)
       max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(q.blocks.size()));
-    std::vector<int32_t> table(nseq * max_blocks, 0);
+    CallTables tables_of;
     Uploads up;
-    TQ_RETURN_IF_ERROR(BlockSlots(codec, b, max_blocks, &table, &up));
+    TQ_RETURN_IF_ERROR(BlockSlots(codec, b, max_blocks, &tables_of, &up));
     const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
     const size_t qrow = static_cast<size_t>(b.shape.q_heads) * s.head_dim;
     std::vector<int64_t> tail_offset(nseq, 0);
     const TailPlan tails = PlanTails(b, row, &tail_offset, &up);
 
     Staging st;
+    const std::vector<int32_t>& table = tables_of.staged;
     const size_t table_off = st.Add(table.size() * sizeof(int32_t));
+    const size_t ptrs_off = st.Add(tables_of.pointers ? nseq * sizeof(int32_t*) : 0);
     const size_t packed_off = st.Add(nseq * sizeof(int64_t));
     const size_t tailoff_off = st.Add(nseq * sizeof(int64_t));
     const size_t qseq_off = st.Add(nq * sizeof(int32_t));
@@ -315,6 +322,16 @@ class CudaBackend : public ComputeBackend {
     TQ_RETURN_IF_ERROR(dev_.Reserve(ws_off + ws));
     uint8_t* d = dev_.as<uint8_t>();
     a.block_table = reinterpret_cast<const int32_t*>(d + table_off);
+    if (!tables_of.pointers && !tables_of.device.empty() && tables_of.device[0] != nullptr) {
+      a.block_table = tables_of.device[0];  // one sequence, its table on the device
+    } else if (tables_of.pointers) {
+      auto* ptrs = reinterpret_cast<const int32_t**>(h + ptrs_off);
+      for (size_t i = 0; i < nseq; ++i)
+        ptrs[i] = tables_of.device[i] != nullptr
+                      ? tables_of.device[i]
+                      : reinterpret_cast<const int32_t*>(d + table_off) + tables_of.staged_row[i] * max_blocks;
+      a.seq_tables = reinterpret_cast<const int32_t* const*>(d + ptrs_off);
+    }
     a.packed_tokens = reinterpret_cast<const int64_t*>(d + packed_off);
     a.tail_offset = reinterpret_cast<const int64_t*>(d + tailoff_off);
     a.tail_k = tails.cached ? tail_cache_->base() : d + tk_off;
@@ -363,7 +380,7 @@ class CudaBackend : public ComputeBackend {
     layers_.erase(id);
     tail_cache_->Forget(id);
     tail_rows_.erase(id);
-    seq_slots_.erase(id);
+    seq_tables_->Forget(id);
   }
 
   BackendStats Stats() const override {
@@ -400,18 +417,31 @@ class CudaBackend : public ComputeBackend {
     std::vector<Piece> pieces;
   };
 
-  // Fills `table` (row i: sequence i's arena slots) and the uploads the
-  // call needs. A sequence with a key keeps its slots between calls while
-  // the arena's generation is unchanged: only blocks past the remembered
-  // prefix are acquired. If this call's own Acquires evict anything, the
-  // reused prefixes are acquired again. Blocks being filled
-  // (BlockRef::complete false) copy only this call's layer, once.
-  absl::Status BlockSlots(const ModelCodec& codec, const AttendBatch& b, int32_t max_blocks,
-                          std::vector<int32_t>* table, Uploads* up) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Where each sequence's block table is for the kernels: its device copy
+  // (keyed sequences, SeqTable), or a row of max_blocks entries of the
+  // call's staged table.
+  struct CallTables {
+    std::vector<const int32_t*> device;  // per sequence; null: staged_row
+    std::vector<int32_t> staged_row;     // per sequence; -1: device
+    std::vector<int32_t> staged;         // [rows, max_blocks]
+    // The kernels take per-sequence pointers (AttentionLaunch::seq_tables);
+    // false: block_table is the staged table (every row staged, in order)
+    // or the one sequence's device copy.
+    bool pointers = false;
+  };
+
+  // Acquires every sequence's blocks in the arena, fills `tables` and the
+  // uploads the call needs. A keyed sequence's table (DeviceSeqTables) keeps
+  // its slots, and their device copy, between calls while the arena's
+  // generation is unchanged: only blocks past the kept prefix are acquired
+  // and uploaded. If this call's own Acquires evict anything, the kept
+  // prefixes are acquired again. Blocks being filled (BlockRef::complete
+  // false) copy only this call's layer, once.
+  absl::Status BlockSlots(const ModelCodec& codec, const AttendBatch& b, int32_t max_blocks, CallTables* tables,
+                          Uploads* up) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int l = b.layer;
     const size_t nseq = b.sequences.size();
     const uint64_t gen0 = cache_->generation();
-    std::vector<size_t> reused(nseq, 0);  // slots of sequence i taken from its remembered list
     // Layer l of a block being filled, copied once into its slot.
     auto ensure_layer = [&](const BlockRef& r, int32_t slot, bool miss) {
       std::vector<bool>& have = layers_[r.id];
@@ -426,69 +456,87 @@ class CudaBackend : public ComputeBackend {
       }
       have[l] = true;
     };
-    auto acquire = [&](size_t i, size_t from) -> absl::Status {
+    std::vector<SeqTable> unkeyed;  // this call's tables of sequences without a key
+    unkeyed.reserve(nseq);
+    std::vector<SeqTable*> tab(nseq);
+    auto acquire = [&](size_t i) -> absl::Status {
       const AttendSequence& q = b.sequences[i];
-      for (size_t j = from; j < q.blocks.size(); ++j) {
+      SeqTable& t = *tab[i];
+      for (size_t j = t.size(); j < q.blocks.size(); ++j) {
         const BlockRef& r = q.blocks[j];
         bool miss = false;
         TQ_ASSIGN_OR_RETURN(int32_t slot, cache_->Acquire(r.id, epoch_, codec.block_bytes(), &miss));
-        (*table)[i * max_blocks + j] = slot;
+        t.Push(r, slot);
         if (!r.complete) ensure_layer(r, slot, miss);
         else if (miss) up->blocks.emplace_back(slot, r.payload);
       }
       return absl::OkStatus();
     };
+    seq_tables_->Reserve(nseq);
+    std::vector<size_t> kept(nseq, 0);
     for (size_t i = 0; i < nseq; ++i) {
       const AttendSequence& q = b.sequences[i];
-      size_t from = 0;
-      if (q.sequence_key != 0) {
-        auto it = seq_slots_.find(q.sequence_key);
-        if (it != seq_slots_.end() && it->second.generation == gen0) {
-          const SeqSlots& known = it->second;
-          const size_t n = std::min(known.ids.size(), q.blocks.size());
-          while (from < n && known.ids[from] == q.blocks[from].id) ++from;
-          std::copy(known.slots.begin(), known.slots.begin() + from, table->begin() + i * max_blocks);
-          // Blocks being filled may lack this layer: acquired (so this
-          // call's copies go to slots no later Acquire can take).
-          for (size_t j = 0; j < from; ++j) {
-            const BlockRef& r = q.blocks[j];
-            if (r.complete) continue;
-            bool miss = false;
-            TQ_ASSIGN_OR_RETURN(int32_t slot, cache_->Acquire(r.id, epoch_, codec.block_bytes(), &miss));
-            (*table)[i * max_blocks + j] = slot;
-            ensure_layer(r, slot, miss);
+      if (q.sequence_key == 0) {
+        tab[i] = &unkeyed.emplace_back();
+      } else {
+        SeqTable& t = *(tab[i] = &seq_tables_->Get(q.sequence_key));
+        const size_t keep = t.Keep(q.blocks, gen0);
+        // Kept blocks being filled may lack this layer: acquired (so this
+        // call's copies go to slots no later Acquire can take).
+        size_t f = std::min(t.first_filling, keep);
+        while (f < keep && q.blocks[f].complete) ++f;
+        t.first_filling = f < keep ? f : SIZE_MAX;
+        for (size_t j = f; j < keep; ++j) {
+          const BlockRef& r = q.blocks[j];
+          if (r.complete) continue;
+          bool miss = false;
+          TQ_ASSIGN_OR_RETURN(int32_t slot, cache_->Acquire(r.id, epoch_, codec.block_bytes(), &miss));
+          if (slot != t.slots[j]) {  // cannot happen while the generation holds; kept exact regardless
+            t.slots[j] = slot;
+            t.uploaded = std::min(t.uploaded, j);
           }
+          ensure_layer(r, slot, miss);
         }
+        kept[i] = keep;
       }
-      reused[i] = from;
-      TQ_RETURN_IF_ERROR(acquire(i, from));
+      TQ_RETURN_IF_ERROR(acquire(i));
     }
     if (cache_->generation() != gen0) {
       for (size_t i = 0; i < nseq; ++i) {
-        if (reused[i] == 0) continue;
-        TQ_RETURN_IF_ERROR(acquire(i, 0));
+        if (kept[i] == 0) continue;
+        tab[i]->Clear();
+        TQ_RETURN_IF_ERROR(acquire(i));
       }
     }
-    // Remember each keyed sequence's longest list (lists of other layers
-    // share its prefix).
+    // Device copies where the kernels can read them: at most the arena's
+    // padding past any table's start.
+    const bool on_device = static_cast<size_t>(max_blocks) <= seq_tables_->max_table_entries();
+    tables->device.assign(nseq, nullptr);
+    tables->staged_row.assign(nseq, -1);
+    int32_t rows = 0;
     for (size_t i = 0; i < nseq; ++i) {
-      const AttendSequence& q = b.sequences[i];
-      if (q.sequence_key == 0 || q.blocks.empty()) continue;
-      if (seq_slots_.size() >= kMaxSeqSlots && !seq_slots_.contains(q.sequence_key)) seq_slots_.clear();
-      SeqSlots& known = seq_slots_[q.sequence_key];
-      const int32_t* slots = table->data() + i * max_blocks;
-      if (known.generation != cache_->generation()) known = {{}, {}, cache_->generation()};
-      size_t keep = 0;
-      const size_t n = std::min(known.ids.size(), q.blocks.size());
-      while (keep < n && known.ids[keep] == q.blocks[keep].id) ++keep;
-      if (keep == q.blocks.size() && known.ids.size() >= q.blocks.size()) continue;  // a prefix of what is known
-      known.ids.resize(keep);
-      known.slots.resize(keep);
-      for (size_t j = keep; j < q.blocks.size(); ++j) {
-        known.ids.push_back(q.blocks[j].id);
-        known.slots.push_back(slots[j]);
+      SeqTable& t = *tab[i];
+      if (b.sequences[i].sequence_key != 0) t.generation = cache_->generation();
+      int32_t* dev = on_device && b.sequences[i].sequence_key != 0 ? seq_tables_->Device(t) : nullptr;
+      if (dev != nullptr) {
+        const size_t from = t.uploaded / 4 * 4;  // 16-byte pieces; slots are padded to them
+        if (t.slots.size() > from)
+          up->pieces.push_back({reinterpret_cast<uint8_t*>(dev + from),
+                                reinterpret_cast<const uint8_t*>(t.slots.data() + from),
+                                (t.slots.size() - from) * sizeof(int32_t)});
+        t.uploaded = t.size();
+        tables->device[i] = dev;
+        continue;
       }
+      tables->staged_row[i] = rows++;
+      tables->staged.resize(static_cast<size_t>(rows) * max_blocks, 0);
+      std::copy(t.slots.begin(), t.slots.begin() + static_cast<std::ptrdiff_t>(t.size()),
+                tables->staged.end() - max_blocks);
     }
+    bool in_order = true;
+    for (size_t i = 0; in_order && i < nseq; ++i) in_order = tables->staged_row[i] == static_cast<int32_t>(i);
+    tables->pointers = !in_order && !(nseq == 1 && tables->device[0] != nullptr);
+    if (tables->staged.empty()) tables->staged.assign(1, 0);
     return absl::OkStatus();
   }
 
@@ -582,14 +630,6 @@ class CudaBackend : public ComputeBackend {
     }
   }
 
-  // A keyed sequence's remembered slots, valid while the arena generation
-  // is `generation` (see DeviceBlockCache::generation()).
-  struct SeqSlots {
-    std::vector<uint64_t> ids;
-    std::vector<int32_t> slots;
-    uint64_t generation = 0;
-  };
-  static constexpr size_t kMaxSeqSlots = 16384;  // bounded; rebuilt on demand
   static constexpr int64_t kTailSlotRows = 16;   // tails longer than this are staged per call
 
   const CudaBackendOptions options_;
@@ -600,7 +640,7 @@ class CudaBackend : public ComputeBackend {
   const AttentionDevice device_;  // what the attention plan needs of the GPU
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<const ModelCodec*, std::unique_ptr<DeviceCodecTables>> tables_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, SeqSlots> seq_slots_ ABSL_GUARDED_BY(mu_);         // by sequence key
+  std::unique_ptr<DeviceSeqTables> seq_tables_ ABSL_GUARDED_BY(mu_);             // by sequence key
   std::unordered_map<uint64_t, std::vector<bool>> layers_ ABSL_GUARDED_BY(mu_);   // filling blocks' copied layers
   std::unique_ptr<DeviceBlockCache> tail_cache_ ABSL_GUARDED_BY(mu_);             // tail rows by tail id
   std::unordered_map<uint64_t, int64_t> tail_rows_ ABSL_GUARDED_BY(mu_);          // rows a tail slot holds
@@ -632,9 +672,11 @@ absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const CudaBack
   TQ_ASSIGN_OR_RETURN(CudaEvent attend_stop, CudaEvent::Create());
   TQ_ASSIGN_OR_RETURN(auto cache, DeviceBlockCache::Create(arena));
   TQ_ASSIGN_OR_RETURN(auto tail_cache, DeviceBlockCache::Create(options.tail_arena_bytes));
+  TQ_ASSIGN_OR_RETURN(auto seq_tables, DeviceSeqTables::Create(options.table_arena_bytes,
+                                                               options.max_table_blocks, kMaxSeqTables));
   return std::unique_ptr<ComputeBackend>(new CudaBackend(options, std::move(stream), std::move(attend_start),
                                                          std::move(attend_stop), std::move(cache),
-                                                         std::move(tail_cache), device));
+                                                         std::move(tail_cache), std::move(seq_tables), device));
 }
 
 }  // namespace tqkv::gpu

@@ -4,8 +4,9 @@
 // (upload on miss, LRU eviction, Forget frees; blocks being filled copy
 // layer by layer), dense tails in a second arena keyed by
 // AttendSequence::tail_id (only rows not yet copied cross the bus), a
-// keyed sequence's arena slots between calls, and runs the fused paged
-// attention kernels.
+// keyed sequence's block table between calls (its arena slots, with a copy
+// on the device: gpu/seq_tables.h), and runs the fused paged attention
+// kernels.
 #ifndef TQKV_GPU_CUDA_BACKEND_H_
 #define TQKV_GPU_CUDA_BACKEND_H_
 
@@ -29,6 +30,15 @@ struct CudaBackendOptions {
   // (sequence, layer) tails; beyond it the least recently used are copied
   // again when next used). Default 512 MiB.
   size_t tail_arena_bytes = size_t{512} << 20;
+  // Bytes of the block-table arena: each keyed sequence's table of arena
+  // slots stays on the device between calls (4 bytes a block, in chunks of
+  // a power of two of at least 256 blocks), so a decode call uploads only
+  // the blocks it adds. Tables beyond it, and tables longer than
+  // `max_table_blocks` (also the arena's readable padding), are uploaded
+  // with their call. Default 64 MiB: 4,096 sequences of up to 4,096
+  // blocks (64K tokens at block 16).
+  size_t table_arena_bytes = size_t{64} << 20;
+  size_t max_table_blocks = size_t{1} << 18;
 };
 
 // A CudaBackend, or UNAVAILABLE (with the CUDA error) when no GPU/driver is

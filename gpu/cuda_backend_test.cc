@@ -378,6 +378,96 @@ TEST(CudaBackend, ReusedSlotListsSurviveEvictionInTheSameBatch) {
   EXPECT_EQ(gpu.Stats().uploads, 8u);
 }
 
+// Keyed sequences keep their block tables on the device (gpu/seq_tables.h):
+// a table that grows past its chunk moves to a larger one, a list whose end
+// is taken back and refilled with other blocks is rebuilt, a shorter list
+// keeps its prefix, a batch mixes kept and unkeyed tables, and a table
+// arena too small for every table stages the rest with their call. Every
+// call is bit-identical to a backend given no keys (every table staged)
+// and matches the CPU backend.
+TEST(CudaBackend, KeptBlockTablesGrowShrinkAndFallBack) {
+  TQ_SKIP_WITHOUT_GPU();
+  const int layers = 1, H = 2, QH = 4, dim = 128, bs = 16;
+  auto codec = *ModelCodec::Create({layers, H, QH, dim, bs}, {.format = "k4v4", .seed = 9}, nullptr);
+  CpuBackend cpu({.threads = 0});
+  const size_t arena = ArenaOfSlots(*codec, 2048);
+  auto kept_or = CreateCudaBackend({.arena_bytes = arena});
+  auto small_or = CreateCudaBackend({.arena_bytes = arena, .table_arena_bytes = 1024});  // one 256-block chunk
+  auto plain_or = CreateCudaBackend({.arena_bytes = arena});
+  ASSERT_TRUE(kept_or.ok()) << kept_or.status();
+  ASSERT_TRUE(small_or.ok()) << small_or.status();
+  ASSERT_TRUE(plain_or.ok()) << plain_or.status();
+  std::vector<std::vector<uint8_t>> payloads(8, std::vector<uint8_t>(codec->block_bytes()));
+  for (int b = 0; b < 8; ++b) {
+    std::vector<float> k = RandomRows(bs * H, dim, 40 + b), v = RandomRows(bs * H, dim, 80 + b);
+    ASSERT_TRUE(cpu.EncodeBlock(*codec, 0, 1, {{k.data(), DType::kF32, bs, H, dim}},
+                                {{v.data(), DType::kF32, bs, H, dim}}, payloads[b].data())
+                    .ok());
+  }
+  // Block j of a list: id `base + j`, one of the 8 payloads.
+  std::deque<std::vector<BlockRef>> lists;
+  auto blocks = [&](uint64_t base, int n) {
+    std::vector<BlockRef>& r = lists.emplace_back();
+    for (int j = 0; j < n; ++j) r.push_back({base + j, payloads[(base + j * 5) % 8].data()});
+    return absl::MakeConstSpan(r);
+  };
+  struct Item {
+    std::span<const BlockRef> blocks;
+    uint64_t key;
+  };
+  int call = 0;
+  auto attend = [&](std::vector<Item> items) {
+    SCOPED_TRACE(::testing::Message() << "call " << call);
+    AttendBatch keyed, bare;
+    keyed.layer = bare.layer = 0;
+    keyed.shape = bare.shape = {QH, H, dim, 0};
+    keyed.query_offsets = bare.query_offsets = {0};
+    for (const Item& it : items) {
+      AttendSequence s;
+      s.blocks = it.blocks;
+      s.packed_tokens = bs * static_cast<int64_t>(it.blocks.size());
+      bare.sequences.push_back(s);
+      s.sequence_key = it.key;
+      keyed.sequences.push_back(s);
+      keyed.query_offsets.push_back(keyed.query_offsets.back() + 1);
+      keyed.positions.push_back(s.packed_tokens - 1 - (call % 7));
+    }
+    bare.query_offsets = keyed.query_offsets;
+    bare.positions = keyed.positions;
+    std::vector<float> q = RandomRows(items.size() * QH, dim, 500 + call++);
+    std::vector<float> kept(q.size()), small(q.size()), plain(q.size()), want(q.size());
+    PointAtContiguousF32(keyed, q.data(), kept.data());
+    ASSERT_TRUE((*kept_or)->Attend(*codec, keyed).ok());
+    PointAtContiguousF32(keyed, q.data(), small.data());
+    ASSERT_TRUE((*small_or)->Attend(*codec, keyed).ok());
+    PointAtContiguousF32(bare, q.data(), plain.data());
+    ASSERT_TRUE((*plain_or)->Attend(*codec, bare).ok());
+    PointAtContiguousF32(bare, q.data(), want.data());
+    ASSERT_TRUE(cpu.Attend(*codec, bare).ok());
+    EXPECT_EQ(kept, plain);
+    EXPECT_EQ(small, plain);
+    std::vector<double> wd(want.begin(), want.end());
+    EXPECT_LT(RelativeError(wd.data(), kept.data(), kept.size()), 2e-3);
+  };
+  const uint64_t A = 1, B = 2, C = 3;
+  std::span<const BlockRef> a = blocks(10000, 700);
+  attend({{a.first(100), A}});  // one sequence: its device table is the launch's block table
+  attend({{a.first(101), A}});
+  attend({{a.first(300), A}});  // past its 256-block chunk: a 512 one
+  attend({{a.first(700), A}});  // and a 1024 one
+  std::span<const BlockRef> b = blocks(20000, 40);
+  std::span<const BlockRef> b2 = blocks(20000, 39);  // same prefix ...
+  std::vector<BlockRef>& b3 = lists.emplace_back(b2.begin(), b2.end());
+  b3.push_back({29999, payloads[3].data()});  // ... and another block at its end
+  std::span<const BlockRef> c = blocks(30000, 5);
+  attend({{a.first(700), A}, {b, B}, {c, 0}});  // kept, new and unkeyed tables in one batch
+  attend({{b2, B}, {a.first(650), A}});         // shorter lists keep their prefixes
+  attend({{absl::MakeConstSpan(b3), B}, {a.first(700), A}, {c, 0}});  // a refilled end is rebuilt
+  attend({{c, C}, {c, 0}, {absl::MakeConstSpan(b3), B}});
+  (*kept_or)->Forget(A);
+  attend({{a.first(20), A}});  // a forgotten key starts over
+}
+
 // A decode loop as the sequence manager drives it: each call appends one
 // token to each sequence's tail (rows grow under one tail id, so only the
 // new row is copied), a full tail packs into layer l of a block being

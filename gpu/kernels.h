@@ -134,7 +134,7 @@ cudaError_t LaunchDecode(const DecodeLaunch& a, cudaStream_t stream);
 // chunked prefill: many queries with causal positions). Query i belongs to
 // sequence query_seq[i], sits at positions[i] and attends tokens
 // 0..positions[i]: tokens < packed_tokens[s] come from the pages listed in
-// block_table[s, :] (arena/page slot indices), later ones from the dense
+// block_table[s, :] (arena/page slot indices; or seq_tables[s]), later ones from the dense
 // tail rows tail_k/v[tail_offset[s] + (t − packed), kv_head, :].
 // q: [nq, q_heads, dim] fp32; out: [nq, q_heads, dim] fp32.
 struct AttentionLaunch {
@@ -147,6 +147,12 @@ struct AttentionLaunch {
   int32_t block_size = 16;
   const int32_t* block_table = nullptr;  // [num_seqs, max_blocks]
   int32_t max_blocks = 0;
+  // Optional: sequence s's table at seq_tables[s] (a device array of device
+  // pointers) instead of block_table + s·max_blocks, so that tables can stay
+  // on the device between calls. Kernels may read entries up to max_blocks
+  // past each table's start (and use only the sequence's own): the memory
+  // there must be readable.
+  const int32_t* const* seq_tables = nullptr;
   const int64_t* packed_tokens = nullptr;  // [num_seqs]
   const void* tail_k = nullptr;            // [T, kv_heads, dim] of tail_dtype
   const void* tail_v = nullptr;

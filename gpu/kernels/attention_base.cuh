@@ -22,9 +22,15 @@ __device__ __forceinline__ int SeqOf(const AttentionLaunch& a, int64_t qi) {
   return a.query_seq != nullptr ? a.query_seq[qi] : static_cast<int>(qi);
 }
 
+// Sequence seq's block table (AttentionLaunch::seq_tables or a row of
+// block_table).
+__device__ __forceinline__ const int32_t* BlockTable(const AttentionLaunch& a, int seq) {
+  return a.seq_tables != nullptr ? a.seq_tables[seq] : a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
+}
+
 __device__ __forceinline__ const uint8_t* PackedRow(const AttentionLaunch& a, const uint8_t* base,
                                                     int seq, int64_t t, int kvh, int row_bytes) {
-  const int32_t page = a.block_table[static_cast<int64_t>(seq) * a.max_blocks + t / a.block_size];
+  const int32_t page = BlockTable(a, seq)[t / a.block_size];
   return base + page * a.block_stride +
          ((t % a.block_size) * a.kv_heads + kvh) * static_cast<int64_t>(row_bytes);
 }

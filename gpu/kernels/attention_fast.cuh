@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FastDecodeKernel(AttentionLau
   const int64_t t0 = split * d.chunk;
   const int64_t t1 = min(limit, t0 + d.chunk);
   const int krb = kc.row_bytes, vrb = vc.row_bytes;
+  const int32_t* btab = BlockTable(a, seq);
 
   float m[G], l[G], acc[G][4];
 #pragma unroll
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) FastDecodeKernel(AttentionLau
       // One lane per token: its K row straight into registers, its V row
       // into the warp's shared tile. (Staging all 32 rows cooperatively,
       // two rows per load instruction, measured 1.3-1.6x slower on H200.)
-      const int32_t page = a.block_table[static_cast<int64_t>(seq) * a.max_blocks + t / a.block_size];
+      const int32_t page = btab[t / a.block_size];
       const int64_t row = (t % a.block_size) * a.kv_heads + kvh;
       const uint32_t* kw = reinterpret_cast<const uint32_t*>(a.k_base + page * a.block_stride + row * krb);
       const uint32_t* vw = reinterpret_cast<const uint32_t*>(a.v_base + page * a.block_stride + row * vrb);

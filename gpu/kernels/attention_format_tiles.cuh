@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(32 * kTileWarps, MB)
   const int t1 = min(limit, t0 + static_cast<int>(d.chunk));
   const int ntiles = t1 > t0 ? (t1 - t0 + 15) / 16 : 0;
   const int mine = ntiles > warp ? (ntiles - warp + kTileWarps - 1) / kTileWarps : 0;
-  const int32_t* btab = a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
+  const int32_t* btab = BlockTable(a, seq);
   const int bs_shift = __ffs(a.block_size) - 1;  // a power of two >= 16 (the plan)
   const uint32_t bs_mask = static_cast<uint32_t>(a.block_size) - 1u;
   const uint64_t stride = static_cast<uint64_t>(a.block_stride);

@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MB)
   const int krb = kc.row_bytes, vrb = vc.row_bytes;
   const int kstep = a.kv_heads * krb;  // token rows within a page
   const int vstep = a.kv_heads * vrb;
-  const int32_t* btab = a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
+  const int32_t* btab = BlockTable(a, seq);
   const int bs_shift = __ffs(a.block_size) - 1;  // block_size: a power of two (the plan: TensorCore)
   const uint32_t bs_mask = static_cast<uint32_t>(a.block_size) - 1u;
   const uint64_t stride = static_cast<uint64_t>(a.block_stride);

@@ -534,7 +534,7 @@ __global__ void __launch_bounds__(32 * NW, MB)
   const int ntiles = t1 > t0 ? (t1 - t0 + 15) / 16 : 0;
   const int nmine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
   const int kstep = a.kv_heads * krow, vstep = a.kv_heads * vrow;
-  const int32_t* btab = a.block_table + static_cast<int64_t>(seq) * a.max_blocks;
+  const int32_t* btab = BlockTable(a, seq);
   const int bs_shift = __ffs(a.block_size) - 1;  // a power of two (eligibility)
   const uint32_t bs_mask = static_cast<uint32_t>(a.block_size) - 1u;
   const uint64_t stride = static_cast<uint64_t>(a.block_stride);
