@@ -53,6 +53,7 @@ Client::Client(const ClientOptions& options, std::shared_ptr<grpc::ChannelCreden
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  for (const auto& [name, value] : options.channel_args) args.SetInt(name, value);
   channel_ = grpc::CreateCustomChannel(options.target, credentials, args);
   kv_ = v1::KvStore::NewStub(channel_);
   admin_ = v1::Admin::NewStub(channel_);

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -57,6 +58,9 @@ struct ClientOptions {
   // Name the server's certificate must carry, when it is not the host of
   // `target` (e.g. connecting by IP address). Default: empty.
   std::string tls_server_name;
+  // Extra integer gRPC channel arguments (names from grpc_types.h, e.g.
+  // "grpc.max_reconnect_backoff_ms"). Default: none.
+  std::vector<std::pair<std::string, int>> channel_args;
 
   bool use_tls() const {
     return tls || !tls_ca_file.empty() || !tls_cert_file.empty() || !tls_key_file.empty();
