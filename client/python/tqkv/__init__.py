@@ -15,6 +15,7 @@ from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedP
                      Unauthenticated, Unavailable)
 from .tensors import bf16_to_float32, float32_to_bf16
 from .layerwise import LayerwiseLoader, LayerwiseSaver
+from .sharded import ShardedClient
 from .types import (Block, BlockData, EvictResult, Format, LayerFormat, LookupResult, Model,
                     ModelStats, PutResult, Stats, TierBytes)
 
@@ -26,3 +27,4 @@ __all__ = [
     "DeadlineExceeded", "Aborted", "bf16_to_float32", "float32_to_bf16",
     "LayerwiseLoader", "LayerwiseSaver", "tls_credentials",
 ]
+__all__ += ["ShardedClient"]
