@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "service/convert.h"
+#include "service/data_plane_tls.h"
 #include "service/net_address.h"
 #include "service/put_session.h"
 
@@ -35,6 +36,9 @@ constexpr size_t kPrefaceBytes = 8;
 constexpr size_t kReplyPrefixBytes = 12;  // u32 header length + u64 payload length
 constexpr int kMaxIov = 64;
 constexpr int kMaxEvents = 64;
+// Pieces of a TLS reply smaller than a record are copied together into one
+// record of this size; larger payloads are encrypted from where they lie.
+constexpr size_t kTlsRecordBytes = 16 << 10;
 
 std::string ErrnoText(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
@@ -74,6 +78,12 @@ struct Conn {
   std::string put_tenant;
   absl::Status put_error;
   bool put_open = false;
+  // TLS (when the server has it): the session, the verified client
+  // certificate once established, and a read or write that OpenSSL holds
+  // until the socket is writable or readable respectively.
+  std::unique_ptr<TlsSession> tls;
+  bool tls_read_wants_write = false;
+  bool tls_write_wants_read = false;
 };
 
 // Tags for the non-connection epoll entries.
@@ -149,8 +159,13 @@ absl::StatusOr<int> Listen(const std::string& address, int* port) {
 class DataPlaneServer::Loop {
  public:
   Loop(int listen_fd, const DataPlaneOptions& options, KvService* service, const RpcEnv* env,
-       std::atomic<int>* connections)
-      : listen_fd_(listen_fd), options_(options), service_(service), env_(env), connections_(connections) {}
+       std::atomic<int>* connections, DataPlaneTlsContext* tls)
+      : listen_fd_(listen_fd),
+        options_(options),
+        service_(service),
+        env_(env),
+        tls_(tls),
+        connections_(connections) {}
 
   ~Loop() {
     for (auto& [fd, conn] : conns_) close(fd);
@@ -299,6 +314,15 @@ class DataPlaneServer::Loop {
     c->last_active = std::chrono::steady_clock::now();
     conns_[fd] = std::move(conn);
     connections_->fetch_add(1);
+    if (tls_ != nullptr) {
+      absl::StatusOr<std::unique_ptr<TlsSession>> session = TlsSession::Accept(tls_->Current(), fd);
+      if (!session.ok()) {
+        RecordCall(*env_, "DataGetBlocks", c->peer, session.status(), 0.0);
+        Close(c);
+        return;
+      }
+      c->tls = *std::move(session);
+    }
     c->interest = EPOLLIN;
     epoll_event ev{};
     ev.events = c->interest;
@@ -334,7 +358,12 @@ class DataPlaneServer::Loop {
 
   void OnEvent(Conn* c, uint32_t events) {
     c->last_active = std::chrono::steady_clock::now();
-    if (events & EPOLLIN) {
+    if (c->tls != nullptr && !c->tls->established()) {
+      if (!Handshake(c)) return;
+      if (!c->tls->established()) return UpdateInterest(c);
+      events |= EPOLLIN;  // application data may have come with the handshake's last flight
+    }
+    if ((events & EPOLLIN) || (c->tls_read_wants_write && (events & EPOLLOUT))) {
       if (!ReadInput(c)) return;
       Process(c);
     }
@@ -349,6 +378,7 @@ class DataPlaneServer::Loop {
         return;
       }
       if (!c->half_closed) {  // the client reads the reply, then EOF, while we drain its frame
+        if (c->tls != nullptr) c->tls->Shutdown();
         shutdown(c->fd, SHUT_WR);
         c->half_closed = true;
       }
@@ -356,18 +386,60 @@ class DataPlaneServer::Loop {
     UpdateInterest(c);
   }
 
+  // Advances a TLS handshake; false (connection closed) when it failed.
+  // The failure is recorded and logged with OpenSSL's reason.
+  bool Handshake(Conn* c) {
+    switch (c->tls->Handshake()) {
+      case TlsIo::kDone:
+        return true;
+      case TlsIo::kWantRead:
+        c->tls_read_wants_write = false;
+        return true;
+      case TlsIo::kWantWrite:
+        c->tls_read_wants_write = true;  // UpdateInterest asks for EPOLLOUT
+        return true;
+      default:
+        RecordCall(*env_, "DataTlsHandshake", c->peer,
+                   absl::UnavailableError(absl::StrCat("TLS handshake failed: ", c->tls->error())), 0.0);
+        Close(c);
+        return false;
+    }
+  }
+
+  // As read(2) on the connection, through TLS when it has it (-1 with
+  // errno EAGAIN when TLS must wait for the socket; ECONNRESET on a TLS
+  // error, logged).
+  ssize_t ReadSome(Conn* c, char* p, size_t n) {
+    if (c->tls == nullptr) return read(c->fd, p, n);
+    TlsIo io;
+    const size_t got = c->tls->Read(p, n, &io);
+    c->tls_read_wants_write = io == TlsIo::kWantWrite;
+    if (io == TlsIo::kDone) return static_cast<ssize_t>(got);
+    if (io == TlsIo::kClosed) return 0;
+    errno = EAGAIN;
+    if (io == TlsIo::kError) {
+      RecordCall(*env_, "DataGetBlocks", c->peer, absl::UnavailableError(absl::StrCat("TLS: ", c->tls->error())),
+                 0.0);
+      errno = ECONNRESET;
+    }
+    return -1;
+  }
+
   // Appends what the socket has; false (connection closed) on a reset.
   bool ReadInput(Conn* c) {
+    // TLS hands out one record per call: read until it would block, so that
+    // nothing stays buffered inside OpenSSL unseen by epoll.
+    const bool until_blocked = c->tls != nullptr;
     for (;;) {
-      const ssize_t n = read(c->fd, scratch_, sizeof scratch_);
+      const ssize_t n = ReadSome(c, scratch_, sizeof scratch_);
       if (n > 0 && c->failed) {
         c->skip -= std::min<uint64_t>(c->skip, static_cast<uint64_t>(n));
-        if (static_cast<size_t>(n) < sizeof scratch_) return true;
+        if (!until_blocked && static_cast<size_t>(n) < sizeof scratch_) return true;
         continue;
       }
       if (n > 0) {
         c->in.append(scratch_, static_cast<size_t>(n));
-        if (static_cast<size_t>(n) < sizeof scratch_) return true;
+        if (!until_blocked && static_cast<size_t>(n) < sizeof scratch_) return true;
         continue;
       }
       if (n == 0) {  // the client is done sending: answer what is complete, then close
@@ -493,7 +565,14 @@ class DataPlaneServer::Loop {
     std::unique_ptr<uint8_t[]> dense;
     std::vector<iovec> payload;
     uint64_t payload_bytes = 0;
-    if (absl::StatusOr<Identity> id = env_->auth->Authenticate(req.authorization()); put) {
+    // As on gRPC (rpc_scope.cc): the client certificate counts where the
+    // auth file maps certificates.
+    const PeerCertificate none;
+    const PeerCertificate* peer = c->tls != nullptr ? &c->tls->peer() : &none;
+    if (absl::StatusOr<Identity> id = env_->auth->uses_certificates()
+                                          ? env_->auth->Authenticate(req.authorization(), peer)
+                                          : env_->auth->Authenticate(req.authorization());
+        put) {
       status = ServePut(c, id, request->mutable_put(), &head);
     } else if (!id.ok()) {
       status = id.status();
@@ -573,6 +652,7 @@ class DataPlaneServer::Loop {
   // Writes queued replies until done or the socket is full; false if the
   // connection was closed on an error.
   bool Flush(Conn* c) {
+    if (c->tls != nullptr && !c->tls->established()) return true;  // after the handshake
     while (!c->out.empty()) {
       iovec iov[kMaxIov];
       int n = 0;
@@ -581,7 +661,7 @@ class DataPlaneServer::Loop {
       msghdr m{};
       m.msg_iov = iov;
       m.msg_iovlen = static_cast<size_t>(n);
-      const ssize_t w = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+      const ssize_t w = c->tls != nullptr ? WriteTls(c, iov, n) : sendmsg(c->fd, &m, MSG_NOSIGNAL);
       if (w < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
@@ -603,10 +683,43 @@ class DataPlaneServer::Loop {
     return true;
   }
 
+  // One SSL_write of the front of `iov`: a payload of a record or more is
+  // encrypted in place; smaller pieces are first copied together into one
+  // record. Returns as sendmsg (EAGAIN while TLS waits for the socket).
+  // A retry after EAGAIN starts with the same bytes, as OpenSSL requires:
+  // nothing was consumed, and only more replies can have been queued.
+  ssize_t WriteTls(Conn* c, const iovec* iov, int n) {
+    if (n < 1) {  // Flush passes at least one part
+      errno = EINVAL;
+      return -1;
+    }
+    const char* p = static_cast<const char*>(iov[0].iov_base);
+    size_t len = iov[0].iov_len;
+    if (len < kTlsRecordBytes && n > 1) {
+      len = 0;
+      for (int i = 0; i < n && len < kTlsRecordBytes; ++i) {
+        const size_t take = std::min(iov[i].iov_len, kTlsRecordBytes - len);
+        std::memcpy(record_ + len, iov[i].iov_base, take);
+        len += take;
+      }
+      p = record_;
+    }
+    TlsIo io;
+    const size_t w = c->tls->Write(p, len, &io);
+    c->tls_write_wants_read = io == TlsIo::kWantRead;
+    if (io == TlsIo::kDone) return static_cast<ssize_t>(w);
+    errno = io == TlsIo::kWantRead || io == TlsIo::kWantWrite ? EAGAIN : EPIPE;
+    return -1;
+  }
+
   void UpdateInterest(Conn* c) {
     uint32_t want = 0;
     if ((!c->closing || c->skip > 0) && c->queued < options_.max_queued_reply_bytes) want |= EPOLLIN;
     if (!c->out.empty()) want |= EPOLLOUT;
+    if (c->tls != nullptr) {
+      if (c->tls_write_wants_read || !c->tls->established()) want |= EPOLLIN;
+      if (c->tls_read_wants_write) want |= EPOLLOUT;
+    }
     if (want == c->interest) return;
     c->interest = want;
     epoll_event ev{};
@@ -629,6 +742,7 @@ class DataPlaneServer::Loop {
   const DataPlaneOptions& options_;
   KvService* const service_;
   const RpcEnv* const env_;
+  DataPlaneTlsContext* const tls_;  // null: plain TCP
   int epoll_fd_ = -1, wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::vector<Loop*> peers_;  // the accepting loop's round-robin targets
@@ -637,6 +751,7 @@ class DataPlaneServer::Loop {
   std::vector<std::pair<int, std::string>> adopted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
   char scratch_[64 << 10];
+  char record_[kTlsRecordBytes];  // WriteTls's gathered record
   // Accepting pauses for kAcceptBackoff when the process is out of
   // descriptors (or memory).
   static constexpr std::chrono::milliseconds kAcceptBackoff{100};
@@ -662,9 +777,12 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   TQ_ASSIGN_OR_RETURN(s->listen_fd_, Listen(options.listen, &port));
   TQ_ASSIGN_OR_RETURN(auto hp, SplitHostPort(options.listen));
   s->address_ = absl::StrCat(hp.first, ":", port);
+  if (options.tls.enabled()) {
+    TQ_ASSIGN_OR_RETURN(s->tls_, DataPlaneTlsContext::Create(options.tls, env->log));
+  }
   std::vector<Loop*> all;
   for (int i = 0; i < options.threads; ++i) {
-    auto loop = std::make_unique<Loop>(s->listen_fd_, s->options_, service, env, &s->connections_);
+    auto loop = std::make_unique<Loop>(s->listen_fd_, s->options_, service, env, &s->connections_, s->tls_.get());
     TQ_RETURN_IF_ERROR(loop->Init(/*accept=*/i == 0));
     all.push_back(loop.get());
     s->loops_.push_back(std::move(loop));

@@ -1,5 +1,5 @@
 // DataPlaneServer: bulk reads (packed, or dense decoded by the backend), puts, Attend and Append
-// over plain TCP, next to the gRPC control plane. The wire format is documented in
+// over TCP (TLS when the server has TLS, see data_plane_tls.h), next to the gRPC control plane. The wire format is documented in
 // proto/tqkv/v1/tqkv.proto ("Data plane"): length-prefixed DataPlaneRequest
 // frames in, one DataPlaneReply header plus the raw payloads out per
 // request, in order.
@@ -10,6 +10,15 @@
 // one sendmsg whose iovecs point into the stored blocks: the payload is not
 // copied in user space, and the store's buffers stay referenced
 // (shared_ptr) until the kernel has taken every byte.
+//
+// With TLS the preface and frames travel inside TLS records: a reply's
+// payloads are encrypted from the stored blocks, smaller pieces gathered
+// into one record first (one copy of the small pieces, none of the large).
+// The tenant is identified as on gRPC (rpc_scope.cc): the bearer token and,
+// where the auth file maps certificates, the verified client certificate;
+// a token of another tenant than the certificate's is UNAUTHENTICATED. A
+// failed handshake closes the connection (the client sees UNAVAILABLE) and
+// is logged with OpenSSL's reason.
 //
 // Semantics are KvService::PrepareGet's (tenancy from the bearer token,
 // model and fingerprint checks, all-or-nothing: a missing block fails the
@@ -42,8 +51,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "service/data_plane_tls.h"
 #include "service/kv_service.h"
 #include "service/rpc_scope.h"
+#include "service/tls.h"
 
 namespace tqkv::service {
 
@@ -71,13 +82,18 @@ struct DataPlaneOptions {
   // Connections served at once; one more is answered RESOURCE_EXHAUSTED
   // and closed. Default: 4096.
   int max_connections = 4096;
+  // TLS (mTLS with a client CA) from these files, reloaded every
+  // tls.reload_interval; off (plain TCP) when !tls.enabled(). Default: off.
+  ServerTlsOptions tls;
 };
+
 
 class DataPlaneServer {
  public:
   // Binds, listens and starts the loops. `service` and `env` are not owned
   // and must outlive the server (or its Shutdown). INVALID_ARGUMENT for a
-  // malformed address or option, UNAVAILABLE when it cannot be bound.
+  // malformed address or option, UNAVAILABLE when it cannot be bound;
+  // DataPlaneTlsContext::Create's errors for the TLS files.
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(const DataPlaneOptions& options,
                                                                 KvService* service,
                                                                 const RpcEnv* env);
@@ -101,6 +117,7 @@ class DataPlaneServer {
   DataPlaneOptions options_;
   std::string address_;
   int listen_fd_ = -1;
+  std::unique_ptr<DataPlaneTlsContext> tls_;  // null: plain TCP; used by the loops
   std::vector<std::unique_ptr<Loop>> loops_;
   std::atomic<int> connections_{0};  // open connections, all loops
   std::vector<std::thread> threads_;

@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     const bool auth = s->auth_->enabled();
     const bool tls = options.tls.enabled();
     std::vector<ListenerExposure> listeners = {{"--listen", options.listen, auth || tls}};
-    if (data_on) listeners.push_back({"--data_listen", data_listen, auth});
+    if (data_on) listeners.push_back({"--data_listen", data_listen, auth || tls});
     if (!options.metrics_listen.empty())
       listeners.push_back({"--metrics_listen", options.metrics_listen, auth || tls});
     std::string warning;
@@ -130,6 +130,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     dp.max_connections = options.data_max_connections;
     dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
     dp.max_dense_reply_bytes = static_cast<uint64_t>(options.max_message_bytes);
+    dp.tls = options.tls;  // the data plane speaks TLS whenever gRPC does
     TQ_ASSIGN_OR_RETURN(s->data_plane_, DataPlaneServer::Start(dp, s->service_.get(), &s->env_));
     s->data_address_ = s->data_plane_->address();
     s->service_->SetDataPlaneAddress(s->data_address_);

@@ -54,8 +54,8 @@ struct ServerOptions {
   bool insecure_listen_any = false;
   // Serve gRPC server reflection (grpc.reflection.v1alpha). Default: false.
   bool grpc_reflection = false;
-  // TLS (and mTLS) on the gRPC listener; the data plane and metrics stay
-  // plain TCP. Default: off.
+  // TLS (and mTLS) on the gRPC listener and the data plane (same files,
+  // same client CA); metrics stay plain HTTP. Default: off.
   ServerTlsOptions tls;
   // Data-plane event loops. Default: 2.
   int data_threads = 2;

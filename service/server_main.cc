@@ -26,7 +26,7 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC listen address HOST:PORT (port 0: any free port). Beyond loopback needs "
           "--auth_tokens_file or TLS, or --insecure_listen_any");
 ABSL_FLAG(std::string, data_listen, "auto",
-          "data-plane address HOST:PORT for bulk packed reads over plain TCP (auto: the gRPC host "
+          "data-plane address HOST:PORT for bulk reads and puts over TCP, TLS with --tls_cert_file (auto: the gRPC host "
           "and port + 1, or port 0 when --listen has port 0; off: disabled)");
 ABSL_FLAG(int, data_threads, 2, "data-plane event-loop threads");
 ABSL_FLAG(int, data_idle_timeout_s, 600,
@@ -41,11 +41,12 @@ ABSL_FLAG(bool, insecure_listen_any, false,
           "gRPC and metrics also no TLS); the server warns once at start");
 ABSL_FLAG(bool, grpc_reflection, false, "serve gRPC server reflection");
 ABSL_FLAG(std::string, tls_cert_file, "",
-          "PEM certificate chain of the gRPC listener; set (with --tls_key_file): gRPC serves "
-          "TLS only. The data plane and metrics stay plain TCP");
+          "PEM certificate chain of the gRPC listener and the data plane; set (with "
+          "--tls_key_file): both serve TLS only. Metrics stay plain HTTP");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
-          "PEM CA bundle; set: mutual TLS, every gRPC client must present a certificate it "
+          "PEM CA bundle; set: mutual TLS, every gRPC and data-plane client must present a "
+          "certificate it "
           "verifies (tenants from certificates: x509-uri:/x509-cn: lines in --auth_tokens_file)");
 ABSL_FLAG(int, tls_reload_interval_s, 60,
           "how often the TLS certificate, key and client CA files are re-read (new handshakes "

@@ -34,10 +34,12 @@ absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Connect(
 }
 
 DataPlaneClient::~DataPlaneClient() {
+  tls_.reset();
   if (fd_ >= 0) close(fd_);
 }
 
 absl::Status DataPlaneClient::Broken(const absl::Status& s) {
+  tls_.reset();
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
   return s;
@@ -80,6 +82,11 @@ absl::Status DataPlaneClient::EnsureConnected() {
   timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
   setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (options_.tls.enabled()) {
+    absl::StatusOr<std::unique_ptr<TlsStream>> tls = TlsStream::Connect(fd_, options_.tls, host);
+    if (!tls.ok()) return Broken(tls.status());
+    tls_ = *std::move(tls);
+  }
   return SendAll(kPreface, 8);
 }
 
@@ -91,6 +98,12 @@ absl::Status DataPlaneClient::Failed(ssize_t r, const char* op) {
 }
 
 absl::Status DataPlaneClient::SendAll(const char* p, size_t n) {
+  while (n > 0 && tls_ != nullptr) {
+    absl::StatusOr<size_t> w = tls_->Write(p, n);
+    if (!w.ok()) return Broken(w.status());
+    p += *w;
+    n -= *w;
+  }
   while (n > 0) {
     const ssize_t w = send(fd_, p, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
@@ -102,6 +115,12 @@ absl::Status DataPlaneClient::SendAll(const char* p, size_t n) {
 }
 
 absl::Status DataPlaneClient::Recv(char* p, size_t cap, size_t want, size_t* have, int flags) {
+  while (*have < want && tls_ != nullptr) {  // TLS hands out a record at a time: loop
+    absl::StatusOr<size_t> r = tls_->Read(p + *have, cap - *have);
+    if (!r.ok()) return Broken(r.status());
+    if (*r == 0) return Broken(absl::UnavailableError("data plane connection closed by the server"));
+    *have += *r;
+  }
   while (*have < want) {
     const ssize_t r = recv(fd_, p + *have, cap - *have, flags);
     if (r < 0 && errno == EINTR) continue;

@@ -1,6 +1,6 @@
 // DataPlaneClient: bulk reads (packed or dense), puts, Attend and Append, over tqkv's data
-// plane (plain TCP next to gRPC; wire format in proto/tqkv/v1/tqkv.proto,
-// "Data plane").
+// plane (TCP next to gRPC, TLS when options.tls is set; wire format in
+// proto/tqkv/v1/tqkv.proto, "Data plane").
 // One blocking connection, like a Redis client: a call writes one request
 // frame and reads its reply into a caller-reusable buffer.
 //
@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/cpp/tls_stream.h"
 #include "proto/tqkv/v1/tqkv.pb.h"
 
 namespace tqkv::client {
@@ -36,6 +37,9 @@ struct DataPlaneClientOptions {
   absl::Duration timeout = absl::Seconds(30);
   // Largest reply header accepted (the DataPlaneReply message). Default: 64 MiB.
   uint32_t max_header_bytes = 64u << 20;
+  // TLS (set tls.ca_file; with a client certificate for mutual TLS): a
+  // server with TLS accepts nothing else. Default: plain TCP.
+  ClientTlsOptions tls;
 };
 
 // The reply to one GetBlocks: block i's packed bytes are payload(i).
@@ -61,8 +65,10 @@ class DataPlaneBlocks {
 
 class DataPlaneClient {
  public:
-  // Connects and sends the preface. UNAVAILABLE if the server cannot be
-  // reached, INVALID_ARGUMENT for a malformed target.
+  // Connects (with TLS: handshakes) and sends the preface. UNAVAILABLE if
+  // the server cannot be reached or the TLS handshake fails (OpenSSL's
+  // reason in the message), INVALID_ARGUMENT for a malformed target or TLS
+  // files that do not load (TlsStream::Connect).
   static absl::StatusOr<std::unique_ptr<DataPlaneClient>> Connect(
       const DataPlaneClientOptions& options);
   ~DataPlaneClient();
@@ -117,6 +123,7 @@ class DataPlaneClient {
 
   const DataPlaneClientOptions options_;
   int fd_ = -1;
+  std::unique_ptr<TlsStream> tls_;  // over fd_ when options_.tls is set
   std::string frame_;  // request scratch
   std::string head_;   // reply prefix + header (+ the payload's first bytes)
   DataPlaneBlocks scratch_;  // replies without payload (Attend, Append)

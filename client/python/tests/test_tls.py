@@ -7,6 +7,7 @@ import os
 import subprocess
 import tempfile
 
+import numpy as np
 import pytest
 
 import tqkv
@@ -74,3 +75,42 @@ def test_unmapped_certificate_is_unauthenticated(mtls, certs):
 def test_cert_without_key_is_refused(certs):
     with pytest.raises(ValueError):
         tqkv.tls_credentials(os.path.join(certs, "ca.pem"), cert_file=os.path.join(certs, "alpha.pem"))
+
+
+def data_plane(server, certs, ca="ca.pem", who=None, token=None):
+    tls = None
+    if ca is not None:
+        tls = tqkv.data_plane_tls(
+            os.path.join(certs, ca),
+            cert_file=os.path.join(certs, who + ".pem") if who else None,
+            key_file=os.path.join(certs, who + ".key") if who else None)
+    return tqkv.DataPlane(server.data_address, token=token, timeout=20, tls=tls)
+
+
+def test_data_plane_tls_serves_the_certificates_tenant(mtls, certs):
+    ca, alpha_pem, alpha_key = (os.path.join(certs, f) for f in ("ca.pem", "alpha.pem", "alpha.key"))
+    with tqkv.Client(mtls.address, credentials=tqkv.tls_credentials(ca, alpha_pem, alpha_key),
+                     timeout=20, retries=0, data_address="auto",
+                     data_tls=tqkv.data_plane_tls(ca, alpha_pem, alpha_key)) as c:
+        m = c.register_model(unique(), num_layers=2, num_kv_heads=2, head_dim=64, block_size=8,
+                             cache_dtype="tq4")
+        k = np.random.default_rng(3).standard_normal((2, 8, 2, 64)).astype(np.float16)
+        with data_plane(mtls, certs, who="alpha") as dp:
+            assert dp.put_blocks(m, [tqkv.Block(b"h0", k=k, v=-k)]).committed == 1
+            got = dp.get_blocks(m, [b"h0"])[0].payload
+        assert got == c.get_blocks(m, [b"h0"])[0].payload  # Client reads over the TLS data plane
+        assert len(got) > 1000
+        c.data_address = None
+        assert got == c.get_blocks(m, [b"h0"])[0].payload  # the same bytes over gRPC
+        with data_plane(mtls, certs, who="beta") as dp:  # beta is not mapped: nobody
+            with pytest.raises(tqkv.Unauthenticated):
+                dp.get_blocks(m, [b"h0"])
+
+
+@pytest.mark.parametrize("ca,who", [("ca.pem", None), ("ca.pem", "expired"),
+                                    ("ca.pem", "rogue"), ("rogue-ca.pem", "alpha"),
+                                    (None, None)])
+def test_data_plane_refused_handshakes_are_unavailable(mtls, certs, ca, who):
+    with data_plane(mtls, certs, ca=ca, who=who) as dp:
+        with pytest.raises(tqkv.Unavailable):
+            dp.get_blocks((1, "f"), [b"h0"])

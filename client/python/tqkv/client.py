@@ -72,7 +72,9 @@ class Client:
     and whole streams. retries/backoff_s/max_backoff_s: UNAVAILABLE retry
     policy (attempts after the first; first delay; cap). credentials: a
     grpc.ChannelCredentials for TLS, e.g. tls_credentials(...) (default
-    plaintext). data_address: the
+    plaintext). data_tls/data_server_name: DataPlane's `tls` and
+    `server_name` (a server with TLS has it on its data plane too: pass
+    data_tls=data_plane_tls(...) with the same files). data_address: the
     server's data-plane "host:port" (tqkv-server prints it), or "auto" to
     ask the server (Stats) on first use; when set, packed
     get_blocks/iter_blocks and attend go over the data plane (one connection
@@ -81,7 +83,7 @@ class Client:
 
     def __init__(self, address, token=None, timeout=30.0, *, retries=5, backoff_s=0.05,
                  max_backoff_s=2.0, credentials=None, max_message_bytes=_DEFAULT_MAX_MESSAGE,
-                 options=(), data_address=None):
+                 options=(), data_address=None, data_tls=None, data_server_name=None):
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)] + list(options)
         if credentials is not None:
@@ -97,6 +99,8 @@ class Client:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.data_address = data_address
+        self._data_tls = data_tls
+        self._data_server_name = data_server_name
         self._token = token
         self._dp = threading.local()
 
@@ -137,7 +141,8 @@ class Client:
                 if self.data_address == "auto":
                     self.data_address = self._discover_data_plane()
                 dp = self._dp.conn = DataPlane(self.data_address, token=self._token,
-                                               timeout=self.timeout)
+                                               timeout=self.timeout, tls=self._data_tls,
+                                               server_name=self._data_server_name)
             try:
                 return fn(dp)
             except errors.Unavailable:

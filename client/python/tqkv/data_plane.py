@@ -1,4 +1,5 @@
-"""Bulk reads and puts, Attend and Append over tqkv's data plane (plain TCP next to gRPC).
+"""Bulk reads and puts, Attend and Append over tqkv's data plane (TCP next to gRPC; TLS
+when the server has TLS: pass tls=tqkv.data_plane_tls(...)).
 
     with tqkv.DataPlane("127.0.0.1:50052", token=None) as dp:
         blocks = dp.get_blocks(model, [b"h0", b"h1"])   # [BlockData], payload = bytes
@@ -17,6 +18,7 @@ Not thread-safe: use one DataPlane per thread.
 """
 import itertools
 import socket
+import ssl
 import struct
 
 import grpc
@@ -31,14 +33,34 @@ _PREFACE = b"TQKVDP01"
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
+def data_plane_tls(ca_file=None, cert_file=None, key_file=None):
+    """An ssl.SSLContext for a data plane with TLS (DataPlane's and Client's
+    `data_tls`): trust the PEM CAs of `ca_file` (None: the system's roots);
+    with `cert_file` and `key_file` (PEM), present that client certificate
+    (servers with mutual TLS). The server's certificate must name the host
+    of the address (or DataPlane's `server_name`). A failed handshake shows
+    as errors.Unavailable on the calls."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("cert_file and key_file go together")
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None:
+        ctx.load_cert_chain(cert_file, key_file)
+    return ctx
+
+
 class DataPlane:
-    def __init__(self, address, token=None, timeout=30.0):
+    def __init__(self, address, token=None, timeout=30.0, *, tls=None, server_name=None):
         """address: the server's data-plane HOST:PORT (tqkv-server prints it as
-        `data plane listening on`)."""
+        `data plane listening on`). tls: an ssl.SSLContext (data_plane_tls)
+        for a server with TLS; None: plain TCP. server_name: the name the
+        server's certificate must carry (default: the address's host)."""
         host, _, port = address.rpartition(":")
         self._addr = (host.strip("[]"), int(port))
         self._token = token
         self._timeout = timeout
+        self._tls = tls
+        self._server_name = server_name or self._addr[0]
         self._sock = None
 
     def __enter__(self):
@@ -56,10 +78,16 @@ class DataPlane:
         if self._sock is None:
             try:
                 s = socket.create_connection(self._addr, timeout=self._timeout)
-            except OSError as e:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._tls is not None:
+                    try:
+                        s = self._tls.wrap_socket(s, server_hostname=self._server_name)
+                    except BaseException:
+                        s.close()
+                        raise
+            except OSError as e:  # ssl.SSLError included
                 raise errors.Unavailable(f"data plane {self._addr}: {e}",
                                          method="DataGetBlocks") from e
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.sendall(_PREFACE)
             self._sock = s
         return self._sock
