@@ -38,19 +38,21 @@ struct SequenceManager::OwnedBlock {
 };
 
 // One layer's dense tail: room for block_size fp32 rows [kv_heads,
-// head_dim] of K and of V, allocated once (pages are touched only as rows
-// arrive, and reused after every pack), `rows` of them valid, and the id
+// head_dim] of K and of V, allocated and touched once when the sequence is
+// created (so that no decode step pays the first touch of its pages) and
+// reused after every pack, `rows` of them valid, and the id
 // the rows are known by (a new one whenever rows change other than by
 // growing). Rows past `rows` are scratch: an append fills them, and an
 // encode reads them, before they become valid.
 struct SequenceManager::Tail {
   Tail(size_t row_elems, int block_size, std::unique_ptr<BackendId> id)
-      : k(std::make_unique_for_overwrite<float[]>(row_elems * block_size)),
-        v(std::make_unique_for_overwrite<float[]>(row_elems * block_size)),
+      : k(std::make_unique<float[]>(row_elems * block_size)),
+        v(std::make_unique<float[]>(row_elems * block_size)),
+        room(block_size),
         id(std::move(id)) {}
   std::unique_ptr<float[]> k, v;
   int64_t rows = 0;
-  int64_t touched = 0;  // rows of the room ever written (resident bytes)
+  int64_t room;  // rows of k and of v (resident bytes)
   std::unique_ptr<BackendId> id;
 };
 
@@ -189,7 +191,6 @@ SequenceManager::StagedAppend SequenceManager::StageAppend(Sequence& seq, int la
   const int64_t fill = bs - old;
   ToFloat(k.dtype, k.data, tail.k.get() + old * row, fill * row);
   ToFloat(v.dtype, v.data, tail.v.get() + old * row, fill * row);
-  tail.touched = bs;
   a.packed_rows = fill + (n - fill) / bs * bs;
   const size_t owned_size = seq.owned.size();
   a.count = seq.owned_count[layer];
@@ -234,7 +235,6 @@ void SequenceManager::CommitAppend(StagedAppend& a, LayerUndo* undo) {
     ToFloat(a.k.dtype, a.k.data, tail.k.get() + old * row, n);
     ToFloat(a.v.dtype, a.v.data, tail.v.get() + old * row, n);
     tail.rows += a.k.tokens;
-    tail.touched = std::max(tail.touched, tail.rows);
     if (undo != nullptr) *undo = {.seq = &seq, .layer = a.layer, .tail_rows = old};
     return;
   }
@@ -576,7 +576,7 @@ uint64_t SequenceManager::OwnedBytes() const {
     bytes += seq->owned.size() * seq->model->codec->block_bytes();
     const ModelShape& s = seq->model->shape();
     for (const Tail& t : seq->tails)
-      bytes += 2 * static_cast<uint64_t>(t.touched) * s.num_kv_heads * s.head_dim * sizeof(float);
+      bytes += 2 * static_cast<uint64_t>(t.room) * s.num_kv_heads * s.head_dim * sizeof(float);
   }
   return bytes;
 }

@@ -96,9 +96,9 @@ class SequenceManager {
   size_t ExpireIdle();
   size_t size() const;
   // Host bytes held by live sequences beyond the stored blocks they share:
-  // packed blocks they own (filled by Append) and the fp32 rows of dense
-  // tails they have written (a tail's room of block_size rows is resident
-  // once rows have reached it).
+  // packed blocks they own (filled by Append) and their dense tails' rooms
+  // (per layer, block_size fp32 rows of K and of V, resident from the
+  // sequence's creation).
   uint64_t OwnedBytes() const;
 
  private:

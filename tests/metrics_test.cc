@@ -103,8 +103,9 @@ TEST_F(MetricsTest, ExpositionIsValidAndCountersMoveByTheRightAmounts) {
   EXPECT_TRUE(ok) << out;
 }
 
-// Sequence-owned bytes (dense fp32 tails here) are accounted while the
-// sequence lives and released when it is dropped.
+// Sequence-owned bytes (the dense tails' fp32 rooms here, block_size rows
+// per layer from the sequence's creation) are accounted while the sequence
+// lives and released when it is dropped.
 TEST_F(MetricsTest, SequenceBytesFollowTheirSequences) {
   const v1::ModelRef model = RegisterSmall();
   EXPECT_EQ(Value(Scrape(), "tqkv_sequence_bytes"), 0);
@@ -118,7 +119,8 @@ TEST_F(MetricsTest, SequenceBytesFollowTheirSequences) {
       v1::DTYPE_FP16, {layout.num_layers(), tail, layout.num_kv_heads(), layout.head_dim()}, 2);
   auto seq = client_->CreateSequence(cs);
   ASSERT_TRUE(seq.ok()) << seq.status();
-  const double want = 2.0 * layout.num_layers() * tail * layout.num_kv_heads() * layout.head_dim() * 4;
+  const double want =
+      2.0 * layout.num_layers() * layout.block_size() * layout.num_kv_heads() * layout.head_dim() * 4;
   EXPECT_EQ(Value(Scrape(), "tqkv_sequence_bytes"), want);
   v1::DropSequenceRequest drop;
   drop.set_sequence_id(seq->sequence_id());
