@@ -5,6 +5,7 @@
 
 #include "client/cli/codec_commands.h"
 #include "client/cli/service_commands.h"
+#include "client/cli/sharded_commands.h"
 
 namespace {
 
@@ -16,7 +17,9 @@ void Help(std::ostream& out) {
          "  calibrate  ...                     recipe metadata from captured K/V\n"
          "  verify     ...                     check recipe metadata against a model\n"
          "server (--server HOST:PORT, default localhost:50051):\n"
-         "  status | stats | put | lookup | get | bench   (tqkv CMD --help)\n";
+         "  status | stats | put | lookup | get | bench   (tqkv CMD --help)\n"
+         "many servers (--servers HOST:PORT,... or --dns HOST:PORT; routed by chain):\n"
+         "  status | stats | put | lookup | get           (tqkv CMD --servers ... --help)\n";
 }
 
 }  // namespace
@@ -31,7 +34,9 @@ int main(int argc, char** argv) {
   if (cmd == "formats") return tqkv::cli::FormatsCommand(argc, argv, std::cout, std::cerr);
   if (cmd == "calibrate") return tqkv::cli::CalibrateCommand(argc, argv, std::cout, std::cerr);
   if (cmd == "verify") return tqkv::cli::VerifyCommand(argc, argv, std::cout, std::cerr);
-  int rc = tqkv::cli::ServiceCommand(cmd, argc, argv, std::cout, std::cerr);
+  int rc = tqkv::cli::WantsShardedClient(argc, argv, 2)
+               ? tqkv::cli::ShardedCommand(cmd, argc, argv, std::cout, std::cerr)
+               : tqkv::cli::ServiceCommand(cmd, argc, argv, std::cout, std::cerr);
   if (rc >= 0) return rc;
   std::cerr << "unknown command '" << cmd << "'\n";
   Help(std::cerr);
