@@ -83,6 +83,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
           absl::StrCat("cannot create --data_dir ", options.data_dir, ": ", ec.message()));
     so.disk_path = (std::filesystem::path(options.data_dir) / "rocksdb").string();
   }
+  if (!options.at_rest_key_file.empty()) {
+    if (options.data_dir.empty())
+      return absl::InvalidArgumentError("--at_rest_key_file needs a disk tier (--data_dir)");
+    TQ_ASSIGN_OR_RETURN(s->at_rest_, storage::AtRestCipher::FromFile(options.at_rest_key_file));
+    so.at_rest_cipher = s->at_rest_.get();
+    note(absl::StrCat("disk tier payloads encrypted at rest with key id ", s->at_rest_->current_key_id()));
+  }
   TQ_ASSIGN_OR_RETURN(s->store_, storage::BlockStore::Open(so));
   s->registry_ = std::make_unique<ModelRegistry>(
       s->store_.get(), ModelRegistryOptions{.max_models_per_tenant = options.max_models_per_tenant});

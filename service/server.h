@@ -29,6 +29,7 @@
 #include "service/net_address.h"
 #include "service/rpc_scope.h"
 #include "service/tls.h"
+#include "storage/at_rest_cipher.h"
 #include "storage/block_store.h"
 #include "storage/clock.h"
 
@@ -69,6 +70,11 @@ struct ServerOptions {
   // Directory of the RocksDB disk tier (created if missing); empty: no disk
   // tier (host memory only, nothing survives a restart). Default: ./data.
   std::string data_dir = "./data";
+  // Key file of encryption at rest (storage/at_rest_cipher.h: `ID HEX`
+  // lines, mode 0600 or stricter): every payload the disk tier writes is
+  // sealed with AES-256-GCM under its tenant's key; records in clear are
+  // still read. Empty: off. Default: empty.
+  std::string at_rest_key_file;
   // auto, cpu or cuda (see backend_select.h). Default: auto.
   std::string backend = "auto";
   // Host-memory budget for block payloads. Default: 1 GiB.
@@ -151,6 +157,7 @@ class Server {
   const ServerOptions options_;
   std::unique_ptr<storage::Clock> owned_clock_;
   storage::Clock* clock_ = nullptr;
+  std::unique_ptr<storage::AtRestCipher> at_rest_;  // used by store_: declared before it
   std::unique_ptr<storage::BlockStore> store_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<ComputeBackend> backend_;

@@ -53,6 +53,10 @@ ABSL_FLAG(int, tls_reload_interval_s, 60,
           "use the new ones; no restart)");
 ABSL_FLAG(std::string, data_dir, "./data",
           "directory of the RocksDB disk tier (created if missing; empty: no disk tier)");
+ABSL_FLAG(std::string, at_rest_key_file, "",
+          "key file of encryption at rest (`ID HEX` lines: key id, 64 hex digits; mode 0600): "
+          "disk-tier payloads are sealed with AES-256-GCM under a per-tenant key derived from the "
+          "highest id; older ids still open older records; empty: payloads stored in clear");
 ABSL_FLAG(std::string, backend, "auto",
           "compute backend: auto (cuda if built in and a GPU is usable, else cpu), cpu, cuda");
 ABSL_FLAG(uint64_t, host_budget_bytes, uint64_t{1} << 30, "host-memory budget for block payloads");
@@ -118,6 +122,7 @@ int main(int argc, char** argv) {
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   o.tls.reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_interval_s));
   o.data_listen = absl::GetFlag(FLAGS_data_listen);
+  o.at_rest_key_file = absl::GetFlag(FLAGS_at_rest_key_file);
   o.data_threads = absl::GetFlag(FLAGS_data_threads);
   o.data_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_idle_timeout_s));
   o.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);

@@ -91,6 +91,10 @@ struct BlockStoreOptions {
   // fsync the WAL on every spill (power-loss durable spills, slower
   // eviction). Default: false.
   bool sync_spills = false;
+  // Encrypts every payload the disk tier writes (SpillStoreOptions::cipher;
+  // at_rest_cipher.h); records already on disk are read either way. Not
+  // owned; must outlive the store. Default: null (payloads in clear).
+  const AtRestCipher* at_rest_cipher = nullptr;
 
   // Longest lease Pin accepts. Default: 10 minutes.
   absl::Duration max_pin_ttl = absl::Minutes(10);
@@ -303,6 +307,9 @@ class BlockStore {
   // The exact committed bytes of `key`.
   // NOT_FOUND: no visible block. DATA_LOSS: the disk copy failed its
   //   checksum (or vanished); the block has been removed from the store.
+  //   A sealed disk copy that fails authentication counts as such.
+  // FAILED_PRECONDITION: the disk copy is encrypted at rest and the store
+  //   has no key, or not the one it was sealed with (the block is kept).
   // Other codes: disk read errors (the block is kept).
   absl::StatusOr<BlockData> Get(const BlockKey& key);
 

@@ -60,7 +60,7 @@ uint64_t BlockChecksum(const BlockKey& key, absl::string_view payload) {
 std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
   std::string out;
   out.reserve(kMetaFixedBytes + m.parent_hash.size() + 8);
-  out.push_back(static_cast<char>(kDiskFormatVersion));
+  out.push_back(static_cast<char>(m.sealed ? kSealedDiskFormatVersion : kDiskFormatVersion));
   out.push_back(0);
   uint16_t plen = static_cast<uint16_t>(m.parent_hash.size());
   out.push_back(static_cast<char>(plen & 0xff));
@@ -79,7 +79,7 @@ std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
 
 absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in) {
   if (in.size() < kMetaFixedBytes + 8) return absl::DataLossError("block meta is truncated");
-  if (static_cast<uint8_t>(in[0]) != 1 && static_cast<uint8_t>(in[0]) != kDiskFormatVersion) {
+  if (static_cast<uint8_t>(in[0]) < 1 || static_cast<uint8_t>(in[0]) > kSealedDiskFormatVersion) {
     return absl::DataLossError(
         absl::StrCat("unknown block meta format version ", static_cast<uint8_t>(in[0])));
   }
@@ -93,6 +93,7 @@ absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in) {
   }
   DiskBlockMeta m;
   m.version = static_cast<uint8_t>(in[0]);
+  m.sealed = m.version == kSealedDiskFormatVersion;
   m.size_bytes = GetFixed64(p + 4);
   m.checksum = GetFixed64(p + 12);
   m.accounting.dense_equivalent_bytes = GetFixed64(p + 20);
@@ -137,6 +138,7 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   store->meta_cf_.reset(handles[1]);
   store->data_cf_.reset(handles[2]);
   store->models_cf_.reset(handles[3]);
+  store->cipher_ = options.cipher;
   return store;
 }
 
@@ -146,9 +148,17 @@ absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
   rocksdb::WriteBatch batch;
   for (const BlockWrite& w : writes) {
     std::string key = EncodeBlockKey(*w.key);
-    std::string meta = EncodeDiskBlockMeta(*w.meta);
+    DiskBlockMeta m = *w.meta;
+    std::string sealed;
+    if (cipher_ != nullptr) {
+      absl::StatusOr<std::string> s = cipher_->Seal(w.key->tenant, key, w.payload);
+      if (!s.ok()) return s.status();
+      sealed = *std::move(s);
+      m.sealed = true;
+    }
+    std::string meta = EncodeDiskBlockMeta(m);
     rocksdb::Status s = batch.Put(meta_cf_.get(), key, meta);
-    if (s.ok()) s = batch.Put(data_cf_.get(), key, ToSlice(w.payload));
+    if (s.ok()) s = batch.Put(data_cf_.get(), key, cipher_ != nullptr ? ToSlice(sealed) : ToSlice(w.payload));
     if (!s.ok()) return FromRocks(s, "building spill batch");
   }
   for (const BlockKey& k : deletes) {
@@ -163,11 +173,23 @@ absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
 }
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockKey& key) {
-  rocksdb::PinnableSlice value;
-  rocksdb::Status s =
-      db_->Get(rocksdb::ReadOptions(), data_cf_.get(), EncodeBlockKey(key), &value);
+  const std::string k = EncodeBlockKey(key);
+  // The meta says whether the payload is sealed (written in the same batch).
+  rocksdb::PinnableSlice meta_bytes, value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), k, &meta_bytes);
+  if (s.ok()) s = db_->Get(rocksdb::ReadOptions(), data_cf_.get(), k, &value);
   if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
-  return HostBuffer::CopyOf(absl::string_view(value.data(), value.size()));
+  absl::StatusOr<DiskBlockMeta> meta = DecodeDiskBlockMeta(absl::string_view(meta_bytes.data(), meta_bytes.size()));
+  if (!meta.ok()) return meta.status();
+  const absl::string_view bytes(value.data(), value.size());
+  if (!meta->sealed) return HostBuffer::CopyOf(bytes);
+  if (cipher_ == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", DebugString(key), " is encrypted at rest and the store has no key (--at_rest_key_file)"));
+  absl::StatusOr<std::unique_ptr<HostBuffer>> open = cipher_->Open(key.tenant, k, bytes);
+  if (!open.ok())
+    return absl::Status(open.status().code(), absl::StrCat("block ", DebugString(key), ": ", open.status().message()));
+  return open;
 }
 
 absl::Status SpillStore::ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMeta)> on_block,

@@ -6,7 +6,10 @@
 //                 value: EncodeDiskBlockMeta (below), ~70 bytes + parent hash
 //   "block_data"  key: EncodeBlockKey(key)
 //                 value: the payload bytes, exactly as committed
-//                 (compression off: packed pages do not compress)
+//                 (compression off: packed pages do not compress), or in a
+//                 format 3 record the payload sealed by AtRestCipher
+//                 (at_rest_cipher.h) with the tenant's key, bound to
+//                 EncodeBlockKey(key)
 //   "models"      key: EncodeModelPrefix(tenant, model_id)
 //                 value: opaque bytes chosen by the service
 //   "default"     unused (RocksDB requires it)
@@ -17,8 +20,8 @@
 // values to rebuild the index; payloads are read (and their checksums
 // verified) only when a block is requested.
 //
-// Meta value, little-endian, format version 1:
-//   u8  format version (1)         u8  reserved (0)
+// Meta value, little-endian, format versions 1-3 (one layout):
+//   u8  format version (1, 2, 3)   u8  reserved (0)
 //   u16 parent hash length P
 //   u64 payload size               u64 payload checksum (XXH64, seed 0)
 //   u64 dense_equivalent_bytes     u64 packed_k_bytes
@@ -27,6 +30,10 @@
 //   P bytes parent hash
 //   u64 XXH64 (seed 0) of all preceding meta bytes
 // (accounting.total_bytes is the payload size and is not stored twice.)
+// Version 3 is version 2 with a sealed payload: written only with a
+// cipher, so a store without encryption keeps writing version 2. Block
+// keys, meta (sizes, checksums, parent hashes) and model records stay in
+// clear.
 //
 // Durability: Apply(sync=true) returns after the WAL is fsynced. Writes with
 // sync=false reach the OS before Apply returns, so they survive a process
@@ -44,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "storage/at_rest_cipher.h"
 #include "storage/block_key.h"
 #include "storage/host_pool.h"
 
@@ -55,8 +63,10 @@ class DB;
 namespace tqkv::storage {
 
 // Format 2 binds block checksums to their keys (BlockChecksum); format 1
-// records (checksum = XXH64(payload)) are still read.
+// records (checksum = XXH64(payload)) are still read. Format 3 = format 2
+// with the payload sealed (kSealedDiskFormatVersion).
 inline constexpr uint8_t kDiskFormatVersion = 2;
+inline constexpr uint8_t kSealedDiskFormatVersion = 3;
 
 // What the disk tier stores about a block besides its payload.
 struct DiskBlockMeta {
@@ -65,6 +75,8 @@ struct DiskBlockMeta {
   // alone (BlockStore folds the key's tag in when it loads one).
   uint64_t checksum = 0;
   uint8_t version = kDiskFormatVersion;  // of the decoded record (not encoded from here)
+  // The payload is sealed (format 3). Set by SpillStore when it seals.
+  bool sealed = false;
   std::string parent_hash;
   BlockAccounting accounting;  // total_bytes == size_bytes
   friend bool operator==(const DiskBlockMeta&, const DiskBlockMeta&) = default;
@@ -91,6 +103,10 @@ struct SpillStoreOptions {
   bool create_if_missing = true;
   // Memtable size of the block_data column family. Default: 64 MiB.
   uint64_t data_write_buffer_bytes = uint64_t{64} << 20;
+  // Seals every payload written (format 3 records); records already on
+  // disk are read either way. Not owned; must outlive the store. Default:
+  // null (payloads stored in clear; sealed records cannot be read).
+  const AtRestCipher* cipher = nullptr;
 };
 
 // A model registration record as stored in the "models" column family.
@@ -125,8 +141,12 @@ class SpillStore {
   absl::Status Apply(absl::Span<const BlockWrite> writes, absl::Span<const BlockKey> deletes,
                      bool sync);
 
-  // The stored payload of `key` in a new buffer. NOT_FOUND if absent. Does
-  // not verify the checksum (the caller compares with its index).
+  // The stored payload of `key` in a new buffer (opened when sealed).
+  // NOT_FOUND if absent; DATA_LOSS when its meta does not decode or a
+  // sealed payload fails authentication; FAILED_PRECONDITION when it is
+  // sealed and the store has no cipher, or not the key it was sealed with
+  // (AtRestCipher::Open). Does not verify the checksum (the caller compares
+  // with its index).
   absl::StatusOr<std::unique_ptr<HostBuffer>> ReadPayload(const BlockKey& key);
 
   // Calls on_block for every block in block_meta, in key order. Entries whose
@@ -166,6 +186,7 @@ class SpillStore {
   std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf_;
   std::unique_ptr<rocksdb::ColumnFamilyHandle> data_cf_;
   std::unique_ptr<rocksdb::ColumnFamilyHandle> models_cf_;
+  const AtRestCipher* cipher_ = nullptr;
 };
 
 }  // namespace tqkv::storage
