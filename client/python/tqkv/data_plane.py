@@ -79,16 +79,19 @@ class DataPlane:
             try:
                 s = socket.create_connection(self._addr, timeout=self._timeout)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if self._tls is not None:
-                    try:
+                try:
+                    if self._tls is not None:
                         s = self._tls.wrap_socket(s, server_hostname=self._server_name)
-                    except BaseException:
-                        s.close()
-                        raise
+                    # Under TLS 1.3 a server that refuses the client's
+                    # certificate says so after the client's handshake ends:
+                    # this write can be the first to see it.
+                    s.sendall(_PREFACE)
+                except BaseException:
+                    s.close()
+                    raise
             except OSError as e:  # ssl.SSLError included
                 raise errors.Unavailable(f"data plane {self._addr}: {e}",
                                          method="DataGetBlocks") from e
-            s.sendall(_PREFACE)
             self._sock = s
         return self._sock
 
