@@ -173,7 +173,8 @@ absl::StatusOr<std::string> HttpGet(const std::string& address, const std::strin
   if (!absl::StartsWith(resp, "HTTP/1.") || body == std::string::npos)
     return absl::InternalError("bad HTTP response: " + resp.substr(0, 200));
   if (resp.find(" 200 ") == std::string::npos || resp.find(" 200 ") > body)
-    return absl::InternalError("HTTP status not 200: " + resp.substr(0, resp.find("\r\n")));
+    return absl::InternalError(absl::StrCat("HTTP status not 200: ", resp.substr(0, resp.find("\r\n")),
+                                            "; body: ", resp.substr(body + 4, 1000)));
   return resp.substr(body + 4);
 }
 

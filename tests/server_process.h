@@ -66,7 +66,8 @@ std::string TestBackend();
 std::string MakeTempDir(const std::string& prefix);
 // Contents of `path` ("" if unreadable).
 std::string ReadFileOrEmpty(const std::string& path);
-// Body of GET http://address/path (HTTP/1.0), or an error.
+// Body of GET http://address/path (HTTP/1.0), or an error (for a status
+// other than 200, INTERNAL with the status line and the body's start).
 absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);
 // Runs `promtool check metrics` on `text`; returns its combined output and
 // sets *ok to whether it exited 0.

@@ -1,52 +1,118 @@
 #!/usr/bin/env python3
 """Generates tqkv.json, the Grafana dashboard of tqkv's memory ratios, tiers,
 hit rates and RPC health. Run: python3 deploy/grafana/make_dashboard.py
-(checked in; tests/dashboard_test.sh verifies every metric it queries is one
-the server exports)."""
+(checked in; tests/dashboard_test.cc evaluates every query against a real
+server through Prometheus)."""
 import json
 import os
+
+# Every series is filtered by the instance variable; rates use Grafana's
+# $__rate_interval (at least four scrapes).
+I = 'instance=~"$instance"'
+R = "$__rate_interval"
+
+
+def sel(metric, extra=""):
+    """`metric{instance=~"$instance",extra}`."""
+    return "%s{%s%s}" % (metric, I, "," + extra if extra else "")
+
+
+def rate(metric, extra=""):
+    return "rate(%s[%s])" % (sel(metric, extra), R)
+
+
+def hit_ratio(hits, misses, by_tier):
+    """Hits over hits + misses in the window. Without traffic the
+    denominator is 0 and `> 0` drops it: the panel shows a gap, not 0/0."""
+    total = "(sum(%s) + sum(%s) > 0)" % (rate(hits), rate(misses))
+    if by_tier:
+        return "sum by (tier) (%s) / on () group_left () %s" % (rate(hits), total)
+    return "sum(%s) / %s" % (rate(hits), total)
+
+
+def fill(used, capacity):
+    """used / capacity; a capacity of 0 (no GPU, no disk tier) reads as 0
+    fill, not NaN."""
+    return "%s / clamp_min(%s, 1)" % (sel(used), sel(capacity))
+
+
+PER_METHOD_REQUESTS = "sum by (method) (%s)" % rate("tqkv_rpc_requests_total")
 
 PANELS = [
     # (title, unit, [(expr, legend)], kind)
     ("Compression ratio vs fp16 (per model)", "x",
-     [("tqkv_compression_ratio", "{{tenant}}/{{model}}")], "timeseries"),
+     [(sel("tqkv_compression_ratio"), "{{instance}} {{tenant}}/{{model}}")], "timeseries"),
     ("Stored bytes by tier", "bytes",
-     [('sum by (tier) (tqkv_stored_bytes{kind="total"})', "{{tier}}"),
-      ("tqkv_gpu_used_bytes", "gpu (resident copies)")], "timeseries"),
+     [("sum by (tier) (%s)" % sel("tqkv_stored_bytes", 'kind="total"'), "{{tier}}"),
+      ("sum(%s)" % sel("tqkv_gpu_used_bytes"), "gpu (resident copies)")], "timeseries"),
     ("Dense-equivalent vs stored bytes", "bytes",
-     [('sum(tqkv_stored_bytes{kind="dense_equivalent"})', "fp16 equivalent"),
-      ('sum(tqkv_stored_bytes{kind="total"})', "stored")], "timeseries"),
+     [("sum(%s)" % sel("tqkv_stored_bytes", 'kind="dense_equivalent"'), "fp16 equivalent"),
+      ("sum(%s)" % sel("tqkv_stored_bytes", 'kind="total"'), "stored")], "timeseries"),
     ("Stored bytes by kind", "bytes",
-     [('sum by (kind) (tqkv_stored_bytes{kind=~"packed_k|packed_v|norms_metadata|dense_window"})',
+     [("sum by (kind) (%s)" % sel("tqkv_stored_bytes",
+                                  'kind=~"packed_k|packed_v|norms_metadata|dense_window"'),
        "{{kind}}")], "timeseries"),
-    ("Host and GPU tier fill", "percentunit",
-     [("tqkv_host_used_bytes / tqkv_host_capacity_bytes", "host"),
-      ("tqkv_gpu_used_bytes / tqkv_gpu_capacity_bytes", "gpu"),
-      ("tqkv_disk_used_bytes / tqkv_disk_capacity_bytes", "disk")], "timeseries"),
-    ("Lookup hit rate by tier", "percentunit",
-     [("sum by (tier) (rate(tqkv_lookup_hit_blocks_total[5m])) / ignoring(tier) group_left "
-       "(sum(rate(tqkv_lookup_hit_blocks_total[5m])) + sum(rate(tqkv_lookup_miss_blocks_total[5m])))",
-       "{{tier}}")], "timeseries"),
-    ("Evictions, spills, promotions (blocks/s)", "ops",
-     [("rate(tqkv_evictions_total[5m])", "host evictions"),
-      ("rate(tqkv_spills_total[5m])", "spills to disk"),
-      ("rate(tqkv_promotions_total[5m])", "disk → host"),
-      ("rate(tqkv_gpu_promotions_total[5m])", "host → gpu"),
-      ("rate(tqkv_gpu_demotions_total[5m])", "gpu demotions"),
-      ("rate(tqkv_drops_total[5m])", "drops")], "timeseries"),
-    ("RPC latency p99 by method", "s",
-     [("histogram_quantile(0.99, sum by (le, method) (rate(tqkv_rpc_duration_seconds_bucket[5m])))",
+    ("Host, GPU and disk tier fill", "percentunit",
+     [(fill("tqkv_host_used_bytes", "tqkv_host_capacity_bytes"), "{{instance}} host"),
+      (fill("tqkv_gpu_used_bytes", "tqkv_gpu_capacity_bytes"), "{{instance}} gpu"),
+      (fill("tqkv_disk_used_bytes", "tqkv_disk_capacity_bytes"), "{{instance}} disk")],
+     "timeseries"),
+    ("Requests per method", "reqps",
+     [(PER_METHOD_REQUESTS, "{{method}}")], "timeseries"),
+    ("Error ratio per method (non-OK / calls)", "percentunit",
+     # Methods without errors show 0 rather than nothing.
+     [("(sum by (method) (%s) or 0 * %s) / (%s > 0)"
+       % (rate("tqkv_rpc_errors_total"), PER_METHOD_REQUESTS, PER_METHOD_REQUESTS),
        "{{method}}")], "timeseries"),
     ("RPC errors by method and code", "ops",
-     [("sum by (method, code) (rate(tqkv_rpc_errors_total[5m]))", "{{method}} {{code}}")],
+     [("sum by (method, code) (%s)" % rate("tqkv_rpc_errors_total"), "{{method}} {{code}}")],
      "timeseries"),
+    ("RPC latency p99 by method", "s",
+     # Only methods called in the window (others would be NaN).
+     [("histogram_quantile(0.99, sum by (le, method) (%s)) and on (method) "
+       "(sum by (method) (%s) > 0)"
+       % (rate("tqkv_rpc_duration_seconds_bucket"), rate("tqkv_rpc_duration_seconds_count")),
+       "{{method}}")], "timeseries"),
+    ("Lookup hit rate by tier", "percentunit",
+     [(hit_ratio("tqkv_lookup_hit_blocks_total", "tqkv_lookup_miss_blocks_total", True),
+       "{{tier}}")], "timeseries"),
+    ("Block read hit rate (GetBlocks, CreateSequence)", "percentunit",
+     [(hit_ratio("tqkv_get_hit_blocks_total", "tqkv_get_miss_blocks_total", False), "all tiers"),
+      (hit_ratio("tqkv_get_hit_blocks_total", "tqkv_get_miss_blocks_total", True), "{{tier}}")],
+     "timeseries"),
+    ("Rejected puts (host memory full, blocks/s)", "ops",
+     [(rate("tqkv_puts_rejected_total"), "{{instance}} rejected"),
+      (rate("tqkv_puts_aborted_total"), "{{instance}} aborted")], "timeseries"),
+    ("Evictions, spills, promotions (blocks/s)", "ops",
+     [("sum(%s)" % rate("tqkv_evictions_total"), "host evictions"),
+      ("sum(%s)" % rate("tqkv_spills_total"), "spills to disk"),
+      ("sum(%s)" % rate("tqkv_promotions_total"), "disk → host"),
+      ("sum(%s)" % rate("tqkv_gpu_promotions_total"), "host → gpu"),
+      ("sum(%s)" % rate("tqkv_gpu_demotions_total"), "gpu demotions"),
+      ("sum(%s)" % rate("tqkv_drops_total"), "drops")], "timeseries"),
     ("Checksum failures (should stay 0)", "none",
-     [("tqkv_checksum_failures_total", "checksum failures")], "stat"),
+     [("sum(%s)" % sel("tqkv_checksum_failures_total"), "checksum failures")], "stat"),
     ("Live sequences / staged blocks", "none",
-     [("tqkv_sequences", "sequences"), ("tqkv_staged_blocks", "staged blocks")], "timeseries"),
+     [("sum(%s)" % sel("tqkv_sequences"), "sequences"),
+      ("sum(%s)" % sel("tqkv_staged_blocks"), "staged blocks")], "timeseries"),
     ("Bytes owned by live sequences (appended blocks, dense tails)", "bytes",
-     [("tqkv_sequence_bytes", "sequence bytes")], "timeseries"),
+     [(sel("tqkv_sequence_bytes"), "{{instance}}")], "timeseries"),
 ]
+
+# The instance (in Kubernetes: the pod's address) to show; all by default.
+INSTANCE_VARIABLE = {
+    "name": "instance",
+    "label": "Instance (pod)",
+    "type": "query",
+    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+    "definition": "label_values(tqkv_backend_info, instance)",
+    "query": {"query": "label_values(tqkv_backend_info, instance)", "refId": "instance"},
+    "refresh": 2,
+    "multi": True,
+    "includeAll": True,
+    "allValue": ".*",
+    "sort": 1,
+}
 
 
 def panel(i, title, unit, targets, kind):
@@ -69,7 +135,8 @@ def main():
         "schemaVersion": 39,
         "time": {"from": "now-6h", "to": "now"},
         "refresh": "30s",
-        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus"}]},
+        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus"},
+                               INSTANCE_VARIABLE]},
         "panels": [panel(i, *p) for i, p in enumerate(PANELS)],
     }
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tqkv.json")
