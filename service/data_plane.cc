@@ -39,6 +39,9 @@ constexpr int kMaxEvents = 64;
 // Pieces of a TLS reply smaller than a record are copied together into one
 // record of this size; larger payloads are encrypted from where they lie.
 constexpr size_t kTlsRecordBytes = 16 << 10;
+// An input buffer grown past this for a large frame is shrunk once the
+// frame has been served.
+constexpr size_t kKeptInputBytes = 1 << 20;
 
 std::string ErrnoText(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
@@ -67,6 +70,10 @@ struct Conn {
   bool failed = false;
   uint64_t skip = 0;
   bool half_closed = false;  // shutdown(SHUT_WR) sent while skipping
+  // The incomplete frame at in_off is charged `charged` bytes (its 4 + N)
+  // to the server's buffered-bytes budget since `frame_start`; 0: none.
+  uint64_t charged = 0;
+  std::chrono::steady_clock::time_point frame_start;
   std::chrono::steady_clock::time_point last_active;  // last event (idle timeout)
   uint32_t interest = 0;   // epoll events registered
   std::deque<Reply> out;
@@ -159,16 +166,19 @@ absl::StatusOr<int> Listen(const std::string& address, int* port) {
 class DataPlaneServer::Loop {
  public:
   Loop(int listen_fd, const DataPlaneOptions& options, KvService* service, const RpcEnv* env,
-       std::atomic<int>* connections, DataPlaneTlsContext* tls)
+       Shared* shared, DataPlaneTlsContext* tls)
       : listen_fd_(listen_fd),
         options_(options),
         service_(service),
         env_(env),
         tls_(tls),
-        connections_(connections) {}
+        shared_(shared) {}
 
   ~Loop() {
-    for (auto& [fd, conn] : conns_) close(fd);
+    for (auto& [fd, conn] : conns_) {
+      Uncharge(conn.get());
+      close(fd);
+    }
     for (auto& [fd, peer] : adopted_) close(fd);
     if (wake_fd_ >= 0) close(wake_fd_);
     if (epoll_fd_ >= 0) close(epoll_fd_);
@@ -313,7 +323,7 @@ class DataPlaneServer::Loop {
     Conn* c = conn.get();
     c->last_active = std::chrono::steady_clock::now();
     conns_[fd] = std::move(conn);
-    connections_->fetch_add(1);
+    shared_->connections.fetch_add(1);
     if (tls_ != nullptr) {
       absl::StatusOr<std::unique_ptr<TlsSession>> session = TlsSession::Accept(tls_->Current(), fd);
       if (!session.ok()) {
@@ -331,7 +341,7 @@ class DataPlaneServer::Loop {
       Close(c);
       return;
     }
-    if (connections_->load() > options_.max_connections) {
+    if (shared_->connections.load() > options_.max_connections) {
       // Over the cap: one RESOURCE_EXHAUSTED reply, then the connection
       // closes once the client has sent what it had (up to 1 MiB read and
       // dropped) and read the reply.
@@ -342,13 +352,35 @@ class DataPlaneServer::Loop {
     }
   }
 
-  // Closes connections without an event for options_.idle_timeout.
+  // Closes connections without an event for options_.idle_timeout, and
+  // fails those whose charged frame is older than options_.frame_timeout
+  // (one DEADLINE_EXCEEDED reply, then the connection closes).
   void CloseIdle(std::chrono::steady_clock::time_point now) {
     const auto limit = absl::ToChronoNanoseconds(options_.idle_timeout);
-    std::vector<Conn*> idle;
-    for (auto& [fd, c] : conns_)
-      if (now - c->last_active > limit) idle.push_back(c.get());
+    const auto frame_limit = absl::ToChronoNanoseconds(options_.frame_timeout);
+    std::vector<Conn*> idle, slow;
+    for (auto& [fd, c] : conns_) {
+      if (now - c->last_active > limit) {
+        idle.push_back(c.get());
+      } else if (c->charged > 0 && now - c->frame_start > frame_limit) {
+        slow.push_back(c.get());
+      }
+    }
     for (Conn* c : idle) Close(c);
+    for (Conn* c : slow) {
+      shared_->frame_timeouts.fetch_add(1, std::memory_order_relaxed);
+      const uint64_t got = c->in.size() - c->in_off;
+      Fail(c, absl::DeadlineExceededError(absl::StrCat(
+                  "a request frame of ", c->charged - 4, " bytes must arrive within ",
+                  absl::FormatDuration(options_.frame_timeout), " of its length prefix; ",
+                  got > 4 ? got - 4 : 0, " bytes of it came")));
+      if (!Flush(c)) continue;
+      if (c->out.empty()) {
+        Close(c);
+      } else {
+        UpdateInterest(c);  // OnEvent closes it once the reply is written
+      }
+    }
   }
 
   void Wake() {
@@ -439,7 +471,15 @@ class DataPlaneServer::Loop {
       }
       if (n > 0) {
         c->in.append(scratch_, static_cast<size_t>(n));
+        // Each chunk is parsed before the next is read: a frame is charged
+        // to the budget (or refused) as soon as its length prefix is here,
+        // not after its whole body has been buffered.
+        Process(c);
         if (!until_blocked && static_cast<size_t>(n) < sizeof scratch_) return true;
+        // Under reply backpressure plain TCP stops reading (the socket
+        // holds the rest); TLS reads on, since OpenSSL may hold bytes that
+        // epoll does not see.
+        if (!until_blocked && c->queued >= options_.max_queued_reply_bytes) return true;
         continue;
       }
       if (n == 0) {  // the client is done sending: answer what is complete, then close
@@ -480,7 +520,10 @@ class DataPlaneServer::Loop {
              4 + uint64_t{n} - avail);
         break;
       }
-      if (avail < 4 + size_t{n}) break;
+      if (avail < 4 + size_t{n}) {
+        if (c->charged == 0) Charge(c, 4 + uint64_t{n}, avail);
+        break;
+      }
       v1::DataPlaneRequest req;
       if (!req.ParseFromArray(p + 4, static_cast<int>(n))) {
         Fail(c, absl::InvalidArgumentError("request frame is not a DataPlaneRequest"));
@@ -488,6 +531,7 @@ class DataPlaneServer::Loop {
       }
       c->in_off += 4 + size_t{n};
       Serve(c, &req);
+      Uncharge(c);  // only the frame at in_off can be charged: this one
     }
     if (c->in_off == c->in.size()) {
       c->in.clear();
@@ -496,6 +540,44 @@ class DataPlaneServer::Loop {
       c->in.erase(0, c->in_off);
       c->in_off = 0;
     }
+    // A served large frame's buffer is returned, not kept for the next one.
+    if (c->charged == 0 && c->in.capacity() > kKeptInputBytes && c->in.size() <= kKeptInputBytes)
+      c->in.shrink_to_fit();
+  }
+
+  // Charges the incomplete frame at in_off (`bytes` with its prefix,
+  // `avail` of them here) to the server's budget before its body is
+  // buffered, and sizes the buffer for it. Over the budget: the connection
+  // fails with RESOURCE_EXHAUSTED instead (the rest of the frame is read and
+  // dropped so that the client can read the reply).
+  void Charge(Conn* c, uint64_t bytes, size_t avail) {
+    uint64_t held = shared_->buffered_bytes.load(std::memory_order_relaxed);
+    do {
+      if (held + bytes > options_.max_buffered_bytes) {
+        shared_->budget_refusals.fetch_add(1, std::memory_order_relaxed);
+        Fail(c,
+             absl::ResourceExhaustedError(absl::StrCat(
+                 "request frame of ", bytes - 4, " bytes would take the data plane's buffered request bytes to ",
+                 held + bytes, ", over its budget of ", options_.max_buffered_bytes,
+                 " (--data_max_buffered_bytes); retry later")),
+             bytes - avail);
+        return;
+      }
+    } while (!shared_->buffered_bytes.compare_exchange_weak(held, held + bytes, std::memory_order_relaxed));
+    c->charged = bytes;
+    c->frame_start = std::chrono::steady_clock::now();
+    if (c->in_off > 0) {
+      c->in.erase(0, c->in_off);
+      c->in_off = 0;
+    }
+    c->in.reserve(bytes);  // exactly the frame: no doubling on the way
+  }
+
+  // Returns the connection's charge, if any, to the budget.
+  void Uncharge(Conn* c) {
+    if (c->charged == 0) return;
+    shared_->buffered_bytes.fetch_sub(c->charged, std::memory_order_relaxed);
+    c->charged = 0;
   }
 
   // A protocol error: one reply with `s`, then the connection closes and
@@ -511,7 +593,9 @@ class DataPlaneServer::Loop {
     c->failed = true;
     c->skip = skip;
     c->in.clear();
+    c->in.shrink_to_fit();
     c->in_off = 0;
+    Uncharge(c);
   }
 
   // One frame of a put stream (see the proto's "Puts"); fills *head on a
@@ -735,7 +819,8 @@ class DataPlaneServer::Loop {
     (void)epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // close() removes it in any case
     close(fd);
     conns_.erase(fd);  // destroys *c
-    connections_->fetch_sub(1);
+    Uncharge(c);
+    shared_->connections.fetch_sub(1);
   }
 
   const int listen_fd_;
@@ -758,7 +843,7 @@ class DataPlaneServer::Loop {
   bool accept_paused_ = false;
   std::chrono::steady_clock::time_point accept_resume_;
   std::chrono::steady_clock::time_point next_sweep_ = std::chrono::steady_clock::now();
-  std::atomic<int>* const connections_;  // shared by the loops
+  Shared* const shared_;  // the server's, shared by the loops
 };
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
@@ -771,6 +856,12 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   if (options.max_connections < 1) return absl::InvalidArgumentError("data plane max_connections must be at least 1");
   if (options.idle_timeout <= absl::ZeroDuration())
     return absl::InvalidArgumentError("data plane idle_timeout must be positive");
+  if (options.frame_timeout <= absl::ZeroDuration())
+    return absl::InvalidArgumentError("data plane frame_timeout must be positive");
+  if (options.max_buffered_bytes < 4 + uint64_t{options.max_request_bytes})
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data plane max_buffered_bytes (", options.max_buffered_bytes, ") must hold one largest frame (4 + ",
+        options.max_request_bytes, " bytes)"));
   std::unique_ptr<DataPlaneServer> s(new DataPlaneServer());
   s->options_ = options;
   int port = 0;
@@ -782,7 +873,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   }
   std::vector<Loop*> all;
   for (int i = 0; i < options.threads; ++i) {
-    auto loop = std::make_unique<Loop>(s->listen_fd_, s->options_, service, env, &s->connections_, s->tls_.get());
+    auto loop = std::make_unique<Loop>(s->listen_fd_, s->options_, service, env, &s->shared_, s->tls_.get());
     TQ_RETURN_IF_ERROR(loop->Init(/*accept=*/i == 0));
     all.push_back(loop.get());
     s->loops_.push_back(std::move(loop));
@@ -799,6 +890,16 @@ void DataPlaneServer::Shutdown() {
   loops_.clear();  // closes every connection
   if (listen_fd_ >= 0) close(listen_fd_);
   listen_fd_ = -1;
+}
+
+DataPlaneServer::Stats DataPlaneServer::GetStats() const {
+  Stats s;
+  s.connections = shared_.connections.load(std::memory_order_relaxed);
+  s.buffered_bytes = shared_.buffered_bytes.load(std::memory_order_relaxed);
+  s.buffered_budget_bytes = options_.max_buffered_bytes;
+  s.budget_refusals = shared_.budget_refusals.load(std::memory_order_relaxed);
+  s.frame_timeouts = shared_.frame_timeouts.load(std::memory_order_relaxed);
+  return s;
 }
 
 DataPlaneServer::~DataPlaneServer() { Shutdown(); }

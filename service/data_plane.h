@@ -38,6 +38,18 @@
 // connection whose queued reply bytes exceed max_queued_reply_bytes is not
 // read from until the client drains them.
 //
+// Memory of requests: a frame is read whole before its token is checked
+// (the token is inside it), so every connection could hold a frame of
+// max_request_bytes. The server-wide max_buffered_bytes bounds that: a
+// frame is charged its declared size when its length prefix arrives,
+// before its body is buffered, and the charge is returned when the frame
+// has been served or its connection closes. A frame that would take the
+// total over the budget is refused (RESOURCE_EXHAUSTED, connection
+// closed) rather than paused: the client learns at once and retries with
+// backoff, and a paused reader would hold its socket and its place while
+// others wait. frame_timeout bounds how long one frame may hold its charge,
+// so slow clients cannot keep the budget from everyone else.
+//
 // Thread safety: Start/Shutdown from one thread; address() from any.
 #ifndef TQKV_SERVICE_DATA_PLANE_H_
 #define TQKV_SERVICE_DATA_PLANE_H_
@@ -82,6 +94,22 @@ struct DataPlaneOptions {
   // Connections served at once; one more is answered RESOURCE_EXHAUSTED
   // and closed. Default: 4096.
   int max_connections = 4096;
+  // Budget of the bytes of incomplete request frames held in connections'
+  // input buffers, all connections together: a frame is charged 4 + N
+  // bytes (its declared length) when its length prefix arrives, before its
+  // body is buffered, until it has been served. A frame that would take the
+  // total over the budget is answered RESOURCE_EXHAUSTED and the connection
+  // closed (the rest of that frame is read and dropped, not buffered).
+  // Complete frames waiting behind reply backpressure are not charged;
+  // they are bounded by one read per connection. Must be at least
+  // 4 + max_request_bytes. Default: 1 GiB (16 frames of 64 MiB).
+  uint64_t max_buffered_bytes = uint64_t{1} << 30;
+  // A frame must arrive whole within this long of its length prefix; a
+  // slower one is answered DEADLINE_EXCEEDED and its connection closed, so
+  // no client holds its share of max_buffered_bytes indefinitely (the idle
+  // timeout alone lets a client that sends a byte now and then keep it).
+  // Default: 60 s (a 64 MiB frame at about 1 MiB/s).
+  absl::Duration frame_timeout = absl::Seconds(60);
   // TLS (mTLS with a client CA) from these files, reloaded every
   // tls.reload_interval; off (plain TCP) when !tls.enabled(). Default: off.
   ServerTlsOptions tls;
@@ -104,6 +132,16 @@ class DataPlaneServer {
   // "HOST:PORT" actually bound.
   const std::string& address() const { return address_; }
 
+  // A snapshot of the counts behind the data plane's metrics. Thread-safe.
+  struct Stats {
+    int connections = 0;              // open connections
+    uint64_t buffered_bytes = 0;      // charged to max_buffered_bytes now
+    uint64_t buffered_budget_bytes = 0;  // options' max_buffered_bytes
+    uint64_t budget_refusals = 0;     // frames refused for the budget, since start
+    uint64_t frame_timeouts = 0;      // frames failed for frame_timeout, since start
+  };
+  Stats GetStats() const;
+
   // Stops accepting, closes every connection (replies not yet written are
   // dropped: the client sees the connection close and may retry) and joins
   // the loops. Idempotent.
@@ -119,7 +157,14 @@ class DataPlaneServer {
   int listen_fd_ = -1;
   std::unique_ptr<DataPlaneTlsContext> tls_;  // null: plain TCP; used by the loops
   std::vector<std::unique_ptr<Loop>> loops_;
-  std::atomic<int> connections_{0};  // open connections, all loops
+  // Shared by the loops (counts only: relaxed atomics).
+  struct Shared {
+    std::atomic<int> connections{0};          // open connections
+    std::atomic<uint64_t> buffered_bytes{0};  // charged to max_buffered_bytes
+    std::atomic<uint64_t> budget_refusals{0};
+    std::atomic<uint64_t> frame_timeouts{0};
+  };
+  Shared shared_;
   std::vector<std::thread> threads_;
 };
 

@@ -135,11 +135,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     dp.threads = options.data_threads;
     dp.idle_timeout = options.data_idle_timeout;
     dp.max_connections = options.data_max_connections;
+    dp.max_buffered_bytes = options.data_max_buffered_bytes;
+    dp.frame_timeout = options.data_frame_timeout;
     dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
     dp.max_dense_reply_bytes = static_cast<uint64_t>(options.max_message_bytes);
     dp.tls = options.tls;  // the data plane speaks TLS whenever gRPC does
     TQ_ASSIGN_OR_RETURN(s->data_plane_, DataPlaneServer::Start(dp, s->service_.get(), &s->env_));
     s->data_address_ = s->data_plane_->address();
+    s->data_plane_collector_ = std::make_shared<DataPlaneCollector>(s->data_plane_.get());
+    if (s->exposer_) s->exposer_->RegisterCollectable(s->data_plane_collector_);
     s->service_->SetDataPlaneAddress(s->data_address_);
   }
   grpc::EnableDefaultHealthCheckService(true);

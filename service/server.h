@@ -22,6 +22,7 @@
 #include "service/auth.h"
 #include "service/backend_select.h"
 #include "service/data_plane.h"
+#include "service/data_plane_metrics.h"
 #include "service/grpc_service.h"
 #include "service/kv_service.h"
 #include "service/metrics.h"
@@ -64,6 +65,13 @@ struct ServerOptions {
   absl::Duration data_idle_timeout = absl::Minutes(10);
   // Most data-plane connections served at once. Default: 4096.
   int data_max_connections = 4096;
+  // Budget of bytes held for incomplete data-plane request frames, all
+  // connections together (DataPlaneOptions::max_buffered_bytes); at least
+  // 4 + max_message_bytes. Default: 1 GiB.
+  uint64_t data_max_buffered_bytes = uint64_t{1} << 30;
+  // A data-plane frame must arrive whole within this long of its length
+  // prefix (DataPlaneOptions::frame_timeout). Default: 60 s.
+  absl::Duration data_frame_timeout = absl::Seconds(60);
   // Prometheus /metrics address; port 0 picks a free port; empty disables.
   // Default: 127.0.0.1:9464.
   std::string metrics_listen = "127.0.0.1:9464";
@@ -174,6 +182,7 @@ class Server {
   std::unique_ptr<AdminHandler> admin_handler_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<DataPlaneServer> data_plane_;
+  std::shared_ptr<DataPlaneCollector> data_plane_collector_;  // reads data_plane_
   std::string address_, metrics_address_, data_address_;
   absl::Notification stop_maintenance_;
   std::thread maintenance_;

@@ -33,6 +33,15 @@ ABSL_FLAG(int, data_idle_timeout_s, 600,
           "close data-plane connections idle this many seconds (an open put stream on one commits nothing)");
 ABSL_FLAG(int, data_max_connections, 4096,
           "most data-plane connections at once; one more gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(uint64_t, data_max_buffered_bytes, uint64_t{1} << 30,
+          "budget of bytes held for incomplete data-plane request frames, all connections together: a frame is "
+          "charged its declared length when its 4-byte prefix arrives, before its body is buffered; one that would "
+          "exceed the budget gets RESOURCE_EXHAUSTED and its connection is closed (clients retry with backoff). "
+          "At least 4 + --max_message_bytes; default 1 GiB");
+ABSL_FLAG(int, data_frame_timeout_s, 60,
+          "a data-plane request frame must arrive whole within this many seconds of its length prefix; a slower "
+          "one gets DEADLINE_EXCEEDED and its connection is closed, returning its share of "
+          "--data_max_buffered_bytes");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled). "
           "Beyond loopback needs --auth_tokens_file or TLS, or --insecure_listen_any");
@@ -126,6 +135,8 @@ int main(int argc, char** argv) {
   o.data_threads = absl::GetFlag(FLAGS_data_threads);
   o.data_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_idle_timeout_s));
   o.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);
+  o.data_max_buffered_bytes = absl::GetFlag(FLAGS_data_max_buffered_bytes);
+  o.data_frame_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_frame_timeout_s));
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes);

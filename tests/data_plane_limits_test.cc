@@ -1,0 +1,214 @@
+// The data plane's memory budget for buffered request bytes, against the
+// real server on raw sockets: connections that each send the length prefix
+// and most of a large frame hold no more than --data_max_buffered_bytes
+// (the gauge and the server's RSS), the frame that would exceed it gets
+// RESOURCE_EXHAUSTED naming the budget and its connection closes, the
+// budget frees as frames are served or connections close, and a frame that
+// arrives too slowly is failed with DEADLINE_EXCEEDED.
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cpp/data_plane_client.h"
+#include "tests/fixture.h"
+
+namespace tqkv::testing {
+namespace {
+
+using absl::StatusCode;
+
+class DataPlaneLimitsTest : public ServerTest {
+ protected:
+  // A raw TCP connection to the data plane (replies time out after 10 s).
+  int RawConnect() {
+    const std::string& a = server_->data_address();
+    const size_t colon = a.rfind(':');
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    EXPECT_EQ(getaddrinfo(a.substr(0, colon).c_str(), a.substr(colon + 1).c_str(), &hints, &res), 0);
+    const int fd = socket(res->ai_family, SOCK_STREAM, 0);
+    EXPECT_EQ(connect(fd, res->ai_addr, res->ai_addrlen), 0);
+    freeaddrinfo(res);
+    timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+  }
+  static void SendRaw(int fd, const std::string& bytes) {
+    ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  }
+  static std::string Frame(const v1::DataPlaneRequest& r) {
+    const std::string body = r.SerializeAsString();
+    const uint32_t n = static_cast<uint32_t>(body.size());
+    return std::string(reinterpret_cast<const char*>(&n), 4) + body;
+  }
+  // Reads one reply header (and drops its payload); false if the
+  // connection closed or timed out first.
+  static bool ReadReply(int fd, v1::DataPlaneReply* head) {
+    auto read_n = [&](char* p, size_t n) {
+      while (n > 0) {
+        const ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+      }
+      return true;
+    };
+    char prefix[12];
+    if (!read_n(prefix, 12)) return false;
+    uint32_t h;
+    uint64_t p;
+    std::memcpy(&h, prefix, 4);
+    std::memcpy(&p, prefix + 4, 8);
+    std::string hb(h, '\0'), payload(p, '\0');
+    return read_n(hb.data(), h) && read_n(payload.data(), p) && head->ParseFromString(hb);
+  }
+  static bool ClosedByServer(int fd) {
+    char c;
+    return recv(fd, &c, 1, 0) == 0;
+  }
+
+  // The value of an unlabelled metric; -1 when it is missing.
+  double Metric(const std::string& name) {
+    auto text = HttpGet(server_->metrics_address(), "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    const std::string key = "\n" + name + " ";
+    const size_t at = text.ok() ? text->find(key) : std::string::npos;
+    return at == std::string::npos ? -1 : std::stod(text->substr(at + key.size()));
+  }
+  // Waits (up to 10 s) until Metric(name) == want; returns the last value.
+  double AwaitMetric(const std::string& name, double want) {
+    double v = Metric(name);
+    for (const absl::Time end = absl::Now() + absl::Seconds(10); v != want && absl::Now() < end;
+         v = Metric(name))
+      absl::SleepFor(absl::Milliseconds(20));
+    return v;
+  }
+  // The server's resident set in bytes.
+  uint64_t ServerRss() {
+    std::ifstream f(absl::StrCat("/proc/", server_->pid(), "/status"));
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    ADD_FAILURE() << "no VmRSS for the server";
+    return 0;
+  }
+};
+
+// A valid request frame (an Attend of an unknown, very long sequence id) of
+// about `bytes` bytes.
+v1::DataPlaneRequest BigRequest(size_t bytes) {
+  v1::DataPlaneRequest r;
+  r.mutable_attend()->add_items()->set_sequence_id(std::string(bytes - 64, 's'));
+  return r;
+}
+
+TEST_F(DataPlaneLimitsTest, BufferedRequestBytesStayWithinTheBudget) {
+  const std::string frame = Frame(BigRequest(4 << 20));  // 4 + N bytes, N <= 4 MiB
+  const uint64_t charge = frame.size();
+  const uint64_t budget = 3 * charge + charge / 2;  // three frames fit, a fourth does not
+  server_.reset();
+  StartServer({"--max_message_bytes=4194304", absl::StrCat("--data_max_buffered_bytes=", budget)});
+  EXPECT_EQ(Metric("tqkv_data_plane_buffered_budget_bytes"), static_cast<double>(budget));
+  EXPECT_EQ(Metric("tqkv_data_plane_buffered_bytes"), 0);
+  const uint64_t rss0 = ServerRss();
+
+  // Twelve connections each send the preface and all of a frame but its
+  // last byte: three are buffered, the other nine are refused and their
+  // bytes dropped (without the budget: 48 MiB held).
+  constexpr int kConns = 12;
+  std::vector<int> held;
+  for (int i = 0; i < kConns; ++i) {
+    const int fd = RawConnect();
+    SendRaw(fd, "TQKVDP01" + frame.substr(0, frame.size() - 1));
+    if (i < 3) {
+      ASSERT_EQ(AwaitMetric("tqkv_data_plane_buffered_bytes", static_cast<double>((i + 1) * charge)),
+                static_cast<double>((i + 1) * charge));
+      held.push_back(fd);
+      continue;
+    }
+    v1::DataPlaneReply head;
+    ASSERT_TRUE(ReadReply(fd, &head)) << "connection " << i;
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kResourceExhausted)) << head.message();
+    EXPECT_NE(head.message().find("--data_max_buffered_bytes"), std::string::npos) << head.message();
+    EXPECT_NE(head.message().find(absl::StrCat("budget of ", budget)), std::string::npos) << head.message();
+    EXPECT_TRUE(ClosedByServer(fd));
+    close(fd);
+  }
+  EXPECT_EQ(Metric("tqkv_data_plane_buffered_bytes"), static_cast<double>(3 * charge));
+  EXPECT_EQ(Metric("tqkv_data_plane_budget_refusals_total"), kConns - 3);
+  const uint64_t rss1 = ServerRss();
+  EXPECT_LT(rss1, rss0 + budget + (16u << 20)) << "RSS grew from " << rss0 << " to " << rss1;
+
+  // The last byte completes a held frame: it is served (the sequence is
+  // unknown, not a budget error) and its charge returned.
+  v1::DataPlaneReply head;
+  SendRaw(held[0], frame.substr(frame.size() - 1));
+  ASSERT_TRUE(ReadReply(held[0], &head));
+  EXPECT_NE(head.code(), static_cast<uint32_t>(StatusCode::kResourceExhausted)) << head.message();
+  EXPECT_NE(head.code(), 0u);
+  EXPECT_EQ(Metric("tqkv_data_plane_buffered_bytes"), static_cast<double>(2 * charge));
+
+  // Room for one large frame again, and small requests are served.
+  const int again = RawConnect();
+  SendRaw(again, "TQKVDP01" + frame);
+  ASSERT_TRUE(ReadReply(again, &head));
+  EXPECT_NE(head.code(), static_cast<uint32_t>(StatusCode::kResourceExhausted)) << head.message();
+  close(again);
+  client::DataPlaneClientOptions o;
+  o.target = server_->data_address();
+  o.timeout = absl::Seconds(30);
+  auto dp = client::DataPlaneClient::Connect(o);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  v1::AttendRequest at;
+  at.add_items()->set_sequence_id("no-such-sequence");
+  EXPECT_EQ((*dp)->Attend(at).status().code(), StatusCode::kNotFound);
+
+  // Closed connections return their charges.
+  for (int fd : held) close(fd);
+  EXPECT_EQ(AwaitMetric("tqkv_data_plane_buffered_bytes", 0), 0);
+}
+
+// A frame that does not arrive whole within --data_frame_timeout_s fails
+// with DEADLINE_EXCEEDED and frees its charge, even while its client keeps
+// sending a byte now and then (which resets the idle timeout).
+TEST_F(DataPlaneLimitsTest, ASlowFrameTimesOutAndReturnsItsCharge) {
+  server_.reset();
+  StartServer({"--data_frame_timeout_s=1"});
+  const uint32_t n = 1000;
+  const int fd = RawConnect();
+  SendRaw(fd, "TQKVDP01" + std::string(reinterpret_cast<const char*>(&n), 4) + "abc");
+  ASSERT_EQ(AwaitMetric("tqkv_data_plane_buffered_bytes", 4 + n), 4 + n);
+  for (int i = 0; i < 3; ++i) {
+    absl::SleepFor(absl::Milliseconds(300));
+    send(fd, "x", 1, MSG_NOSIGNAL);  // may fail once the server has closed
+  }
+  v1::DataPlaneReply head;
+  ASSERT_TRUE(ReadReply(fd, &head));
+  EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kDeadlineExceeded)) << head.message();
+  EXPECT_NE(head.message().find("1000 bytes"), std::string::npos) << head.message();
+  EXPECT_TRUE(ClosedByServer(fd));
+  close(fd);
+  EXPECT_EQ(Metric("tqkv_data_plane_buffered_bytes"), 0);
+  EXPECT_EQ(Metric("tqkv_data_plane_frame_timeouts_total"), 1);
+}
+
+// A budget that cannot hold one largest frame (4 + --max_message_bytes)
+// is a startup error; one that holds exactly one is served.
+TEST_F(DataPlaneLimitsTest, ABudgetBelowOneFrameIsRefusedAtStart) {
+  auto low = ServerProcess::Start(MakeTempDir("tqkv-data"),
+                                  {"--max_message_bytes=4194304", "--data_max_buffered_bytes=4194307"});
+  EXPECT_FALSE(low.ok());
+  auto exact = ServerProcess::Start(MakeTempDir("tqkv-data"),
+                                    {"--max_message_bytes=4194304", "--data_max_buffered_bytes=4194308"});
+  EXPECT_TRUE(exact.ok()) << exact.status();
+}
+
+}  // namespace
+}  // namespace tqkv::testing
