@@ -3,6 +3,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "service/build_info.h"
 #include "service/grpc_status.h"
 
 namespace tqkv::service {
@@ -194,6 +195,7 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
                              MetricType::Gauge);
   Add(info, {{"backend", service_->backend().name()}}, 1);
   out.push_back(std::move(info));
+  out.push_back(BuildInfoFamily(CurrentBuildInfo(), service_->backend().name()));
   return out;
 }
 

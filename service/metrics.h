@@ -24,6 +24,7 @@
 //   tqkv_puts_already_present_total, tqkv_puts_aborted_total,
 //   tqkv_puts_rejected_total, tqkv_deletes_total
 //   tqkv_sequences, tqkv_staged_blocks, tqkv_backend_info{backend}
+//   tqkv_build_info{version,commit,backend}   (service/build_info.h)
 //
 // Thread safety: both classes are thread-safe.
 #ifndef TQKV_SERVICE_METRICS_H_

@@ -83,6 +83,14 @@ TEST_F(MetricsTest, ExpositionIsValidAndCountersMoveByTheRightAmounts) {
   EXPECT_EQ(delta("tqkv_rpc_errors_total{code=\"FAILED_PRECONDITION\",method=\"Lookup\"}"), 1);
   EXPECT_EQ(delta("tqkv_rpc_duration_seconds_count{method=\"PutBlocks\"}"), 1);
   EXPECT_EQ(Value(after, "tqkv_backend_info{backend=\"" + TestBackend() + "\"}"), 1);
+  // The commit depends on how the binary was built; the version is never empty.
+  const std::string build = "tqkv_build_info{backend=\"" + TestBackend() + "\",commit=\"";
+  const size_t at = after.find(build);
+  ASSERT_NE(at, std::string::npos) << after;
+  const std::string line = after.substr(at, after.find('\n', at) - at);
+  EXPECT_TRUE(absl::StrContains(line, ",version=\"") && !absl::StrContains(line, "version=\"\"") &&
+              absl::EndsWith(line, "} 1"))
+      << line;
 
   // Spilling moves the bytes to the disk tier and counts the spills; a get
   // from disk counts a disk hit.

@@ -8,5 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 echo "tqkv: building the server (first build takes a few minutes)..." >&2
-bazel build -c opt //service:tqkv-server >&2
+# The commit goes into tqkv_build_info (service/build_info.h).
+commit=$(git rev-parse --short=12 HEAD 2>/dev/null || true)
+bazel build -c opt ${commit:+--per_file_copt=service/build_info.cc@-DTQKV_COMMIT=$commit} \
+  //service:tqkv-server >&2
 exec "$(bazel info -c opt bazel-bin 2>/dev/null)/service/tqkv-server" "$@"
