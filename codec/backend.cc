@@ -65,6 +65,12 @@ absl::Status ValidateAttendBatch(const ModelCodec& codec, const AttendBatch& b) 
       return absl::InvalidArgumentError("query_offsets must be non-decreasing");
   if (static_cast<int64_t>(b.positions.size()) != b.query_offsets.back())
     return absl::InvalidArgumentError("one position per query is required");
+  for (const PackItem& p : b.packs) {
+    if (p.out == nullptr) return absl::InvalidArgumentError("a pack has no output");
+    if (absl::Status st = ValidateEncodeArgs(codec, b.layer, b.layer + 1, {p.k}, {p.v}); !st.ok()) return st;
+    if (p.k.tokens != s.block_size)
+      return absl::InvalidArgumentError(absl::StrCat("a pack has ", p.k.tokens, " rows, not block_size ", s.block_size));
+  }
   for (size_t i = 0; i < b.sequences.size(); ++i) {
     const AttendSequence& seq = b.sequences[i];
     if (seq.packed_tokens < 0 ||

@@ -57,6 +57,14 @@ struct AttendSequence {
   DType dtype = DType::kF32;
 };
 
+// A block's layer to encode as part of an Attend (AttendBatch::packs): a
+// layer that a sequence's tail (or its new rows) just filled.
+struct PackItem {
+  DenseView k, v;          // the layer's block_size rows [block_size, kv_heads, d]
+  uint8_t* out = nullptr;  // receives the layer's packed bytes (layer_range_bytes(l, l + 1))
+  uint64_t block_id = 0;   // the BlockRef::id a sequence of the batch lists the block under
+};
+
 // A batch of attention work on one layer. Sequence i has the queries
 // [query_offsets[i], query_offsets[i+1]) (AttendSequence::q); each has an
 // absolute position (decode: total_tokens − 1).
@@ -66,6 +74,14 @@ struct AttendBatch {
   std::vector<AttendSequence> sequences;
   std::vector<int64_t> query_offsets;  // size sequences.size() + 1
   std::vector<int64_t> positions;      // per query
+  // Optional: layers to encode first, at `layer` (the bytes EncodeBlocks
+  // writes for them), each into `out` and into the block as its sequence
+  // attends it in this call (the block is listed being filled, BlockRef::
+  // complete false, its layer `layer` not yet in its payload). A GPU
+  // encodes them into its device copy of the block in the same pass. The
+  // rows must stay valid for the call; `out` is written when Attend returns
+  // OK (on an error, some may be).
+  std::vector<PackItem> packs;
   // Optional: receives the device time of the attention kernels in
   // microseconds (GPU events); 0 where the backend has no device.
   double* device_micros = nullptr;

@@ -67,6 +67,8 @@ absl::Status CpuBackend::DecodeBlock(const ModelCodec& codec, int first, int las
 absl::Status CpuBackend::Attend(const ModelCodec& codec, const AttendBatch& b) {
   TQ_RETURN_IF_ERROR(ValidateAttendBatch(codec, b));
   const int l = b.layer;
+  // Packs first: their blocks' payloads are what the sequences attend.
+  for (const PackItem& p : b.packs) TQ_RETURN_IF_ERROR(EncodeBlock(codec, l, l + 1, {p.k}, {p.v}, p.out));
   const size_t d = codec.shape().head_dim;
   for (size_t i = 0; i < b.sequences.size(); ++i) {
     const AttendSequence& in = b.sequences[i];

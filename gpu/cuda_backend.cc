@@ -225,6 +225,7 @@ class CudaBackend : public ComputeBackend {
 
   absl::Status Attend(const ModelCodec& codec, const AttendBatch& b) override {
     TQ_RETURN_IF_ERROR(ValidateAttendBatch(codec, b));
+    if (b.query_offsets.back() == 0) return EncodePacks(codec, b);
     absl::MutexLock lock(&mu_);
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
     TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
@@ -232,7 +233,6 @@ class CudaBackend : public ComputeBackend {
     const ModelShape& s = codec.shape();
     const int l = b.layer;
     const int64_t nq = b.query_offsets.back();
-    if (nq == 0) return absl::OkStatus();
     const size_t nseq = b.sequences.size();
     ++epoch_;
     int32_t max_blocks = 1;
@@ -240,7 +240,9 @@ class CudaBackend : public ComputeBackend {
       max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(q.blocks.size()));
     CallTables tables_of;
     Uploads up;
-    TQ_RETURN_IF_ERROR(BlockSlots(codec, b, max_blocks, &tables_of, &up));
+    std::vector<int32_t> pack_slots;
+    TQ_RETURN_IF_ERROR(BlockSlots(codec, b, max_blocks, &tables_of, &up, &pack_slots));
+    PackPlan packs = PlanPacks(codec, b, std::move(pack_slots));
     const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
     const size_t qrow = static_cast<size_t>(b.shape.q_heads) * s.head_dim;
     std::vector<int64_t> tail_offset(nseq, 0);
@@ -260,11 +262,14 @@ class CudaBackend : public ComputeBackend {
     std::vector<size_t> piece_src(up.pieces.size());
     for (size_t i = 0; i < up.pieces.size(); ++i) piece_src[i] = st.Add(up.pieces[i].bytes);
     const size_t pieces_off = st.Add(up.pieces.size() * sizeof(ScatterPiece));
+    packs.AddInputs(st);
     const size_t in_bytes = st.size();
     const size_t out_off = st.Add(nq * qrow * sizeof(float));
+    packs.AddOutputs(st);
     const size_t up_off = st.Add(up.blocks.size() * codec.block_bytes());
     TQ_RETURN_IF_ERROR(host_.Reserve(st.size()));
     uint8_t* h = host_.as<uint8_t>();
+    packs.Stage(b, h);
     std::memcpy(h + table_off, table.data(), table.size() * sizeof(int32_t));
     auto* packed = reinterpret_cast<int64_t*>(h + packed_off);
     int64_t max_ctx = 1;
@@ -356,13 +361,16 @@ class CudaBackend : public ComputeBackend {
     TQ_CUDA_RETURN_IF_ERROR(LaunchScatter(reinterpret_cast<const ScatterPiece*>(d + pieces_off),
                                           static_cast<int>(up.pieces.size()), d, sm),
                             "scatter layers and tail rows");
+    TQ_RETURN_IF_ERROR(LaunchPacks(codec, *tables, packs, d, sm));
     TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_start_.get(), sm), "cudaEventRecord");
     TQ_CUDA_RETURN_IF_ERROR(LaunchAttention(a, plan, sm), "attention");
     TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_stop_.get(), sm), "cudaEventRecord");
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out_off, d + out_off, nq * qrow * sizeof(float),
                                             cudaMemcpyDeviceToHost, sm),
                             "download outputs");
+    TQ_RETURN_IF_ERROR(DownloadPacks(codec, packs, h, sm));
     TQ_RETURN_IF_ERROR(stream_.Synchronize("attention"));
+    packs.Deliver(b, h);
     for (size_t i = 0; i < nseq; ++i) {
       const int64_t q0 = b.query_offsets[i], n = b.query_offsets[i + 1] - q0;
       if (n > 0)
@@ -430,15 +438,16 @@ class CudaBackend : public ComputeBackend {
     bool pointers = false;
   };
 
-  // Acquires every sequence's blocks in the arena, fills `tables` and the
-  // uploads the call needs. A keyed sequence's table (DeviceSeqTables) keeps
+  // Acquires every sequence's blocks and the packs' blocks (their slots in
+  // *pack_slots) in the arena, fills `tables` and the uploads the call
+  // needs. A keyed sequence's table (DeviceSeqTables) keeps
   // its slots, and their device copy, between calls while the arena's
   // generation is unchanged: only blocks past the kept prefix are acquired
   // and uploaded. If this call's own Acquires evict anything, the kept
   // prefixes are acquired again. Blocks being filled (BlockRef::complete
   // false) copy only this call's layer, once.
   absl::Status BlockSlots(const ModelCodec& codec, const AttendBatch& b, int32_t max_blocks, CallTables* tables,
-                          Uploads* up) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                          Uploads* up, std::vector<int32_t>* pack_slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int l = b.layer;
     const size_t nseq = b.sequences.size();
     const uint64_t gen0 = cache_->generation();
@@ -447,6 +456,11 @@ class CudaBackend : public ComputeBackend {
       std::vector<bool>& have = layers_[r.id];
       if (miss || have.empty()) have.assign(codec.shape().num_layers, false);
       if (have[l]) return;
+      for (const PackItem& p : b.packs) {
+        if (p.block_id != r.id) continue;
+        have[l] = true;  // this call's pack encodes the layer into the slot
+        return;
+      }
       const size_t off = codec.layer_offset(l), bytes = codec.layer_range_bytes(l, l + 1);
       if (off % 16 == 0 && bytes % 16 == 0) {
         up->pieces.push_back({cache_->base() + static_cast<size_t>(slot) * cache_->slot_bytes() + off,
@@ -501,6 +515,16 @@ class CudaBackend : public ComputeBackend {
       }
       TQ_RETURN_IF_ERROR(acquire(i));
     }
+    // The packs' blocks (listed by the call's sequences: acquired above),
+    // their layer l written by the pack's encode, not uploaded.
+    for (const PackItem& p : b.packs) {
+      bool miss = false;
+      TQ_ASSIGN_OR_RETURN(int32_t slot, cache_->Acquire(p.block_id, epoch_, codec.block_bytes(), &miss));
+      std::vector<bool>& have = layers_[p.block_id];
+      if (miss || have.empty()) have.assign(codec.shape().num_layers, false);
+      have[l] = true;
+      pack_slots->push_back(slot);
+    }
     if (cache_->generation() != gen0) {
       for (size_t i = 0; i < nseq; ++i) {
         if (kept[i] == 0) continue;
@@ -538,6 +562,103 @@ class CudaBackend : public ComputeBackend {
     tables->pointers = !in_order && !(nseq == 1 && tables->device[0] != nullptr);
     if (tables->staged.empty()) tables->staged.assign(1, 0);
     return absl::OkStatus();
+  }
+
+  // The call's packs (AttendBatch::packs): their rows staged in the call's
+  // upload (one dtype, fp32 where they differ), encoded by one launch
+  // straight into their blocks' arena slots (before the attention, which
+  // reads them there), and each slot's layer downloaded into the staging's
+  // output part, then copied to the pack's `out`.
+  struct PackPlan {
+    size_t n = 0;
+    int layer = 0;
+    std::vector<int32_t> slots;  // per pack: its block's arena slot
+    DType dtype = DType::kF32;
+    size_t row_elems = 0, rows = 0;  // per pack: block_size rows of row_elems
+    size_t layer_bytes = 0;
+    size_t k_off = 0, v_off = 0, slots_off = 0, flag_off = 0, out_off = 0;
+
+    void AddInputs(Staging& st) {
+      if (n == 0) return;
+      k_off = st.Add(n * rows * row_elems * DTypeSize(dtype));
+      v_off = st.Add(n * rows * row_elems * DTypeSize(dtype));
+      slots_off = st.Add(n * rows * sizeof(int64_t));
+      flag_off = st.Add(sizeof(unsigned long long));
+    }
+    void AddOutputs(Staging& st) {
+      if (n > 0) out_off = st.Add(n * layer_bytes);
+    }
+    void Stage(const AttendBatch& b, uint8_t* h) const {
+      const size_t bytes = rows * row_elems * DTypeSize(dtype);
+      auto* tok = reinterpret_cast<int64_t*>(h + slots_off);
+      for (size_t i = 0; i < n; ++i) {
+        const PackItem& p = b.packs[i];
+        for (int c = 0; c < 2; ++c) {
+          const DenseView& t = c == 0 ? p.k : p.v;
+          uint8_t* dst = h + (c == 0 ? k_off : v_off) + i * bytes;
+          if (t.dtype == dtype) std::memcpy(dst, t.data, bytes);
+          else ToFloat(t.dtype, t.data, reinterpret_cast<float*>(dst), rows * row_elems);
+        }
+        for (size_t r = 0; r < rows; ++r) tok[i * rows + r] = static_cast<int64_t>(slots[i]) * rows + r;
+      }
+      if (n > 0) std::memset(h + flag_off, 0, sizeof(unsigned long long));
+    }
+    void Deliver(const AttendBatch& b, const uint8_t* h) const {
+      for (size_t i = 0; i < n; ++i) std::memcpy(b.packs[i].out, h + out_off + i * layer_bytes, layer_bytes);
+    }
+  };
+
+  static PackPlan PlanPacks(const ModelCodec& codec, const AttendBatch& b, std::vector<int32_t> slots) {
+    PackPlan p;
+    p.n = b.packs.size();
+    p.layer = b.layer;
+    p.slots = std::move(slots);
+    if (p.n == 0) return p;
+    const ModelShape& s = codec.shape();
+    p.dtype = b.packs[0].k.dtype;
+    for (const PackItem& item : b.packs)
+      if (item.k.dtype != p.dtype || item.v.dtype != p.dtype) p.dtype = DType::kF32;
+    p.row_elems = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
+    p.rows = static_cast<size_t>(s.block_size);
+    p.layer_bytes = codec.layer_range_bytes(b.layer, b.layer + 1);
+    return p;
+  }
+
+  absl::Status LaunchPacks(const ModelCodec& codec, const DeviceCodecTables& tables, const PackPlan& p,
+                           uint8_t* d, cudaStream_t sm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (p.n == 0) return absl::OkStatus();
+    const int l = p.layer;
+    EncodeLaunch a;
+    uint8_t* kp = cache_->base() + codec.layer_offset(l);  // slot j's layer l at + j · slot_bytes
+    SetLayerPages(codec, tables, l, kp, kp + codec.k_page_bytes(l), cache_->num_slots(),
+                  reinterpret_cast<const int64_t*>(d + p.slots_off),
+                  reinterpret_cast<unsigned long long*>(d + p.flag_off), &a);
+    a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(cache_->slot_bytes());
+    a.k = d + p.k_off;
+    a.v = d + p.v_off;
+    a.dtype = static_cast<int32_t>(p.dtype);
+    a.tokens = static_cast<int64_t>(p.n * p.rows);
+    TQ_CUDA_RETURN_IF_ERROR(LaunchEncode(a, sm), absl::StrCat("encode packs of layer ", l));
+    return absl::OkStatus();
+  }
+
+  absl::Status DownloadPacks(const ModelCodec& codec, const PackPlan& p, uint8_t* h, cudaStream_t sm)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = 0; i < p.n; ++i)
+      TQ_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(h + p.out_off + i * p.layer_bytes,
+                          cache_->base() + static_cast<size_t>(p.slots[i]) * cache_->slot_bytes() +
+                              codec.layer_offset(p.layer),
+                          p.layer_bytes, cudaMemcpyDeviceToHost, sm),
+          "download packs");
+    return absl::OkStatus();
+  }
+
+  // A call without queries: its packs alone.
+  absl::Status EncodePacks(const ModelCodec& codec, const AttendBatch& b) {
+    std::vector<EncodeItem> items;
+    for (const PackItem& p : b.packs) items.push_back({{p.k}, {p.v}, p.out});
+    return EncodeBlocks(codec, b.layer, b.layer + 1, items);
   }
 
   // Where a call's tails come from: the tail cache (every tail has an id,

@@ -468,6 +468,143 @@ TEST(CudaBackend, KeptBlockTablesGrowShrinkAndFallBack) {
   attend({{a.first(20), A}});  // a forgotten key starts over
 }
 
+// Packs (AttendBatch::packs): a tail that fills is encoded in the Attend
+// that first attends its block, straight into the block's arena slot (slots
+// that held other blocks' bytes before). The pack's `out` gets exactly the
+// CPU encode's bytes, and the attention is bit-identical to a backend
+// given those bytes without packs, for a format on the specialised encode,
+// one on the generic encode and a recipe (the model's last layer dense).
+TEST(CudaBackend, PacksEncodeIntoTheBlocksTheyAttend) {
+  TQ_SKIP_WITHOUT_GPU();
+  for (const char* format : {"k4v4", "k3v2", "turboquant35"}) {
+    SCOPED_TRACE(format);
+    const int layers = 2, H = 8, QH = 32, dim = 128, bs = 16;
+    auto codec = TestCodec(format, {layers, H, QH, dim, bs});
+    CpuBackend cpu({.threads = 0});
+    auto packed_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 32)});
+    auto plain_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 32)});
+    ASSERT_TRUE(packed_or.ok()) << packed_or.status();
+    ASSERT_TRUE(plain_or.ok()) << plain_or.status();
+    ComputeBackend& packed = **packed_or;
+    ComputeBackend& plain = **plain_or;
+    // Other blocks' bytes left in every slot first.
+    {
+      std::vector<std::vector<uint8_t>> junk(32, std::vector<uint8_t>(codec->block_bytes()));
+      std::vector<BlockRef> refs;
+      for (int j = 0; j < 32; ++j) {
+        for (size_t i = 0; i < junk[j].size(); ++i) junk[j][i] = static_cast<uint8_t>(i * 7 + j);
+        refs.push_back({uint64_t(900000 + j), junk[j].data()});
+      }
+      AttendSequence js;
+      js.blocks = refs;
+      js.packed_tokens = 32 * bs;
+      AttendBatch jb;
+      jb.shape = {QH, H, dim, 0};
+      jb.sequences = {js};
+      jb.query_offsets = {0, 1};
+      jb.positions = {0};
+      std::vector<float> q(QH * dim, 0.5f), out(q.size());
+      PointAtContiguousF32(jb, q.data(), out.data());
+      ASSERT_TRUE(packed.Attend(*codec, jb).ok());
+      for (const BlockRef& r : refs) packed.Forget(r.id);
+    }
+    const size_t row = static_cast<size_t>(H) * dim;
+    struct Seq {
+      std::vector<std::unique_ptr<std::vector<uint8_t>>> blocks, cpu_blocks;  // packed here / by the CPU
+      std::vector<BlockRef> refs, cpu_refs;
+      std::vector<int64_t> filled;
+      std::vector<std::vector<float>> tail_k, tail_v;
+      uint64_t key = 0;
+    };
+    uint64_t next_id = 1;
+    std::vector<Seq> seqs(2);
+    for (int i = 0; i < 2; ++i) {
+      Seq& q = seqs[i];
+      q.key = next_id++;
+      auto& bytes = q.blocks.emplace_back(std::make_unique<std::vector<uint8_t>>(codec->block_bytes()));
+      std::vector<DenseView> kd, vd;
+      std::vector<std::vector<float>> k(layers), v(layers);
+      for (int l = 0; l < layers; ++l) {
+        k[l] = RandomRows(bs * H, dim, 100 * i + l);
+        v[l] = RandomRows(bs * H, dim, 5000 + 100 * i + l);
+        kd.push_back({k[l].data(), DType::kF32, bs, H, dim});
+        vd.push_back({v[l].data(), DType::kF32, bs, H, dim});
+      }
+      ASSERT_TRUE(cpu.EncodeBlock(*codec, 0, layers, kd, vd, bytes->data()).ok());
+      q.cpu_blocks.emplace_back(std::make_unique<std::vector<uint8_t>>(*bytes));
+      const uint64_t id = next_id++ | (uint64_t{1} << 63);
+      q.refs.push_back({id, bytes->data()});
+      q.cpu_refs.push_back({id, q.cpu_blocks.back()->data()});
+      q.filled.assign(layers, 0);
+      q.tail_k.resize(layers);
+      q.tail_v.resize(layers);
+      for (int l = 0; l < layers; ++l) {
+        const int t0 = i == 0 ? 14 : 9;
+        q.tail_k[l] = RandomRows(t0 * H, dim, 900 + 10 * i + l);
+        q.tail_v[l] = RandomRows(t0 * H, dim, 950 + 10 * i + l);
+      }
+    }
+    int packs_seen = 0;
+    for (int step = 0; step < 10; ++step) {
+      for (int l = 0; l < layers; ++l) {
+        AttendBatch batch, bare;
+        batch.layer = bare.layer = l;
+        batch.shape = bare.shape = {QH, H, dim, 0};
+        batch.query_offsets = bare.query_offsets = {0, 1, 2};
+        std::vector<std::vector<float>> pack_rows;  // alive for the call
+        for (Seq& q : seqs) {
+          std::vector<float> k = RandomRows(H, dim, 7000 + step * 10 + l), v = RandomRows(H, dim, 8000 + step * 10 + l);
+          q.tail_k[l].insert(q.tail_k[l].end(), k.begin(), k.end());
+          q.tail_v[l].insert(q.tail_v[l].end(), v.begin(), v.end());
+          if (q.tail_k[l].size() == bs * row) {  // layer l of the next filling block, packed by this call
+            const size_t j = static_cast<size_t>(1 + q.filled[l]);
+            if (j == q.blocks.size()) {
+              q.blocks.push_back(std::make_unique<std::vector<uint8_t>>(codec->block_bytes(), 0));
+              q.cpu_blocks.push_back(std::make_unique<std::vector<uint8_t>>(codec->block_bytes(), 0));
+              const uint64_t id = next_id++;
+              q.refs.push_back({id, q.blocks.back()->data(), /*complete=*/false});
+              q.cpu_refs.push_back({id + 500000, q.cpu_blocks.back()->data(), /*complete=*/false});
+            }
+            pack_rows.push_back(std::move(q.tail_k[l]));
+            pack_rows.push_back(std::move(q.tail_v[l]));
+            const DenseView pk{pack_rows[pack_rows.size() - 2].data(), DType::kF32, bs, H, dim};
+            const DenseView pv{pack_rows.back().data(), DType::kF32, bs, H, dim};
+            batch.packs.push_back({pk, pv, q.blocks[j]->data() + codec->layer_offset(l), q.refs[j].id});
+            ASSERT_TRUE(cpu.EncodeBlock(*codec, l, l + 1, {pk}, {pv}, q.cpu_blocks[j]->data() + codec->layer_offset(l)).ok());
+            ++q.filled[l];
+            q.tail_k[l].clear();
+            q.tail_v[l].clear();
+            ++packs_seen;
+          }
+          const int64_t nblocks = 1 + q.filled[l];
+          const int64_t tail = static_cast<int64_t>(q.tail_k[l].size() / row);
+          AttendSequence as;
+          as.blocks = absl::MakeConstSpan(q.refs.data(), nblocks);
+          as.packed_tokens = nblocks * bs;
+          as.tail_k = {q.tail_k[l].data(), DType::kF32, tail, H, dim};
+          as.tail_v = {q.tail_v[l].data(), DType::kF32, tail, H, dim};
+          as.sequence_key = q.key;
+          batch.sequences.push_back(as);
+          as.blocks = absl::MakeConstSpan(q.cpu_refs.data(), nblocks);
+          bare.sequences.push_back(as);
+          batch.positions.push_back(as.packed_tokens + tail - 1);
+        }
+        bare.positions = batch.positions;
+        std::vector<float> qv = RandomRows(2 * QH, dim, 9000 + step * 10 + l), got(qv.size()), base(qv.size());
+        PointAtContiguousF32(batch, qv.data(), got.data());
+        ASSERT_TRUE(packed.Attend(*codec, batch).ok()) << "step " << step << " layer " << l;
+        PointAtContiguousF32(bare, qv.data(), base.data());
+        ASSERT_TRUE(plain.Attend(*codec, bare).ok());
+        EXPECT_EQ(got, base) << "step " << step << " layer " << l;
+        for (const Seq& q : seqs)
+          for (size_t j = 0; j < q.blocks.size(); ++j)
+            ASSERT_EQ(*q.blocks[j], *q.cpu_blocks[j]) << "block " << j << " step " << step << " layer " << l;
+      }
+    }
+    EXPECT_GE(packs_seen, 4);
+  }
+}
+
 // A decode loop as the sequence manager drives it: each call appends one
 // token to each sequence's tail (rows grow under one tail id, so only the
 // new row is copied), a full tail packs into layer l of a block being

@@ -167,6 +167,11 @@ struct SequenceManager::StagedAppend {
   std::vector<std::unique_ptr<OwnedBlock>> created;
   int64_t count = 0;  // the layer's owned blocks after
   std::vector<ComputeBackend::EncodeItem> encodes;
+  std::vector<uint64_t> encode_blocks;  // the owned block of each encode (BackendId)
+  // True when the commit writes the new tail over the room the tail's
+  // encode reads (rows left after the last packed block): the encodes must
+  // run before it.
+  bool encode_before_commit() const { return packs && k.tokens > packed_rows; }
 };
 
 namespace {
@@ -210,6 +215,7 @@ SequenceManager::StagedAppend SequenceManager::StageAppend(Sequence& seq, int la
       e.v = {Rows(v, from, bs)};
     }
     e.out = block.bytes.get() + codec.layer_offset(layer);
+    a.encode_blocks.push_back(block.id.id);
     ++a.count;
   }
   return a;
@@ -474,8 +480,19 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
       staged.push_back(StageAppend(*seqs[i], layer, SliceView(*it.k, 0, 0, it.k->shape[0]),
                                    SliceView(*it.v, 0, 0, it.v->shape[0])));
   }
-  if (absl::Status st = EncodeStaged(*model.codec, layer, staged); !st.ok()) return finish(st);
-  for (StagedAppend& a : staged) CommitAppend(a, &undo.emplace_back());
+  // The filled layers are encoded by the backend's Attend, in the same
+  // pass as the attention (a GPU encodes them into its copies of the
+  // blocks), unless a commit overwrites rows an encode reads: then first.
+  bool encode_first = false;
+  for (const StagedAppend& a : staged) encode_first = encode_first || a.encode_before_commit();
+  if (encode_first)
+    if (absl::Status st = EncodeStaged(*model.codec, layer, staged); !st.ok()) return finish(st);
+  std::vector<PackItem> packs;
+  for (StagedAppend& a : staged) {
+    for (size_t e = 0; !encode_first && e < a.encodes.size(); ++e)
+      packs.push_back({a.encodes[e].k[0], a.encodes[e].v[0], a.encodes[e].out, a.encode_blocks[e]});
+    CommitAppend(a, &undo.emplace_back());
+  }
   staged.clear();
 
   // Queries are read from the request and outputs written into the
@@ -522,6 +539,7 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
     as.dtype = it.q.dtype;
     batch.query_offsets.push_back(batch.query_offsets.back() + nq);
   }
+  batch.packs = std::move(packs);
   double device_micros = 0;
   batch.device_micros = &device_micros;
   const auto t0 = std::chrono::steady_clock::now();
