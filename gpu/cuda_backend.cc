@@ -11,6 +11,7 @@
 #include "gpu/attention_plan.h"
 #include "gpu/block_cache.h"
 #include "gpu/codec_tables.h"
+#include "gpu/convert.h"
 #include "gpu/cuda_util.h"
 #include "gpu/kernels.h"
 #include "gpu/scatter.h"
@@ -256,7 +257,10 @@ class CudaBackend : public ComputeBackend {
     const size_t tailoff_off = st.Add(nseq * sizeof(int64_t));
     const size_t qseq_off = st.Add(nq * sizeof(int32_t));
     const size_t pos_off = st.Add(nq * sizeof(int64_t));
-    const size_t q_off = st.Add(nq * qrow * sizeof(float));
+    // A large call whose queries share a 16-bit wire dtype ships them and
+    // its outputs in it, converted on the device.
+    const WireIo wire = ChooseWireIo(b, static_cast<size_t>(nq) * qrow);
+    const size_t q_off = st.Add(nq * qrow * (wire.on_device ? DTypeSize(wire.dtype) : sizeof(float)));
     const size_t tk_off = st.Add(tails.staged_tokens * row * tails.elem_bytes);
     const size_t tv_off = st.Add(tails.staged_tokens * row * tails.elem_bytes);
     std::vector<size_t> piece_src(up.pieces.size());
@@ -265,6 +269,8 @@ class CudaBackend : public ComputeBackend {
     packs.AddInputs(st);
     const size_t in_bytes = st.size();
     const size_t out_off = st.Add(nq * qrow * sizeof(float));
+    const size_t q32_off = st.Add(wire.on_device ? nq * qrow * sizeof(float) : 0);    // device only
+    const size_t out16_off = st.Add(wire.on_device ? nq * qrow * DTypeSize(wire.dtype) : 0);
     packs.AddOutputs(st);
     const size_t up_off = st.Add(up.blocks.size() * codec.block_bytes());
     TQ_RETURN_IF_ERROR(host_.Reserve(st.size()));
@@ -286,11 +292,17 @@ class CudaBackend : public ComputeBackend {
     std::memcpy(h + tailoff_off, tail_offset.data(), nseq * sizeof(int64_t));
     if (!tails.cached) StageTails(b, row, tails, h + tk_off, h + tv_off);
     std::memcpy(h + pos_off, b.positions.data(), nq * sizeof(int64_t));
-    // Queries convert from their wire dtype straight into the staging.
+    // Queries convert from their wire dtype straight into the staging, or
+    // are copied in it.
     for (size_t i = 0; i < nseq; ++i) {
       const int64_t q0 = b.query_offsets[i], n = b.query_offsets[i + 1] - q0;
-      if (n > 0)
+      if (n == 0) continue;
+      if (wire.on_device) {
+        const size_t e = DTypeSize(wire.dtype);
+        std::memcpy(h + q_off + q0 * qrow * e, b.sequences[i].q, n * qrow * e);
+      } else {
         ToFloat(b.sequences[i].dtype, b.sequences[i].q, reinterpret_cast<float*>(h + q_off) + q0 * qrow, n * qrow);
+      }
     }
     auto* pieces = reinterpret_cast<ScatterPiece*>(h + pieces_off);
     for (size_t i = 0; i < up.pieces.size(); ++i) {
@@ -347,7 +359,7 @@ class CudaBackend : public ComputeBackend {
     for (size_t i = 0; one_per_seq && i < nseq; ++i) one_per_seq = b.query_offsets[i] == static_cast<int64_t>(i);
     a.query_seq = one_per_seq ? nullptr : reinterpret_cast<const int32_t*>(d + qseq_off);
     a.positions = reinterpret_cast<const int64_t*>(d + pos_off);
-    a.q = reinterpret_cast<const float*>(d + q_off);
+    a.q = reinterpret_cast<const float*>(d + (wire.on_device ? q32_off : q_off));
     a.out = reinterpret_cast<float*>(d + out_off);
     a.workspace = d + ws_off;
     a.workspace_bytes = ws;
@@ -361,21 +373,39 @@ class CudaBackend : public ComputeBackend {
     TQ_CUDA_RETURN_IF_ERROR(LaunchScatter(reinterpret_cast<const ScatterPiece*>(d + pieces_off),
                                           static_cast<int>(up.pieces.size()), d, sm),
                             "scatter layers and tail rows");
+    if (wire.on_device)
+      TQ_CUDA_RETURN_IF_ERROR(LaunchToFloat(d + q_off, GpuDTypeOf(wire.dtype), reinterpret_cast<float*>(d + q32_off),
+                                            nq * static_cast<int64_t>(qrow), sm),
+                              "queries to fp32");
     TQ_RETURN_IF_ERROR(LaunchPacks(codec, *tables, packs, d, sm));
     TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_start_.get(), sm), "cudaEventRecord");
     TQ_CUDA_RETURN_IF_ERROR(LaunchAttention(a, plan, sm), "attention");
     TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_stop_.get(), sm), "cudaEventRecord");
-    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out_off, d + out_off, nq * qrow * sizeof(float),
-                                            cudaMemcpyDeviceToHost, sm),
-                            "download outputs");
+    if (wire.on_device) {
+      TQ_CUDA_RETURN_IF_ERROR(LaunchFromFloat(reinterpret_cast<const float*>(d + out_off), GpuDTypeOf(wire.dtype),
+                                              d + out16_off, nq * static_cast<int64_t>(qrow), sm),
+                              "outputs from fp32");
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out16_off, d + out16_off, nq * qrow * DTypeSize(wire.dtype),
+                                              cudaMemcpyDeviceToHost, sm),
+                              "download outputs");
+    } else {
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out_off, d + out_off, nq * qrow * sizeof(float),
+                                              cudaMemcpyDeviceToHost, sm),
+                              "download outputs");
+    }
     TQ_RETURN_IF_ERROR(DownloadPacks(codec, packs, h, sm));
     TQ_RETURN_IF_ERROR(stream_.Synchronize("attention"));
     packs.Deliver(b, h);
     for (size_t i = 0; i < nseq; ++i) {
       const int64_t q0 = b.query_offsets[i], n = b.query_offsets[i + 1] - q0;
-      if (n > 0)
+      if (n == 0) continue;
+      if (wire.on_device) {
+        const size_t e = DTypeSize(wire.dtype);
+        std::memcpy(b.sequences[i].out, h + out16_off + q0 * qrow * e, n * qrow * e);
+      } else {
         FromFloat(b.sequences[i].dtype, reinterpret_cast<const float*>(h + out_off) + q0 * qrow,
                   b.sequences[i].out, n * qrow);
+      }
     }
     if (b.device_micros != nullptr)
       *b.device_micros = 1e3 * std::max(0.0f, CudaEvent::ElapsedMs(attend_start_, attend_stop_));
@@ -424,6 +454,30 @@ class CudaBackend : public ComputeBackend {
     std::vector<std::pair<int32_t, const uint8_t*>> blocks;
     std::vector<Piece> pieces;
   };
+
+  // How a call's queries and outputs cross the bus: in their wire dtype
+  // (fp16 or bf16, the same for every sequence) and converted on the
+  // device when the call has at least kWireIoMinElems query values (two
+  // more launches, half the bytes and no host conversion); else as fp32
+  // converted on the host.
+  struct WireIo {
+    bool on_device = false;
+    DType dtype = DType::kF32;
+  };
+  static constexpr size_t kWireIoMinElems = size_t{1} << 16;  // 16 queries of 32 heads × 128
+  static WireIo ChooseWireIo(const AttendBatch& b, size_t elems) {
+    WireIo w;
+    for (size_t i = 0; i < b.sequences.size(); ++i)
+      if (b.query_offsets[i + 1] > b.query_offsets[i]) {
+        w.dtype = b.sequences[i].dtype;
+        break;
+      }
+    w.on_device = elems >= kWireIoMinElems && w.dtype != DType::kF32;
+    for (size_t i = 0; i < b.sequences.size(); ++i)
+      if (b.query_offsets[i + 1] > b.query_offsets[i]) w.on_device = w.on_device && b.sequences[i].dtype == w.dtype;
+    return w;
+  }
+  static int32_t GpuDTypeOf(DType t) { return t == DType::kBF16 ? kGpuBF16 : kGpuF16; }
 
   // Where each sequence's block table is for the kernels: its device copy
   // (keyed sequences, SeqTable), or a row of max_blocks entries of the

@@ -13,6 +13,8 @@
 #include "codec/dtype.h"
 #include "codec/quality.h"
 #include "codec/test_util.h"
+#include "gpu/convert.h"
+#include "gpu/gpu_codec.h"
 #include "gpu/test_support.h"
 
 namespace tqkv::gpu {
@@ -376,6 +378,98 @@ TEST(CudaBackend, ReusedSlotListsSurviveEvictionInTheSameBatch) {
   EXPECT_EQ(st.evictions, 3u);
   attend({seq({1, 2}), seq({3, 4})}, 5);  // everything resident and reused
   EXPECT_EQ(gpu.Stats().uploads, 8u);
+}
+
+// The device conversions equal the host's: every fp16 and bf16 value to
+// fp32, and fp32 values (ties, subnormals, overflow, infinities) back.
+TEST(CudaBackend, DeviceConversionsEqualTheHosts) {
+  TQ_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(dt == DType::kF16 ? "fp16" : "bf16");
+    const int32_t gdt = dt == DType::kF16 ? kGpuF16 : kGpuBF16;
+    std::vector<uint16_t> all(65536);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+    std::vector<float> want(all.size()), got(all.size());
+    ToFloat(dt, all.data(), want.data(), all.size());
+    DeviceBuffer d16 = testing_util::ToDevice(all), d32 = *DeviceBuffer::Allocate(all.size() * sizeof(float));
+    ASSERT_EQ(LaunchToFloat(d16.get(), gdt, d32.as<float>(), static_cast<int64_t>(all.size()), nullptr), cudaSuccess);
+    got = testing_util::ToHost<float>(d32, all.size());
+    for (size_t i = 0; i < all.size(); ++i)
+      if (!std::isnan(want[i])) ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << "value " << i;
+    std::vector<float> f = RandomRows(64, 1024, 3);
+    for (size_t i = 0; i < f.size(); i += 7) f[i] *= std::ldexp(1.0f, static_cast<int>(i % 60) - 30);
+    const float edges[] = {0.0f, -0.0f, 65504.0f, 65520.0f, 1e-8f, -6.0e-8f, 3.0e38f, INFINITY, -INFINITY, 1.0009765625f};
+    std::copy(std::begin(edges), std::end(edges), f.begin());
+    std::vector<uint16_t> host16(f.size()), dev16;
+    FromFloat(dt, f.data(), host16.data(), f.size());
+    DeviceBuffer df = testing_util::ToDevice(f), do16 = *DeviceBuffer::Allocate(f.size() * 2);
+    ASSERT_EQ(LaunchFromFloat(df.as<float>(), gdt, do16.get(), static_cast<int64_t>(f.size()), nullptr), cudaSuccess);
+    dev16 = testing_util::ToHost<uint16_t>(do16, f.size());
+    EXPECT_EQ(dev16, host16);
+  }
+}
+
+// A call with many fp16 or bf16 queries ships them and its outputs in
+// their dtype and converts on the device: the outputs equal the fp32 call
+// on the same queries, rounded once on the host, bit for bit; a call mixing
+// dtypes converts on the host and gives the same values.
+TEST(CudaBackend, LargeCallsShipQueriesAndOutputsInTheirDtype) {
+  TQ_SKIP_WITHOUT_GPU();
+  const int H = 8, QH = 32, dim = 128, bs = 16, nseq = 24;  // 24 × 4,096 query values: on the device
+  auto codec = *ModelCodec::Create({1, H, QH, dim, bs}, {.format = "k4v4", .seed = 2}, nullptr);
+  CpuBackend cpu({.threads = 0});
+  auto gpu_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 8)});
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  ComputeBackend& gpu = **gpu_or;
+  std::vector<std::vector<uint8_t>> payloads(4, std::vector<uint8_t>(codec->block_bytes()));
+  for (int b = 0; b < 4; ++b) {
+    std::vector<float> k = RandomRows(bs * H, dim, 60 + b), v = RandomRows(bs * H, dim, 70 + b);
+    ASSERT_TRUE(cpu.EncodeBlock(*codec, 0, 1, {{k.data(), DType::kF32, bs, H, dim}},
+                                {{v.data(), DType::kF32, bs, H, dim}}, payloads[b].data())
+                    .ok());
+  }
+  std::vector<std::vector<BlockRef>> refs(nseq);
+  AttendBatch batch;
+  batch.shape = {QH, H, dim, 0};
+  batch.query_offsets = {0};
+  for (int i = 0; i < nseq; ++i) {
+    refs[i] = {{uint64_t(1 + i % 4), payloads[i % 4].data()}, {uint64_t(1 + (i + 1) % 4), payloads[(i + 1) % 4].data()}};
+    AttendSequence s;
+    s.blocks = refs[i];
+    s.packed_tokens = 2 * bs - (i % 5);
+    batch.sequences.push_back(s);
+    batch.query_offsets.push_back(i + 1);
+    batch.positions.push_back(s.packed_tokens - 1);
+  }
+  const size_t row = static_cast<size_t>(QH) * dim, n = nseq * row;
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(dt == DType::kF16 ? "fp16" : "bf16");
+    std::vector<uint16_t> q16(n), out16(n, 0xFFFF), want16(n);
+    std::vector<float> q = RandomRows(nseq * QH, dim, 31), got(n);
+    FromFloat(dt, q.data(), q16.data(), n);
+    ToFloat(dt, q16.data(), q.data(), n);
+    PointAtContiguousF32(batch, q.data(), got.data());
+    ASSERT_TRUE(gpu.Attend(*codec, batch).ok());
+    FromFloat(dt, got.data(), want16.data(), n);
+    AttendBatch wire = batch;
+    for (int i = 0; i < nseq; ++i) {
+      wire.sequences[i].q = q16.data() + i * row;
+      wire.sequences[i].out = out16.data() + i * row;
+      wire.sequences[i].dtype = dt;
+    }
+    ASSERT_TRUE(gpu.Attend(*codec, wire).ok());
+    EXPECT_EQ(out16, want16);
+    // One sequence in fp32: every conversion on the host, same values.
+    std::vector<uint16_t> mixed16(n, 0xFFFF);
+    std::vector<float> got0(row);
+    for (int i = 0; i < nseq; ++i) wire.sequences[i].out = mixed16.data() + i * row;
+    wire.sequences[0].q = q.data();
+    wire.sequences[0].out = got0.data();
+    wire.sequences[0].dtype = DType::kF32;
+    ASSERT_TRUE(gpu.Attend(*codec, wire).ok());
+    EXPECT_TRUE(std::equal(mixed16.begin() + row, mixed16.end(), want16.begin() + row));
+    EXPECT_TRUE(std::equal(got0.begin(), got0.end(), got.begin()));
+  }
 }
 
 // Keyed sequences keep their block tables on the device (gpu/seq_tables.h):
