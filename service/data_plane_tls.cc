@@ -10,19 +10,10 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "base/openssl_reason.h"
 
 namespace tqkv::service {
 namespace {
-
-// OpenSSL's reason for the first error on this thread's queue (then
-// cleared), or `fallback`.
-std::string OpenSslReason(const char* fallback) {
-  const unsigned long e = ERR_get_error();
-  ERR_clear_error();
-  if (e == 0) return fallback;
-  const char* reason = ERR_reason_error_string(e);
-  return reason != nullptr ? reason : absl::StrCat("OpenSSL error ", e);
-}
 
 absl::StatusOr<std::string> ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -9,17 +9,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/openssl_reason.h"
 
 namespace tqkv::client {
 namespace {
-
-std::string OpenSslReason(const char* fallback) {
-  const unsigned long e = ERR_get_error();
-  ERR_clear_error();
-  if (e == 0) return fallback;
-  const char* reason = ERR_reason_error_string(e);
-  return reason != nullptr ? reason : absl::StrCat("OpenSSL error ", e);
-}
 
 bool IsIpAddress(const std::string& host) {
   unsigned char buf[16];
