@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "client/cpp/data_plane_client.h"
 #include "tests/fixture.h"
+#include "tests/raw_data_plane.h"
 
 namespace tqkv::testing {
 namespace {
@@ -25,54 +26,7 @@ using absl::StatusCode;
 
 class DataPlaneLimitsTest : public ServerTest {
  protected:
-  // A raw TCP connection to the data plane (replies time out after 10 s).
-  int RawConnect() {
-    const std::string& a = server_->data_address();
-    const size_t colon = a.rfind(':');
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    EXPECT_EQ(getaddrinfo(a.substr(0, colon).c_str(), a.substr(colon + 1).c_str(), &hints, &res), 0);
-    const int fd = socket(res->ai_family, SOCK_STREAM, 0);
-    EXPECT_EQ(connect(fd, res->ai_addr, res->ai_addrlen), 0);
-    freeaddrinfo(res);
-    timeval tv{10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return fd;
-  }
-  static void SendRaw(int fd, const std::string& bytes) {
-    ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
-  }
-  static std::string Frame(const v1::DataPlaneRequest& r) {
-    const std::string body = r.SerializeAsString();
-    const uint32_t n = static_cast<uint32_t>(body.size());
-    return std::string(reinterpret_cast<const char*>(&n), 4) + body;
-  }
-  // Reads one reply header (and drops its payload); false if the
-  // connection closed or timed out first.
-  static bool ReadReply(int fd, v1::DataPlaneReply* head) {
-    auto read_n = [&](char* p, size_t n) {
-      while (n > 0) {
-        const ssize_t r = recv(fd, p, n, 0);
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<size_t>(r);
-      }
-      return true;
-    };
-    char prefix[12];
-    if (!read_n(prefix, 12)) return false;
-    uint32_t h;
-    uint64_t p;
-    std::memcpy(&h, prefix, 4);
-    std::memcpy(&p, prefix + 4, 8);
-    std::string hb(h, '\0'), payload(p, '\0');
-    return read_n(hb.data(), h) && read_n(payload.data(), p) && head->ParseFromString(hb);
-  }
-  static bool ClosedByServer(int fd) {
-    char c;
-    return recv(fd, &c, 1, 0) == 0;
-  }
+  int RawConnect() { return testing::RawConnect(server_->data_address()); }
 
   // The value of an unlabelled metric; -1 when it is missing.
   double Metric(const std::string& name) {

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/data_plane_client.h"
 #include "tests/fixture.h"
+#include "tests/raw_data_plane.h"
 
 namespace tqkv::testing {
 namespace {
@@ -59,56 +60,7 @@ class DataPlaneTest : public ServerTest {
     return out;
   }
 
-  // A raw TCP connection to the data plane.
-  int RawConnect() {
-    const std::string& a = server_->data_address();
-    const size_t colon = a.rfind(':');
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    EXPECT_EQ(getaddrinfo(a.substr(0, colon).c_str(), a.substr(colon + 1).c_str(), &hints, &res), 0);
-    int fd = socket(res->ai_family, SOCK_STREAM, 0);
-    EXPECT_EQ(connect(fd, res->ai_addr, res->ai_addrlen), 0);
-    freeaddrinfo(res);
-    timeval tv{10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return fd;
-  }
-  static void SendRaw(int fd, const std::string& bytes) {
-    ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
-  }
-  static std::string Frame(const v1::DataPlaneRequest& r) {
-    std::string body = r.SerializeAsString();
-    const uint32_t n = static_cast<uint32_t>(body.size());
-    return std::string(reinterpret_cast<const char*>(&n), 4) + body;
-  }
-  // Reads one reply; false if the connection closed first.
-  static bool ReadReply(int fd, v1::DataPlaneReply* head, std::string* payload) {
-    auto read_n = [&](char* p, size_t n) {
-      while (n > 0) {
-        ssize_t r = recv(fd, p, n, 0);
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<size_t>(r);
-      }
-      return true;
-    };
-    char prefix[12];
-    if (!read_n(prefix, 12)) return false;
-    uint32_t h;
-    uint64_t p;
-    std::memcpy(&h, prefix, 4);
-    std::memcpy(&p, prefix + 4, 8);
-    std::string hb(h, '\0');
-    payload->assign(p, '\0');
-    if (!read_n(hb.data(), h) || !read_n(payload->data(), p)) return false;
-    return head->ParseFromString(hb);
-  }
-  // True once the server has closed `fd` (recv returns 0).
-  static bool ClosedByServer(int fd) {
-    char c;
-    return recv(fd, &c, 1, 0) == 0;
-  }
+  int RawConnect() { return testing::RawConnect(server_->data_address()); }
 
   uint64_t DataGetRequests(const std::string& method = "DataGetBlocks") {
     auto text = HttpGet(server_->metrics_address(), "/metrics");
