@@ -23,12 +23,6 @@
 namespace tqkv::testing {
 namespace {
 
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "tqkv", "/", path);
-}
-
 class DataPlaneTlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

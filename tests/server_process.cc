@@ -21,13 +21,14 @@
 
 namespace tqkv::testing {
 
-std::string ServerBinary() {
+std::string Runfile(const std::string& path) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* ws = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr)
-    return absl::StrCat(srcdir, "/", ws ? ws : "tqkv", "/service/tqkv-server");
-  return "service/tqkv-server";
+  if (srcdir == nullptr) return path;
+  return absl::StrCat(srcdir, "/", ws ? ws : "tqkv", "/", path);
 }
+
+std::string ServerBinary() { return Runfile("service/tqkv-server"); }
 
 std::string TestBackend() {
   const char* b = std::getenv("TQKV_TEST_BACKEND");

@@ -58,6 +58,8 @@ class ServerProcess {
   std::string address_, metrics_address_, data_address_;
 };
 
+// A data file of the test (a path from the workspace root) in its runfiles.
+std::string Runfile(const std::string& path);
 // Path of the tqkv-server binary in the test's runfiles.
 std::string ServerBinary();
 // The --backend the tests run the server with: $TQKV_TEST_BACKEND, or cpu.

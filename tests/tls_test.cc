@@ -22,12 +22,6 @@
 namespace tqkv::testing {
 namespace {
 
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "tqkv", "/", path);
-}
-
 // Exit code and combined output of a shell command.
 int RunShell(const std::string& command, std::string* output) {
   FILE* f = popen((command + " 2>&1").c_str(), "r");
