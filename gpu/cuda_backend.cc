@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "gpu/attention_plan.h"
 #include "gpu/block_cache.h"
+#include "gpu/call_staging.h"
 #include "gpu/codec_tables.h"
 #include "gpu/convert.h"
 #include "gpu/cuda_util.h"
@@ -20,24 +21,7 @@
 namespace tqkv::gpu {
 namespace {
 
-size_t Align(size_t n) { return (n + 255) / 256 * 256; }
-
 constexpr size_t kMaxSeqTables = 16384;  // keyed sequences' tables kept (beyond: dropped, rebuilt on demand)
-
-// Lays out several host arrays in one pinned buffer and one device buffer so
-// that a call needs a single host-to-device copy.
-class Staging {
- public:
-  size_t Add(size_t bytes) {
-    size_t off = size_;
-    size_ += Align(bytes);
-    return off;
-  }
-  size_t size() const { return size_; }
-
- private:
-  size_t size_ = 0;
-};
 
 // The dtype every K and V view of a batch has, or fp32 where they differ
 // (EncodeItem or DecodeItem).
@@ -335,7 +319,7 @@ class CudaBackend : public ComputeBackend {
     AttentionPlan plan;
     TQ_CUDA_RETURN_IF_ERROR(PlanAttention(a, device_, &plan), "attention plan");
     const size_t ws = plan.workspace_bytes;
-    const size_t ws_off = Align(st.size());
+    const size_t ws_off = Staging::Align(st.size());
     TQ_RETURN_IF_ERROR(dev_.Reserve(ws_off + ws));
     uint8_t* d = dev_.as<uint8_t>();
     a.block_table = reinterpret_cast<const int32_t*>(d + table_off);
@@ -374,7 +358,7 @@ class CudaBackend : public ComputeBackend {
                                           static_cast<int>(up.pieces.size()), d, sm),
                             "scatter layers and tail rows");
     if (wire.on_device)
-      TQ_CUDA_RETURN_IF_ERROR(LaunchToFloat(d + q_off, GpuDTypeOf(wire.dtype), reinterpret_cast<float*>(d + q32_off),
+      TQ_CUDA_RETURN_IF_ERROR(LaunchToFloat(d + q_off, wire.gpu_dtype(), reinterpret_cast<float*>(d + q32_off),
                                             nq * static_cast<int64_t>(qrow), sm),
                               "queries to fp32");
     TQ_RETURN_IF_ERROR(LaunchPacks(codec, *tables, packs, d, sm));
@@ -382,7 +366,7 @@ class CudaBackend : public ComputeBackend {
     TQ_CUDA_RETURN_IF_ERROR(LaunchAttention(a, plan, sm), "attention");
     TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_stop_.get(), sm), "cudaEventRecord");
     if (wire.on_device) {
-      TQ_CUDA_RETURN_IF_ERROR(LaunchFromFloat(reinterpret_cast<const float*>(d + out_off), GpuDTypeOf(wire.dtype),
+      TQ_CUDA_RETURN_IF_ERROR(LaunchFromFloat(reinterpret_cast<const float*>(d + out_off), wire.gpu_dtype(),
                                               d + out16_off, nq * static_cast<int64_t>(qrow), sm),
                               "outputs from fp32");
       TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out16_off, d + out16_off, nq * qrow * DTypeSize(wire.dtype),
@@ -454,30 +438,6 @@ class CudaBackend : public ComputeBackend {
     std::vector<std::pair<int32_t, const uint8_t*>> blocks;
     std::vector<Piece> pieces;
   };
-
-  // How a call's queries and outputs cross the bus: in their wire dtype
-  // (fp16 or bf16, the same for every sequence) and converted on the
-  // device when the call has at least kWireIoMinElems query values (two
-  // more launches, half the bytes and no host conversion); else as fp32
-  // converted on the host.
-  struct WireIo {
-    bool on_device = false;
-    DType dtype = DType::kF32;
-  };
-  static constexpr size_t kWireIoMinElems = size_t{1} << 16;  // 16 queries of 32 heads × 128
-  static WireIo ChooseWireIo(const AttendBatch& b, size_t elems) {
-    WireIo w;
-    for (size_t i = 0; i < b.sequences.size(); ++i)
-      if (b.query_offsets[i + 1] > b.query_offsets[i]) {
-        w.dtype = b.sequences[i].dtype;
-        break;
-      }
-    w.on_device = elems >= kWireIoMinElems && w.dtype != DType::kF32;
-    for (size_t i = 0; i < b.sequences.size(); ++i)
-      if (b.query_offsets[i + 1] > b.query_offsets[i]) w.on_device = w.on_device && b.sequences[i].dtype == w.dtype;
-    return w;
-  }
-  static int32_t GpuDTypeOf(DType t) { return t == DType::kBF16 ? kGpuBF16 : kGpuF16; }
 
   // Where each sequence's block table is for the kernels: its device copy
   // (keyed sequences, SeqTable), or a row of max_blocks entries of the
@@ -616,66 +576,6 @@ class CudaBackend : public ComputeBackend {
     tables->pointers = !in_order && !(nseq == 1 && tables->device[0] != nullptr);
     if (tables->staged.empty()) tables->staged.assign(1, 0);
     return absl::OkStatus();
-  }
-
-  // The call's packs (AttendBatch::packs): their rows staged in the call's
-  // upload (one dtype, fp32 where they differ), encoded by one launch
-  // straight into their blocks' arena slots (before the attention, which
-  // reads them there), and each slot's layer downloaded into the staging's
-  // output part, then copied to the pack's `out`.
-  struct PackPlan {
-    size_t n = 0;
-    int layer = 0;
-    std::vector<int32_t> slots;  // per pack: its block's arena slot
-    DType dtype = DType::kF32;
-    size_t row_elems = 0, rows = 0;  // per pack: block_size rows of row_elems
-    size_t layer_bytes = 0;
-    size_t k_off = 0, v_off = 0, slots_off = 0, flag_off = 0, out_off = 0;
-
-    void AddInputs(Staging& st) {
-      if (n == 0) return;
-      k_off = st.Add(n * rows * row_elems * DTypeSize(dtype));
-      v_off = st.Add(n * rows * row_elems * DTypeSize(dtype));
-      slots_off = st.Add(n * rows * sizeof(int64_t));
-      flag_off = st.Add(sizeof(unsigned long long));
-    }
-    void AddOutputs(Staging& st) {
-      if (n > 0) out_off = st.Add(n * layer_bytes);
-    }
-    void Stage(const AttendBatch& b, uint8_t* h) const {
-      const size_t bytes = rows * row_elems * DTypeSize(dtype);
-      auto* tok = reinterpret_cast<int64_t*>(h + slots_off);
-      for (size_t i = 0; i < n; ++i) {
-        const PackItem& p = b.packs[i];
-        for (int c = 0; c < 2; ++c) {
-          const DenseView& t = c == 0 ? p.k : p.v;
-          uint8_t* dst = h + (c == 0 ? k_off : v_off) + i * bytes;
-          if (t.dtype == dtype) std::memcpy(dst, t.data, bytes);
-          else ToFloat(t.dtype, t.data, reinterpret_cast<float*>(dst), rows * row_elems);
-        }
-        for (size_t r = 0; r < rows; ++r) tok[i * rows + r] = static_cast<int64_t>(slots[i]) * rows + r;
-      }
-      if (n > 0) std::memset(h + flag_off, 0, sizeof(unsigned long long));
-    }
-    void Deliver(const AttendBatch& b, const uint8_t* h) const {
-      for (size_t i = 0; i < n; ++i) std::memcpy(b.packs[i].out, h + out_off + i * layer_bytes, layer_bytes);
-    }
-  };
-
-  static PackPlan PlanPacks(const ModelCodec& codec, const AttendBatch& b, std::vector<int32_t> slots) {
-    PackPlan p;
-    p.n = b.packs.size();
-    p.layer = b.layer;
-    p.slots = std::move(slots);
-    if (p.n == 0) return p;
-    const ModelShape& s = codec.shape();
-    p.dtype = b.packs[0].k.dtype;
-    for (const PackItem& item : b.packs)
-      if (item.k.dtype != p.dtype || item.v.dtype != p.dtype) p.dtype = DType::kF32;
-    p.row_elems = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
-    p.rows = static_cast<size_t>(s.block_size);
-    p.layer_bytes = codec.layer_range_bytes(b.layer, b.layer + 1);
-    return p;
   }
 
   absl::Status LaunchPacks(const ModelCodec& codec, const DeviceCodecTables& tables, const PackPlan& p,
