@@ -147,7 +147,7 @@ class DataPlaneServer {
   // the loops. Idempotent.
   void Shutdown();
 
-  class Loop;  // one epoll loop (data_plane.cc)
+  class Loop;  // one epoll loop (data_plane_loop.h)
 
  private:
   DataPlaneServer() = default;

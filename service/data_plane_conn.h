@@ -1,0 +1,76 @@
+// Internal to the data plane (//service:data_plane): the state of one
+// connection and of one queued reply, as the loop (data_plane_loop.h) keeps
+// them. Not part of the DataPlaneServer contract.
+//
+// Thread safety: a Conn belongs to one loop and is touched only on that
+// loop's thread.
+#ifndef TQKV_SERVICE_DATA_PLANE_CONN_H_
+#define TQKV_SERVICE_DATA_PLANE_CONN_H_
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "service/data_plane_tls.h"
+#include "service/put_session.h"
+#include "storage/block_store.h"
+
+namespace tqkv::service::data_plane_internal {
+
+// One queued reply: `head` (prefix + DataPlaneReply) and iovecs over it and
+// over the stored payloads, which `blocks` keeps alive until the last byte
+// has been handed to the kernel.
+struct Reply {
+  std::unique_ptr<char[]> head;  // every byte is written: no zero fill
+  size_t head_bytes = 0;
+  std::vector<storage::BlockData> blocks;
+  std::unique_ptr<uint8_t[]> dense;  // a dense get's decoded K/V (the iovec points into it)
+  std::vector<iovec> parts;  // non-empty; parts[0] covers `head`
+  size_t next = 0;           // first part not fully written
+};
+
+struct Conn {
+  int fd = -1;
+  std::string peer;
+  std::string in;          // received bytes; [in_off, size) not yet parsed
+  size_t in_off = 0;
+  bool preface_ok = false;
+  bool closing = false;    // close once the queued replies are written
+  // After a protocol error: the rest of the input is discarded; `skip`
+  // bytes of an oversized frame are still read (and dropped) after the
+  // error reply, so that a client still sending it can read the reply.
+  bool failed = false;
+  uint64_t skip = 0;
+  bool half_closed = false;  // shutdown(SHUT_WR) sent while skipping
+  // The incomplete frame at in_off is charged `charged` bytes (its 4 + N)
+  // to the server's buffered-bytes budget since `frame_start`; 0: none.
+  uint64_t charged = 0;
+  std::chrono::steady_clock::time_point frame_start;
+  std::chrono::steady_clock::time_point last_active;  // last event (idle timeout)
+  uint32_t interest = 0;   // epoll events registered
+  std::deque<Reply> out;
+  uint64_t queued = 0;     // unwritten reply bytes
+  // The open put stream (DataPlanePut frames up to the commit frame): its
+  // session, the tenant its frames must come from, and its first error
+  // (then the session is gone and nothing of the stream stays reserved).
+  std::unique_ptr<PutSession> put;
+  std::string put_tenant;
+  absl::Status put_error;
+  bool put_open = false;
+  // TLS (when the server has it): the session, the verified client
+  // certificate once established, and a read or write that OpenSSL holds
+  // until the socket is writable or readable respectively.
+  std::unique_ptr<TlsSession> tls;
+  bool tls_read_wants_write = false;
+  bool tls_write_wants_read = false;
+};
+
+}  // namespace tqkv::service::data_plane_internal
+
+#endif  // TQKV_SERVICE_DATA_PLANE_CONN_H_

@@ -1,0 +1,165 @@
+// DataPlaneServer::Loop: the input side (data_plane_loop.h).
+#include "service/data_plane_loop.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace tqkv::service {
+namespace {
+
+constexpr size_t kPrefaceBytes = 8;
+// An input buffer grown past this for a large frame is shrunk once the
+// frame has been served.
+constexpr size_t kKeptInputBytes = 1 << 20;
+
+}  // namespace
+
+ssize_t DataPlaneServer::Loop::ReadSome(Conn* c, char* p, size_t n) {
+  if (c->tls == nullptr) return read(c->fd, p, n);
+  TlsIo io;
+  const size_t got = c->tls->Read(p, n, &io);
+  c->tls_read_wants_write = io == TlsIo::kWantWrite;
+  if (io == TlsIo::kDone) return static_cast<ssize_t>(got);
+  if (io == TlsIo::kClosed) return 0;
+  errno = EAGAIN;
+  if (io == TlsIo::kError) {
+    RecordCall(*env_, "DataGetBlocks", c->peer, absl::UnavailableError(absl::StrCat("TLS: ", c->tls->error())),
+               0.0);
+    errno = ECONNRESET;
+  }
+  return -1;
+}
+
+bool DataPlaneServer::Loop::ReadInput(Conn* c) {
+  // TLS hands out one record per call: read until it would block, so that
+  // nothing stays buffered inside OpenSSL unseen by epoll.
+  const bool until_blocked = c->tls != nullptr;
+  for (;;) {
+    const ssize_t n = ReadSome(c, scratch_, sizeof scratch_);
+    if (n > 0 && c->failed) {
+      c->skip -= std::min<uint64_t>(c->skip, static_cast<uint64_t>(n));
+      if (!until_blocked && static_cast<size_t>(n) < sizeof scratch_) return true;
+      continue;
+    }
+    if (n > 0) {
+      c->in.append(scratch_, static_cast<size_t>(n));
+      // Each chunk is parsed before the next is read: a frame is charged
+      // to the budget (or refused) as soon as its length prefix is here,
+      // not after its whole body has been buffered.
+      Process(c);
+      if (!until_blocked && static_cast<size_t>(n) < sizeof scratch_) return true;
+      // Under reply backpressure plain TCP stops reading (the socket
+      // holds the rest); TLS reads on, since OpenSSL may hold bytes that
+      // epoll does not see.
+      if (!until_blocked && c->queued >= options_.max_queued_reply_bytes) return true;
+      continue;
+    }
+    if (n == 0) {  // the client is done sending: answer what is complete, then close
+      c->closing = true;
+      c->skip = 0;
+      return true;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+    Close(c);
+    return false;
+  }
+}
+
+void DataPlaneServer::Loop::Process(Conn* c) {
+  while (!c->failed && c->queued < options_.max_queued_reply_bytes) {
+    const size_t avail = c->in.size() - c->in_off;
+    const char* p = c->in.data() + c->in_off;
+    if (!c->preface_ok) {
+      if (avail < kPrefaceBytes) break;
+      if (std::memcmp(p, kDataPlanePreface, kPrefaceBytes) != 0) {
+        Fail(c, absl::InvalidArgumentError(
+                    "not a tqkv data-plane stream: expected the preface \"TQKVDP01\""));
+        break;
+      }
+      c->preface_ok = true;
+      c->in_off += kPrefaceBytes;
+      continue;
+    }
+    if (avail < 4) break;
+    uint32_t n;
+    std::memcpy(&n, p, 4);
+    if (n > options_.max_request_bytes) {
+      Fail(c, absl::ResourceExhaustedError(
+               absl::StrCat("request frame of ", n, " bytes is over the data plane's limit of ",
+                            options_.max_request_bytes)),
+           4 + uint64_t{n} - avail);
+      break;
+    }
+    if (avail < 4 + size_t{n}) {
+      if (c->charged == 0) Charge(c, 4 + uint64_t{n}, avail);
+      break;
+    }
+    v1::DataPlaneRequest req;
+    if (!req.ParseFromArray(p + 4, static_cast<int>(n))) {
+      Fail(c, absl::InvalidArgumentError("request frame is not a DataPlaneRequest"));
+      break;
+    }
+    c->in_off += 4 + size_t{n};
+    Serve(c, &req);
+    Uncharge(c);  // only the frame at in_off can be charged: this one
+  }
+  if (c->in_off == c->in.size()) {
+    c->in.clear();
+    c->in_off = 0;
+  } else if (c->in_off >= (64u << 10)) {
+    c->in.erase(0, c->in_off);
+    c->in_off = 0;
+  }
+  // A served large frame's buffer is returned, not kept for the next one.
+  if (c->charged == 0 && c->in.capacity() > kKeptInputBytes && c->in.size() <= kKeptInputBytes)
+    c->in.shrink_to_fit();
+}
+
+void DataPlaneServer::Loop::Charge(Conn* c, uint64_t bytes, size_t avail) {
+  uint64_t held = shared_->buffered_bytes.load(std::memory_order_relaxed);
+  do {
+    if (held + bytes > options_.max_buffered_bytes) {
+      shared_->budget_refusals.fetch_add(1, std::memory_order_relaxed);
+      Fail(c,
+           absl::ResourceExhaustedError(absl::StrCat(
+               "request frame of ", bytes - 4, " bytes would take the data plane's buffered request bytes to ",
+               held + bytes, ", over its budget of ", options_.max_buffered_bytes,
+               " (--data_max_buffered_bytes); retry later")),
+           bytes - avail);
+      return;
+    }
+  } while (!shared_->buffered_bytes.compare_exchange_weak(held, held + bytes, std::memory_order_relaxed));
+  c->charged = bytes;
+  c->frame_start = std::chrono::steady_clock::now();
+  if (c->in_off > 0) {
+    c->in.erase(0, c->in_off);
+    c->in_off = 0;
+  }
+  c->in.reserve(bytes);  // exactly the frame: no doubling on the way
+}
+
+void DataPlaneServer::Loop::Uncharge(Conn* c) {
+  if (c->charged == 0) return;
+  shared_->buffered_bytes.fetch_sub(c->charged, std::memory_order_relaxed);
+  c->charged = 0;
+}
+
+void DataPlaneServer::Loop::Fail(Conn* c, const absl::Status& s, uint64_t skip) {
+  RecordCall(*env_, "DataGetBlocks", c->peer, s, 0.0);
+  v1::DataPlaneReply head;
+  head.set_code(static_cast<uint32_t>(s.code()));
+  head.set_message(std::string(s.message()));
+  Queue(c, head, {}, 0);
+  c->closing = true;
+  c->failed = true;
+  c->skip = skip;
+  c->in.clear();
+  c->in.shrink_to_fit();
+  c->in_off = 0;
+  Uncharge(c);
+}
+
+}  // namespace tqkv::service

@@ -1,0 +1,198 @@
+// Internal to the data plane (//service:data_plane): DataPlaneServer::Loop,
+// one epoll loop and the connections it serves. Its methods are defined by
+// concern:
+//   data_plane_loop.cc    the loop itself: accepting, dealing out and
+//                         registering connections, events, the idle and
+//                         frame-timeout sweep, TLS handshakes, closing
+//   data_plane_input.cc   the input side: reading, parsing frames, charging
+//                         them to the buffered-bytes budget, protocol errors
+//   data_plane_serve.cc   serving one request: gets, Attend, Append, puts
+//   data_plane_output.cc  the output side: queueing and writing replies
+//
+// Thread safety: Adopt and Stop may be called from any thread; everything
+// else runs on the loop's thread (Init, SetPeers before Run starts).
+#ifndef TQKV_SERVICE_DATA_PLANE_LOOP_H_
+#define TQKV_SERVICE_DATA_PLANE_LOOP_H_
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/tqkv/v1/tqkv.pb.h"
+#include "service/auth.h"
+#include "service/data_plane.h"
+#include "service/data_plane_conn.h"
+#include "service/data_plane_tls.h"
+#include "service/kv_service.h"
+#include "service/rpc_scope.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames are little-endian");
+
+namespace tqkv::service {
+namespace data_plane_internal {
+
+// Pieces of a TLS reply smaller than a record are copied together into one
+// record of this size; larger payloads are encrypted from where they lie.
+inline constexpr size_t kTlsRecordBytes = 16 << 10;
+
+// "what: strerror(errno)".
+inline std::string ErrnoText(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+
+}  // namespace data_plane_internal
+
+class DataPlaneServer::Loop {
+ public:
+  using Conn = data_plane_internal::Conn;
+
+  // `options`, `service`, `env`, `shared` and `tls` (null: plain TCP) are
+  // not owned and must outlive the loop; `listen_fd` stays the caller's.
+  Loop(int listen_fd, const DataPlaneOptions& options, KvService* service, const RpcEnv* env,
+       Shared* shared, DataPlaneTlsContext* tls)
+      : listen_fd_(listen_fd),
+        options_(options),
+        service_(service),
+        env_(env),
+        tls_(tls),
+        shared_(shared) {}
+  // Closes the connections (returning their budget charges) and the
+  // descriptors the loop owns.
+  ~Loop();
+  Loop(const Loop&) = delete;
+  Loop& operator=(const Loop&) = delete;
+
+  // `accept`: this loop accepts connections (on listen_fd_) and deals them
+  // out round-robin over `peers` (itself included). INTERNAL when epoll or
+  // the eventfd cannot be set up.
+  absl::Status Init(bool accept);
+
+  // The accepting loop's round-robin targets (every loop, itself included).
+  void SetPeers(std::vector<Loop*> peers) { peers_ = std::move(peers); }
+
+  // Hands an accepted connection to this loop (from the accepting loop's
+  // thread).
+  void Adopt(int fd, std::string peer);
+
+  // Makes Run return (from any thread).
+  void Stop();
+
+  // Serves until Stop() (or until epoll fails).
+  void Run();
+
+ private:
+  // data_plane_loop.cc
+
+  // Accepts what is pending and deals the connections out round-robin:
+  // every loop gets its share whatever the kernel's wake-up order.
+  void Accept();
+  // Stops or restarts watching the listener; false if epoll refused.
+  bool WatchListener(bool on);
+  void PauseAccept();
+  void ResumeAccept();
+  // Takes `fd` into the loop (TLS session, epoll); over max_connections it
+  // is failed with RESOURCE_EXHAUSTED instead of served.
+  void Register(int fd, std::string peer);
+  // Closes connections without an event for options_.idle_timeout, and
+  // fails those whose charged frame is older than options_.frame_timeout
+  // (one DEADLINE_EXCEEDED reply, then the connection closes).
+  void CloseIdle(std::chrono::steady_clock::time_point now);
+  void Wake();
+  // One epoll event on `c`: handshake, read and serve, write, close.
+  void OnEvent(Conn* c, uint32_t events);
+  // Advances a TLS handshake; false (connection closed) when it failed.
+  // The failure is recorded and logged with OpenSSL's reason.
+  bool Handshake(Conn* c);
+  // Registers the epoll events `c` needs now.
+  void UpdateInterest(Conn* c);
+  // Closes and destroys *c, returning its budget charge.
+  void Close(Conn* c);
+
+  // data_plane_input.cc
+
+  // As read(2) on the connection, through TLS when it has it (-1 with
+  // errno EAGAIN when TLS must wait for the socket; ECONNRESET on a TLS
+  // error, logged).
+  ssize_t ReadSome(Conn* c, char* p, size_t n);
+  // Appends what the socket has; false (connection closed) on a reset.
+  bool ReadInput(Conn* c);
+  // Serves every complete frame while the reply queue has room.
+  void Process(Conn* c);
+  // Charges the incomplete frame at in_off (`bytes` with its prefix,
+  // `avail` of them here) to the server's budget before its body is
+  // buffered, and sizes the buffer for it. Over the budget: the connection
+  // fails with RESOURCE_EXHAUSTED instead (the rest of the frame is read and
+  // dropped so that the client can read the reply).
+  void Charge(Conn* c, uint64_t bytes, size_t avail);
+  // Returns the connection's charge, if any, to the budget.
+  void Uncharge(Conn* c);
+  // A protocol error: one reply with `s`, then the connection closes and
+  // the rest of its input is ignored (`skip`: bytes of the failed frame
+  // still to come, read and dropped before the close).
+  void Fail(Conn* c, const absl::Status& s, uint64_t skip = 0);
+
+  // data_plane_serve.cc
+
+  // Serves one request frame: queues its reply and records the call.
+  void Serve(Conn* c, v1::DataPlaneRequest* request);
+  // One frame of a put stream (see the proto's "Puts"); fills *head on a
+  // commit.
+  // A frame whose identity fails fails its stream (its blocks would be
+  // missing from the commit otherwise).
+  absl::Status ServePut(Conn* c, const absl::StatusOr<Identity>& id, v1::DataPlanePut* put,
+                        v1::DataPlaneReply* head);
+
+  // data_plane_output.cc
+
+  // Queues a reply: `head`, then `payload` (payload_bytes in all), whose
+  // memory the caller keeps alive through the new c->out.back().
+  void Queue(Conn* c, const v1::DataPlaneReply& head, std::vector<iovec> payload,
+             uint64_t payload_bytes);
+  // Writes queued replies until done or the socket is full; false if the
+  // connection was closed on an error.
+  bool Flush(Conn* c);
+  // One SSL_write of the front of `iov`: a payload of a record or more is
+  // encrypted in place; smaller pieces are first copied together into one
+  // record. Returns as sendmsg (EAGAIN while TLS waits for the socket).
+  // A retry after EAGAIN starts with the same bytes, as OpenSSL requires:
+  // nothing was consumed, and only more replies can have been queued.
+  ssize_t WriteTls(Conn* c, const iovec* iov, int n);
+
+  const int listen_fd_;
+  const DataPlaneOptions& options_;
+  KvService* const service_;
+  const RpcEnv* const env_;
+  DataPlaneTlsContext* const tls_;  // null: plain TCP
+  int epoll_fd_ = -1, wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::vector<Loop*> peers_;  // the accepting loop's round-robin targets
+  size_t next_peer_ = 0;
+  absl::Mutex mu_;
+  std::vector<std::pair<int, std::string>> adopted_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
+  char scratch_[64 << 10];  // ReadInput's read buffer
+  char record_[data_plane_internal::kTlsRecordBytes];  // WriteTls's gathered record
+  // Accepting pauses for kAcceptBackoff when the process is out of
+  // descriptors (or memory).
+  static constexpr std::chrono::milliseconds kAcceptBackoff{100};
+  bool accept_paused_ = false;
+  std::chrono::steady_clock::time_point accept_resume_;
+  std::chrono::steady_clock::time_point next_sweep_ = std::chrono::steady_clock::now();
+  Shared* const shared_;  // the server's, shared by the loops
+};
+
+}  // namespace tqkv::service
+
+#endif  // TQKV_SERVICE_DATA_PLANE_LOOP_H_

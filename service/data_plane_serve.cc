@@ -1,0 +1,126 @@
+// DataPlaneServer::Loop: serving one request (data_plane_loop.h).
+#include "service/data_plane_loop.h"
+
+#include <chrono>
+
+#include "service/convert.h"
+
+namespace tqkv::service {
+
+void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request) {
+  const v1::DataPlaneRequest& req = *request;
+  const auto start = std::chrono::steady_clock::now();
+  const bool attend = req.op_case() == v1::DataPlaneRequest::kAttend;
+  const bool append = req.op_case() == v1::DataPlaneRequest::kAppend;
+  const bool put = req.op_case() == v1::DataPlaneRequest::kPut;
+  absl::Status status;
+  v1::DataPlaneReply head;
+  GetPlan plan;
+  std::unique_ptr<uint8_t[]> dense;
+  std::vector<iovec> payload;
+  uint64_t payload_bytes = 0;
+  // As on gRPC (rpc_scope.cc): the client certificate counts where the
+  // auth file maps certificates.
+  const PeerCertificate none;
+  const PeerCertificate* peer = c->tls != nullptr ? &c->tls->peer() : &none;
+  if (absl::StatusOr<Identity> id = env_->auth->uses_certificates()
+                                        ? env_->auth->Authenticate(req.authorization(), peer)
+                                        : env_->auth->Authenticate(req.authorization());
+      put) {
+    status = ServePut(c, id, request->mutable_put(), &head);
+  } else if (!id.ok()) {
+    status = id.status();
+  } else if (attend) {
+    absl::StatusOr<v1::AttendResponse> r = service_->Attend(*id, req.attend());
+    if (r.ok()) {
+      *head.mutable_attend() = std::move(*r);
+    } else {
+      status = r.status();
+    }
+  } else if (append) {
+    absl::StatusOr<v1::AppendResponse> r = service_->Append(*id, req.append());
+    if (r.ok()) {
+      *head.mutable_append() = std::move(*r);
+    } else {
+      status = r.status();
+    }
+  } else if (req.op_case() != v1::DataPlaneRequest::kGetBlocks) {
+    status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks, attend, append, put)");
+  } else if (absl::StatusOr<GetPlan> p = service_->PrepareGet(*id, req.get_blocks()); !p.ok()) {
+    status = p.status();
+  } else {
+    plan = std::move(*p);
+    if (req.with_format()) *head.mutable_format() = plan.model->format;
+    // Dense: K then V of each block, decoded by the backend into one buffer.
+    const size_t t = plan.dense ? KvService::DenseTensorBytes(plan) : 0;
+    if (plan.dense && 2 * t * plan.blocks.size() > options_.max_dense_reply_bytes) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("a dense reply of ", 2 * t * plan.blocks.size(), " bytes is over the data plane's limit of ",
+                       options_.max_dense_reply_bytes, "; ask for fewer blocks a request"));
+    } else if (plan.dense) {
+      dense.reset(new uint8_t[2 * t * plan.blocks.size()]);  // every byte is decoded into: no zero fill
+      status = service_->DecodeDenseBlocks(plan, dense.get());
+    }
+    for (size_t i = 0; status.ok() && i < plan.blocks.size(); ++i) {
+      const KvService::Span span =
+          plan.dense ? KvService::Span{dense.get() + 2 * t * i, 2 * t} : KvService::PackedBytes(plan, i);
+      v1::DataPlaneBlock* b = head.add_blocks();
+      b->set_block_hash(plan.hashes[i]);
+      b->set_tier(ToProtoTier(plan.blocks[i].tier));
+      b->set_payload_bytes(span.size);
+      if (span.size > 0) payload.push_back({const_cast<uint8_t*>(span.data), span.size});
+      payload_bytes += span.size;
+    }
+  }
+  if (!status.ok()) {
+    head.Clear();
+    head.set_code(static_cast<uint32_t>(status.code()));
+    head.set_message(std::string(status.message()));
+    payload.clear();
+    payload_bytes = 0;
+    plan.blocks.clear();
+  }
+  if (!status.ok()) dense.reset();
+  Queue(c, head, std::move(payload), payload_bytes);
+  c->out.back().blocks = std::move(plan.blocks);
+  c->out.back().dense = std::move(dense);
+  RecordCall(*env_, attend ? "DataAttend" : append ? "DataAppend" : put ? "DataPutBlocks" : "DataGetBlocks", c->peer, status,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Identity>& id,
+                                             v1::DataPlanePut* put, v1::DataPlaneReply* head) {
+  if (!c->put_open) {
+    if (id.ok()) c->put = service_->NewPutSession(*id);
+    c->put_tenant = id.ok() ? id->tenant : "";
+    c->put_error = absl::OkStatus();
+    c->put_open = true;
+  }
+  absl::Status s = c->put_error;
+  if (s.ok() && !id.ok()) s = id.status();
+  if (s.ok() && id->tenant != c->put_tenant)
+    s = absl::PermissionDeniedError("every frame of a data-plane put stream must carry the same identity");
+  if (s.ok() && put->has_header()) {
+    v1::PutBlocksRequest msg;
+    msg.mutable_header()->Swap(put->mutable_header());
+    s = c->put->OnMessage(msg);
+  }
+  if (s.ok() && put->blocks_size() > 0)  // one batch: dense blocks are encoded together
+    s = c->put->OnBlocks(put->blocks());
+  if (s.ok() && put->commit()) {
+    absl::StatusOr<v1::PutBlocksResponse> r = c->put->Finish();
+    if (r.ok()) *head->mutable_put() = std::move(*r);
+    s = r.status();
+  }
+  if (!s.ok()) {
+    c->put.reset();  // releases the stream's reservations; nothing was committed
+    c->put_error = s;
+  }
+  if (put->commit()) {
+    c->put.reset();
+    c->put_open = false;
+  }
+  return s;
+}
+
+}  // namespace tqkv::service
