@@ -313,8 +313,8 @@ void DataPlaneServer::Loop::Close(Conn* c) {
   const int fd = c->fd;
   (void)epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // close() removes it in any case
   close(fd);
-  conns_.erase(fd);  // destroys *c
-  Uncharge(c);
+  Uncharge(c);  // before the erase destroys *c
+  conns_.erase(fd);
   shared_->connections.fetch_sub(1);
 }
 
