@@ -48,11 +48,9 @@ struct SequenceManager::Tail {
   Tail(size_t row_elems, int block_size, std::unique_ptr<BackendId> id)
       : k(std::make_unique<float[]>(row_elems * block_size)),
         v(std::make_unique<float[]>(row_elems * block_size)),
-        room(block_size),
         id(std::move(id)) {}
   std::unique_ptr<float[]> k, v;
   int64_t rows = 0;
-  int64_t room;  // rows of k and of v (resident bytes)
   std::unique_ptr<BackendId> id;
 };
 
@@ -593,8 +591,7 @@ uint64_t SequenceManager::OwnedBytes() const {
     absl::MutexLock l(&seq->mu);
     bytes += seq->owned.size() * seq->model->codec->block_bytes();
     const ModelShape& s = seq->model->shape();
-    for (const Tail& t : seq->tails)
-      bytes += 2 * static_cast<uint64_t>(t.room) * s.num_kv_heads * s.head_dim * sizeof(float);
+    bytes += seq->tails.size() * 2 * static_cast<uint64_t>(s.block_size) * s.num_kv_heads * s.head_dim * sizeof(float);
   }
   return bytes;
 }
