@@ -35,7 +35,7 @@ void ToFloat(DType t, const void* src, float* dst, size_t n) {
       std::memcpy(dst, src, n * 4);
       return;
     case DType::kF16: {
-      const auto* s = static_cast<const _Float16*>(src);
+      const auto* s = static_cast<const Float16*>(src);
       size_t i = n & ~size_t{7};
       simd::HalfToFloat(static_cast<const uint16_t*>(src), dst, static_cast<int>(i));
       for (; i < n; ++i) dst[i] = static_cast<float>(s[i]);
@@ -55,10 +55,10 @@ void FromFloat(DType t, const float* src, void* dst, size_t n) {
       std::memcpy(dst, src, n * 4);
       return;
     case DType::kF16: {
-      auto* d = static_cast<_Float16*>(dst);
+      auto* d = static_cast<Float16*>(dst);
       size_t i = n & ~size_t{7};
       simd::FloatToHalf(src, static_cast<uint16_t*>(dst), static_cast<int>(i));
-      for (; i < n; ++i) d[i] = static_cast<_Float16>(src[i]);
+      for (; i < n; ++i) d[i] = static_cast<Float16>(src[i]);
       return;
     }
     case DType::kBF16: {

@@ -19,15 +19,24 @@ std::string_view DTypeName(DType t);
 // Accepts "fp16"/"float16"/"half", "bf16"/"bfloat16", "fp32"/"float32"/"float".
 absl::StatusOr<DType> ParseDType(std::string_view name);
 
+// IEEE binary16 as a C++ type. Clang before 15 has no _Float16 on x86
+// (the fuzzers build with Debian's clang 14); its storage-only __fp16
+// converts the same way.
+#if defined(__clang__) && __clang_major__ < 15
+using Float16 = __fp16;
+#else
+using Float16 = _Float16;
+#endif
+
 // IEEE binary16 <-> binary32, round to nearest even (hardware F16C where the
 // compiler targets it).
 inline float HalfToFloat(uint16_t h) {
-  _Float16 v;
+  Float16 v;
   std::memcpy(&v, &h, 2);
   return static_cast<float>(v);
 }
 inline uint16_t FloatToHalf(float f) {
-  _Float16 v = static_cast<_Float16>(f);
+  Float16 v = static_cast<Float16>(f);
   uint16_t h;
   std::memcpy(&h, &v, 2);
   return h;
