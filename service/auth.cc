@@ -37,12 +37,12 @@ absl::StatusOr<AuthTable> AuthTable::Parse(const std::string& contents) {
     ++line_no;
     std::vector<std::string> f = absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (f.empty() || absl::StartsWith(f[0], "#")) continue;
-    if (f.size() < 2 || f.size() > 3 || (f.size() == 3 && f[2] != "admin"))
+    if (f.size() < 2 || f.size() > 3 || (f.size() == 3 && f[2] != "admin" && f[2] != "metrics"))
       return absl::InvalidArgumentError(
-          absl::StrCat("line ", line_no, ": expected `credential tenant [admin]`"));
+          absl::StrCat("line ", line_no, ": expected `credential tenant [admin|metrics]`"));
     if (!storage::ValidateTenant(f[1]).ok() || f[1].empty())
       return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": invalid tenant"));
-    Identity id{f[1], f.size() == 3};
+    Identity id{f[1], f.size() == 3 && f[2] == "admin", f.size() == 3 && f[2] == "metrics"};
     bool inserted;
     if (absl::StartsWith(f[0], "x509-")) {
       if (!(absl::StartsWith(f[0], kUriPrefix) && f[0].size() > kUriPrefix.size()) &&
@@ -150,6 +150,23 @@ absl::StatusOr<std::string> Authenticator::Reload() {
 
 absl::StatusOr<Identity> Authenticator::Authenticate(const std::string& authorization,
                                                      const PeerCertificate* peer) const {
+  absl::StatusOr<Identity> id = Identify(authorization, peer);
+  if (id.ok() && id->scrape_only)
+    return absl::PermissionDeniedError("a metrics credential may only read /metrics");
+  return id;
+}
+
+absl::StatusOr<Identity> Authenticator::AuthorizeScrape(const std::string& authorization,
+                                                        const PeerCertificate* peer) const {
+  absl::StatusOr<Identity> id = Identify(authorization, peer);
+  if (id.ok() && !id->admin && !id->scrape_only)
+    return absl::PermissionDeniedError(
+        "/metrics needs an admin credential or a `metrics` one from the auth file");
+  return id;
+}
+
+absl::StatusOr<Identity> Authenticator::Identify(const std::string& authorization,
+                                                 const PeerCertificate* peer) const {
   if (!enabled_) return Identity{kDefaultTenant, true};
   std::shared_ptr<const AuthTable> t = table();
   const Identity* by_cert = peer != nullptr ? t->FindCertificate(*peer) : nullptr;

@@ -1,8 +1,10 @@
 // Caller identity: bearer tokens and client certificates mapped to tenants.
 //
-// Auth file: one entry per line, `CREDENTIAL TENANT [admin]`, separated by
-// whitespace; blank lines and lines starting with '#' are ignored. A
-// CREDENTIAL is one of
+// Auth file: one entry per line, `CREDENTIAL TENANT [admin|metrics]`,
+// separated by whitespace; blank lines and lines starting with '#' are
+// ignored. `admin` adds admin rights to the tenant's; `metrics` makes a
+// scrape-only credential: it may read /metrics and nothing else (TENANT
+// then only names the scraper in logs). A CREDENTIAL is one of
 //   x509-uri:URI   a verified client certificate whose URI SAN is URI
 //   x509-cn:NAME   a verified client certificate whose subject CN is NAME
 //   anything else  a bearer token (so a token may not start with "x509-")
@@ -39,6 +41,8 @@ namespace tqkv::service {
 struct Identity {
   std::string tenant;
   bool admin = false;
+  // A `metrics` line: may read /metrics only (Authenticate refuses it).
+  bool scrape_only = false;
 };
 
 // What the transport verified about the caller's client certificate.
@@ -53,7 +57,7 @@ inline constexpr char kDefaultTenant[] = "default";
 class AuthTable {
  public:
   // INVALID_ARGUMENT naming the line for a malformed file (bad field
-  // count, third field not "admin", duplicate credential, invalid tenant,
+  // count, third field not "admin" or "metrics", duplicate credential, invalid tenant,
   // empty certificate name).
   static absl::StatusOr<AuthTable> Parse(const std::string& contents);
 
@@ -100,11 +104,20 @@ class Authenticator {
   // and the caller is not identified: the value is not "Bearer <token>",
   // names an unknown token, names a tenant other than the certificate's,
   // or is absent and no certificate is mapped.
+  // PERMISSION_DENIED for a scrape-only credential.
   absl::StatusOr<Identity> Authenticate(const std::string& authorization,
                                         const PeerCertificate* peer = nullptr) const;
+  // Who may read /metrics: anyone when auth is off; otherwise an admin or
+  // scrape-only credential. Arguments and UNAUTHENTICATED as Authenticate;
+  // PERMISSION_DENIED for a tenant's credential without admin rights.
+  absl::StatusOr<Identity> AuthorizeScrape(const std::string& authorization,
+                                           const PeerCertificate* peer = nullptr) const;
 
  private:
   static absl::StatusOr<AuthTable> ReadFile(const std::string& path);
+  // Authenticate without the scrape-only check.
+  absl::StatusOr<Identity> Identify(const std::string& authorization,
+                                    const PeerCertificate* peer) const;
   std::shared_ptr<const AuthTable> table() const;
 
   bool enabled_ = false;

@@ -7,15 +7,18 @@ namespace tqkv::service {
 namespace {
 
 // Runs a unary call: fn(identity) -> StatusOr<Resp>.
-template <typename Resp, typename Fn>
+template <typename Req, typename Resp, typename Fn>
 grpc::ServerUnaryReactor* Unary(const RpcEnv* env, const char* method,
-                                grpc::CallbackServerContext* ctx, Resp* resp, Fn fn) {
+                                grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
+                                Fn fn) {
   RpcScope scope(*env, method, ctx);
+  scope.Received(req->ByteSizeLong());
   absl::Status s = scope.identity().status();
   if (s.ok()) {
     absl::StatusOr<Resp> r = fn(*scope.identity());
     if (r.ok()) {
       *resp = std::move(*r);
+      scope.Sent(resp->ByteSizeLong());
     } else {
       s = r.status();
     }
@@ -45,10 +48,14 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
         return;
       }
       absl::StatusOr<v1::PutBlocksResponse> r = session_->Finish();
-      if (r.ok()) *resp_ = std::move(*r);
+      if (r.ok()) {
+        *resp_ = std::move(*r);
+        scope_.Sent(resp_->ByteSizeLong());
+      }
       Done(r.status());
       return;
     }
+    scope_.Received(msg_.ByteSizeLong());
     absl::Status s = session_->OnMessage(msg_);
     if (!s.ok()) {
       Done(s);
@@ -77,6 +84,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
   GetReactor(KvService* service, const RpcEnv* env, grpc::CallbackServerContext* ctx,
              const v1::GetBlocksRequest* req)
       : service_(service), scope_(*env, "GetBlocks", ctx) {
+    scope_.Received(req->ByteSizeLong());
     if (!scope_.identity().ok()) {
       Done(scope_.identity().status());
       return;
@@ -115,6 +123,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
     plan_.blocks[next_].payload.reset();  // sent: let the bytes go
     ++next_;
     out_ = std::move(*r);
+    scope_.Sent(out_.ByteSizeLong());
     if (next_ == plan_.blocks.size()) {
       // The last block carries the final status in the same write.
       StartWriteAndFinish(&out_, grpc::WriteOptions(), scope_.Finish(absl::OkStatus()));
@@ -137,7 +146,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
 grpc::ServerUnaryReactor* KvStoreHandler::RegisterModel(grpc::CallbackServerContext* ctx,
                                                         const v1::RegisterModelRequest* req,
                                                         v1::RegisterModelResponse* resp) {
-  return Unary(env_, "RegisterModel", ctx, resp,
+  return Unary(env_, "RegisterModel", ctx, req, resp,
                [&](const Identity& id) { return service_->RegisterModel(id, *req); });
 }
 
@@ -149,7 +158,7 @@ grpc::ServerReadReactor<v1::PutBlocksRequest>* KvStoreHandler::PutBlocks(
 grpc::ServerUnaryReactor* KvStoreHandler::Lookup(grpc::CallbackServerContext* ctx,
                                                  const v1::LookupRequest* req,
                                                  v1::LookupResponse* resp) {
-  return Unary(env_, "Lookup", ctx, resp,
+  return Unary(env_, "Lookup", ctx, req, resp,
                [&](const Identity& id) { return service_->Lookup(id, *req); });
 }
 
@@ -160,62 +169,62 @@ grpc::ServerWriteReactor<v1::GetBlocksResponse>* KvStoreHandler::GetBlocks(
 
 grpc::ServerUnaryReactor* KvStoreHandler::Pin(grpc::CallbackServerContext* ctx,
                                               const v1::PinRequest* req, v1::PinResponse* resp) {
-  return Unary(env_, "Pin", ctx, resp, [&](const Identity& id) { return service_->Pin(id, *req); });
+  return Unary(env_, "Pin", ctx, req, resp, [&](const Identity& id) { return service_->Pin(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::Unpin(grpc::CallbackServerContext* ctx,
                                                 const v1::UnpinRequest* req,
                                                 v1::UnpinResponse* resp) {
-  return Unary(env_, "Unpin", ctx, resp,
+  return Unary(env_, "Unpin", ctx, req, resp,
                [&](const Identity& id) { return service_->Unpin(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::Delete(grpc::CallbackServerContext* ctx,
                                                  const v1::DeleteRequest* req,
                                                  v1::DeleteResponse* resp) {
-  return Unary(env_, "Delete", ctx, resp,
+  return Unary(env_, "Delete", ctx, req, resp,
                [&](const Identity& id) { return service_->Delete(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::CreateSequence(grpc::CallbackServerContext* ctx,
                                                          const v1::CreateSequenceRequest* req,
                                                          v1::CreateSequenceResponse* resp) {
-  return Unary(env_, "CreateSequence", ctx, resp,
+  return Unary(env_, "CreateSequence", ctx, req, resp,
                [&](const Identity& id) { return service_->CreateSequence(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::Append(grpc::CallbackServerContext* ctx,
                                                  const v1::AppendRequest* req,
                                                  v1::AppendResponse* resp) {
-  return Unary(env_, "Append", ctx, resp,
+  return Unary(env_, "Append", ctx, req, resp,
                [&](const Identity& id) { return service_->Append(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::Attend(grpc::CallbackServerContext* ctx,
                                                  const v1::AttendRequest* req,
                                                  v1::AttendResponse* resp) {
-  return Unary(env_, "Attend", ctx, resp,
+  return Unary(env_, "Attend", ctx, req, resp,
                [&](const Identity& id) { return service_->Attend(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::DropSequence(grpc::CallbackServerContext* ctx,
                                                        const v1::DropSequenceRequest* req,
                                                        v1::DropSequenceResponse* resp) {
-  return Unary(env_, "DropSequence", ctx, resp,
+  return Unary(env_, "DropSequence", ctx, req, resp,
                [&](const Identity& id) { return service_->DropSequence(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::Stats(grpc::CallbackServerContext* ctx,
                                                 const v1::StatsRequest* req,
                                                 v1::StatsResponse* resp) {
-  return Unary(env_, "Stats", ctx, resp,
+  return Unary(env_, "Stats", ctx, req, resp,
                [&](const Identity& id) { return service_->Stats(id, *req); });
 }
 
 grpc::ServerUnaryReactor* AdminHandler::Evict(grpc::CallbackServerContext* ctx,
                                               const v1::EvictRequest* req,
                                               v1::EvictResponse* resp) {
-  return Unary(env_, "Evict", ctx, resp,
+  return Unary(env_, "Evict", ctx, req, resp,
                [&](const Identity& id) { return service_->Evict(id, *req); });
 }
 

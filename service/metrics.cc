@@ -1,6 +1,7 @@
 #include "service/metrics.h"
 
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "service/build_info.h"
@@ -52,23 +53,35 @@ RpcMetrics::RpcMetrics(prometheus::Registry& registry)
       errors_(prometheus::BuildCounter()
                   .Name("tqkv_rpc_errors_total")
                   .Help("tqkv RPCs that ended with a non-OK status, by method and code.")
-                  .Register(registry)) {}
+                  .Register(registry)),
+      received_(prometheus::BuildCounter()
+                    .Name("tqkv_rpc_received_bytes_total")
+                    .Help("Request message bytes received by tqkv RPCs, by method.")
+                    .Register(registry)),
+      sent_(prometheus::BuildCounter()
+                .Name("tqkv_rpc_sent_bytes_total")
+                .Help("Response message bytes sent by tqkv RPCs, by method.")
+                .Register(registry)) {}
 
 RpcMetrics::MethodMetrics RpcMetrics::ForMethod(const std::string& method) {
   absl::MutexLock l(&mu_);
   auto it = methods_.find(method);
   if (it == methods_.end()) {
     MethodMetrics m{&latency_.Add({{"method", method}}, LatencyBuckets()),
-                    &requests_.Add({{"method", method}})};
+                    &requests_.Add({{"method", method}}), &received_.Add({{"method", method}}),
+                    &sent_.Add({{"method", method}})};
     it = methods_.emplace(method, m).first;
   }
   return it->second;  // a copy: flat_hash_map values move on rehash
 }
 
-void RpcMetrics::Record(const std::string& method, absl::StatusCode code, double seconds) {
+void RpcMetrics::Record(const std::string& method, absl::StatusCode code, double seconds,
+                        uint64_t received_bytes, uint64_t sent_bytes) {
   const MethodMetrics m = ForMethod(method);
   m.latency->Observe(seconds);
   m.requests->Increment();
+  m.received->Increment(static_cast<double>(received_bytes));
+  m.sent->Increment(static_cast<double>(sent_bytes));
   if (code != absl::StatusCode::kOk)
     errors_.Add({{"method", method}, {"code", CodeName(code)}}).Increment();
 }
@@ -83,36 +96,63 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   };
 
   MetricFamily bytes = Family("tqkv_stored_bytes",
-                              "Stored block bytes by tenant, model, tier and kind (dense_equivalent "
-                              "is the fp16 K+V the blocks stand for; total is what they take).",
+                              "Stored block bytes by tier and kind, and by tenant and model where "
+                              "labelled (dense_equivalent is the fp16 K+V the blocks stand for; "
+                              "total is what they take).",
                               MetricType::Gauge);
-  MetricFamily blocks = Family("tqkv_stored_blocks", "Stored blocks by tenant, model and tier.",
+  MetricFamily blocks = Family("tqkv_stored_blocks",
+                               "Stored blocks by tier, and by tenant and model where labelled.",
                                MetricType::Gauge);
   MetricFamily ratio = Family("tqkv_compression_ratio",
-                              "Dense-equivalent bytes over stored bytes, per tenant and model.",
+                              "Dense-equivalent bytes over stored bytes (per tenant and model where "
+                              "labelled).",
                               MetricType::Gauge);
+  // (tenant, model) -> summed accounting; both empty without tenant labels.
+  struct Sum {
+    storage::BlockAccounting acc;
+    uint64_t payload = 0, blocks = 0;
+  };
+  std::map<std::tuple<std::string, std::string, std::string>, Sum> sums;  // (tenant, model, tier)
   std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> per_model;
   uint64_t tier_blocks[storage::kNumTiers] = {};
   for (const storage::TierUsage& u : st.usage) {
-    const std::string model = model_label(u.tenant, u.model_id);
-    const std::string tier = storage::TierName(u.tier);
+    const std::string tenant = tenant_labels_ ? u.tenant : "";
+    const std::string model = tenant_labels_ ? model_label(u.tenant, u.model_id) : "";
+    Sum& sum = sums[{tenant, model, storage::TierName(u.tier)}];
     const storage::BlockAccounting& a = u.accounting;
-    const std::pair<const char*, uint64_t> kinds[] = {
-        {"dense_equivalent", a.dense_equivalent_bytes}, {"packed_k", a.packed_k_bytes},
-        {"packed_v", a.packed_v_bytes},                 {"norms_metadata", a.norms_metadata_bytes},
-        {"dense_window", a.dense_window_bytes},         {"total", u.payload_bytes}};
-    for (const auto& [kind, v] : kinds)
-      Add(bytes, {{"kind", kind}, {"model", model}, {"tenant", u.tenant}, {"tier", tier}},
-          static_cast<double>(v));
-    Add(blocks, {{"model", model}, {"tenant", u.tenant}, {"tier", tier}},
-        static_cast<double>(u.blocks));
-    auto& pm = per_model[{u.tenant, model}];
+    sum.acc.dense_equivalent_bytes += a.dense_equivalent_bytes;
+    sum.acc.packed_k_bytes += a.packed_k_bytes;
+    sum.acc.packed_v_bytes += a.packed_v_bytes;
+    sum.acc.norms_metadata_bytes += a.norms_metadata_bytes;
+    sum.acc.dense_window_bytes += a.dense_window_bytes;
+    sum.payload += u.payload_bytes;
+    sum.blocks += u.blocks;
+    auto& pm = per_model[{tenant, model}];
     pm.first += a.dense_equivalent_bytes;
     pm.second += u.payload_bytes;
     tier_blocks[static_cast<int>(u.tier)] += u.blocks;
   }
+  // Label sets in Prometheus' sorted order; tenant and model only when labelled.
+  auto labels = [&](std::vector<ClientMetric::Label> head, const std::string& tenant,
+                    const std::string& model, std::vector<ClientMetric::Label> tail) {
+    if (tenant_labels_) head.push_back({"model", model});
+    if (tenant_labels_) head.push_back({"tenant", tenant});
+    head.insert(head.end(), tail.begin(), tail.end());
+    return head;
+  };
+  for (const auto& [key, sum] : sums) {
+    const auto& [tenant, model, tier] = key;
+    const storage::BlockAccounting& a = sum.acc;
+    const std::pair<const char*, uint64_t> kinds[] = {
+        {"dense_equivalent", a.dense_equivalent_bytes}, {"packed_k", a.packed_k_bytes},
+        {"packed_v", a.packed_v_bytes},                 {"norms_metadata", a.norms_metadata_bytes},
+        {"dense_window", a.dense_window_bytes},         {"total", sum.payload}};
+    for (const auto& [kind, v] : kinds)
+      Add(bytes, labels({{"kind", kind}}, tenant, model, {{"tier", tier}}), static_cast<double>(v));
+    Add(blocks, labels({}, tenant, model, {{"tier", tier}}), static_cast<double>(sum.blocks));
+  }
   for (const auto& [key, v] : per_model)
-    Add(ratio, {{"model", key.second}, {"tenant", key.first}},
+    Add(ratio, labels({}, key.first, key.second, {}),
         v.second ? static_cast<double>(v.first) / v.second : 0.0);
 
   std::vector<MetricFamily> out = {std::move(bytes), std::move(blocks), std::move(ratio)};

@@ -53,8 +53,10 @@ RpcScope::RpcScope(const RpcEnv& env, const char* method, grpc::CallbackServerCo
       identity_(Authenticate(*env.auth, ctx)) {}
 
 void RecordCall(const RpcEnv& env, const char* method, const std::string& peer,
-                const absl::Status& status, double seconds) {
-  if (env.metrics != nullptr) env.metrics->Record(method, status.code(), seconds);
+                const absl::Status& status, double seconds, uint64_t received_bytes,
+                uint64_t sent_bytes) {
+  if (env.metrics != nullptr)
+    env.metrics->Record(method, status.code(), seconds, received_bytes, sent_bytes);
   if (env.log != nullptr && !status.ok() && status.code() != absl::StatusCode::kNotFound) {
     env.log->WriteLimited(absl::StrCat("tqkv-server: ", method, " from ", peer, " -> ",
                                 CodeName(status.code()), ": ", std::string(status.message()),
@@ -65,7 +67,7 @@ void RecordCall(const RpcEnv& env, const char* method, const std::string& peer,
 grpc::Status RpcScope::Finish(const absl::Status& status) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  RecordCall(env_, method_, ctx_->peer(), status, seconds);
+  RecordCall(env_, method_, ctx_->peer(), status, seconds, received_bytes_, sent_bytes_);
   return ToGrpcStatus(status);
 }
 

@@ -55,10 +55,12 @@ struct RpcEnv {
   LineLog* log = nullptr;
 };
 
-// Records one finished call: per-method metrics, and a log line for a
-// failure other than NOT_FOUND. `peer` names the caller in the log.
+// Records one finished call: per-method metrics (with the message bytes it
+// received and sent), and a log line for a failure other than NOT_FOUND.
+// `peer` names the caller in the log.
 void RecordCall(const RpcEnv& env, const char* method, const std::string& peer,
-                const absl::Status& status, double seconds);
+                const absl::Status& status, double seconds, uint64_t received_bytes = 0,
+                uint64_t sent_bytes = 0);
 
 class RpcScope {
  public:
@@ -69,6 +71,9 @@ class RpcScope {
   // The caller (from the bearer token and, where the auth file maps
   // certificates, the verified client certificate), or UNAUTHENTICATED.
   const absl::StatusOr<Identity>& identity() const { return identity_; }
+  // Counts message bytes of the call (recorded by Finish).
+  void Received(uint64_t bytes) { received_bytes_ += bytes; }
+  void Sent(uint64_t bytes) { sent_bytes_ += bytes; }
   // Records and logs the outcome; returns the status to send.
   grpc::Status Finish(const absl::Status& status);
 
@@ -78,6 +83,8 @@ class RpcScope {
   grpc::CallbackServerContext* const ctx_;
   const std::chrono::steady_clock::time_point start_;
   absl::StatusOr<Identity> identity_;
+  uint64_t received_bytes_ = 0;
+  uint64_t sent_bytes_ = 0;
 };
 
 }  // namespace tqkv::service

@@ -3,7 +3,6 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_builder_option.h>
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 
 #include <exception>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "service/listen_policy.h"
+#include "service/process_metrics.h"
 
 namespace tqkv::service {
 namespace {
@@ -106,21 +106,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   s->prom_registry_ = std::make_shared<prometheus::Registry>();
   s->rpc_metrics_ = std::make_unique<RpcMetrics>(*s->prom_registry_);
-  s->collector_ =
-      std::make_shared<StoreCollector>(s->store_.get(), s->registry_.get(), s->service_.get());
+  const bool tenant_labels =
+      options.metrics_tenant_labels == ServerOptions::TenantLabels::kAuto
+          ? !s->auth_->enabled()
+          : options.metrics_tenant_labels == ServerOptions::TenantLabels::kOn;
+  s->collector_ = std::make_shared<StoreCollector>(s->store_.get(), s->registry_.get(),
+                                                   s->service_.get(), tenant_labels);
   if (!options.metrics_listen.empty()) {
-    TQ_ASSIGN_OR_RETURN(auto mhost, SplitHostPort(options.metrics_listen));
-    try {
-      s->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
-    }
-    s->exposer_->RegisterCollectable(s->prom_registry_);
-    s->exposer_->RegisterCollectable(s->collector_);
-    std::vector<int> ports = s->exposer_->GetListeningPorts();
-    s->metrics_address_ =
-        absl::StrCat(mhost.first, ":", ports.empty() ? mhost.second : ports.front());
+    MetricsHttpOptions mo;
+    mo.listen = options.metrics_listen;
+    mo.tls = options.tls;
+    mo.auth = s->auth_.get();
+    TQ_ASSIGN_OR_RETURN(s->metrics_http_,
+                        MetricsHttpServer::Start(mo,
+                                                 {s->prom_registry_, s->collector_,
+                                                  std::make_shared<ProcessCollector>()},
+                                                 s->log_.get()));
+    s->metrics_address_ = s->metrics_http_->address();
   }
 
   s->env_ = RpcEnv{s->auth_.get(), s->rpc_metrics_.get(),
@@ -143,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     TQ_ASSIGN_OR_RETURN(s->data_plane_, DataPlaneServer::Start(dp, s->service_.get(), &s->env_));
     s->data_address_ = s->data_plane_->address();
     s->data_plane_collector_ = std::make_shared<DataPlaneCollector>(s->data_plane_.get());
-    if (s->exposer_) s->exposer_->RegisterCollectable(s->data_plane_collector_);
+    if (s->metrics_http_) s->metrics_http_->Add(s->data_plane_collector_);
     s->service_->SetDataPlaneAddress(s->data_address_);
   }
   grpc::EnableDefaultHealthCheckService(true);
@@ -205,7 +207,7 @@ absl::Status Server::Shutdown() {
     stop_maintenance_.Notify();
     maintenance_.join();
   }
-  exposer_.reset();  // no scrape may run while the store goes away
+  metrics_http_.reset();  // no scrape may run while the store goes away
   service_.reset();  // sequences release their block references
   if (store_ && options_.spill_on_shutdown && store_->Stats().disk_enabled) {
     storage::EvictSpec all;

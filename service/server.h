@@ -26,6 +26,7 @@
 #include "service/grpc_service.h"
 #include "service/kv_service.h"
 #include "service/metrics.h"
+#include "service/metrics_http.h"
 #include "service/model_registry.h"
 #include "service/net_address.h"
 #include "service/rpc_scope.h"
@@ -35,7 +36,6 @@
 #include "storage/clock.h"
 
 namespace prometheus {
-class Exposer;
 class Registry;
 }  // namespace prometheus
 
@@ -56,8 +56,8 @@ struct ServerOptions {
   bool insecure_listen_any = false;
   // Serve gRPC server reflection (grpc.reflection.v1alpha). Default: false.
   bool grpc_reflection = false;
-  // TLS (and mTLS) on the gRPC listener and the data plane (same files,
-  // same client CA); metrics stay plain HTTP. Default: off.
+  // TLS (and mTLS) on the gRPC listener, the data plane and /metrics (same
+  // files, same client CA). Default: off.
   ServerTlsOptions tls;
   // Data-plane event loops. Default: 2.
   int data_threads = 2;
@@ -73,8 +73,15 @@ struct ServerOptions {
   // prefix (DataPlaneOptions::frame_timeout). Default: 60 s.
   absl::Duration data_frame_timeout = absl::Seconds(60);
   // Prometheus /metrics address; port 0 picks a free port; empty disables.
+  // It serves HTTPS when `tls` is on, and with an auth file only scrapes
+  // that carry an admin or `metrics` credential (metrics_http.h).
   // Default: 127.0.0.1:9464.
   std::string metrics_listen = "127.0.0.1:9464";
+  // Whether per-model series carry tenant and model labels (StoreCollector).
+  // kAuto: only when auth is off (every caller is tenant "default"), so an
+  // authenticated server's /metrics names no tenant. Default: kAuto.
+  enum class TenantLabels { kAuto, kOn, kOff };
+  TenantLabels metrics_tenant_labels = TenantLabels::kAuto;
   // Directory of the RocksDB disk tier (created if missing); empty: no disk
   // tier (host memory only, nothing survives a restart). Default: ./data.
   std::string data_dir = "./data";
@@ -93,7 +100,7 @@ struct ServerOptions {
   int max_models_per_tenant = 256;
   // Largest gRPC message received or sent. Default: 64 MiB.
   int max_message_bytes = 64 << 20;
-  // Auth file (auth.h: `credential tenant [admin]` lines, mode 0600 or
+  // Auth file (auth.h: `credential tenant [admin|metrics]` lines, mode 0600 or
   // stricter); empty: auth off (tenant "default"). Default: empty.
   std::string auth_tokens_file;
   // CPU backend worker threads; -1: cores − 1. Default: -1.
@@ -176,7 +183,7 @@ class Server {
   std::shared_ptr<prometheus::Registry> prom_registry_;
   std::unique_ptr<RpcMetrics> rpc_metrics_;
   std::shared_ptr<StoreCollector> collector_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
   RpcEnv env_;
   std::unique_ptr<KvStoreHandler> kv_handler_;
   std::unique_ptr<AdminHandler> admin_handler_;

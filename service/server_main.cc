@@ -43,15 +43,20 @@ ABSL_FLAG(int, data_frame_timeout_s, 60,
           "one gets DEADLINE_EXCEEDED and its connection is closed, returning its share of "
           "--data_max_buffered_bytes");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
-          "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled). "
-          "Beyond loopback needs --auth_tokens_file or TLS, or --insecure_listen_any");
+          "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled); HTTPS "
+          "with --tls_cert_file (and the client CA's mTLS); with --auth_tokens_file a scrape needs "
+          "`Authorization: Bearer` of an admin or `metrics` credential. Beyond loopback needs "
+          "--auth_tokens_file or TLS, or --insecure_listen_any");
+ABSL_FLAG(std::string, metrics_tenant_labels, "auto",
+          "label per-model series on /metrics with tenant and model: true, false, or auto (only "
+          "without --auth_tokens_file, so an authenticated server names no tenant)");
 ABSL_FLAG(bool, insecure_listen_any, false,
           "allow listening beyond loopback without authentication (no --auth_tokens_file; for "
           "gRPC and metrics also no TLS); the server warns once at start");
 ABSL_FLAG(bool, grpc_reflection, false, "serve gRPC server reflection");
 ABSL_FLAG(std::string, tls_cert_file, "",
-          "PEM certificate chain of the gRPC listener and the data plane; set (with "
-          "--tls_key_file): both serve TLS only. Metrics stay plain HTTP");
+          "PEM certificate chain of the gRPC listener, the data plane and /metrics; set (with "
+          "--tls_key_file): all three serve TLS only");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA bundle; set: mutual TLS, every gRPC and data-plane client must present a "
@@ -74,7 +79,7 @@ ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message received or se
 ABSL_FLAG(int, max_models_per_tenant, 256,
           "models one tenant may register; one more gets RESOURCE_EXHAUSTED (models on disk always load)");
 ABSL_FLAG(std::string, auth_tokens_file, "",
-          "file of `credential tenant [admin]` lines (credential: a bearer token, x509-uri:URI "
+          "file of `credential tenant [admin|metrics]` lines (credential: a bearer token, x509-uri:URI "
           "or x509-cn:NAME); mode 0600 or stricter; re-read on SIGHUP; empty: auth off, every "
           "caller is tenant \"default\" with admin rights");
 ABSL_FLAG(int, threads, -1, "CPU backend worker threads (-1: cores - 1)");
@@ -124,6 +129,18 @@ int main(int argc, char** argv) {
   tqkv::service::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  const std::string labels = absl::GetFlag(FLAGS_metrics_tenant_labels);
+  if (labels == "auto") {
+    o.metrics_tenant_labels = tqkv::service::ServerOptions::TenantLabels::kAuto;
+  } else if (labels == "true") {
+    o.metrics_tenant_labels = tqkv::service::ServerOptions::TenantLabels::kOn;
+  } else if (labels == "false") {
+    o.metrics_tenant_labels = tqkv::service::ServerOptions::TenantLabels::kOff;
+  } else {
+    std::cerr << "tqkv-server: --metrics_tenant_labels must be auto, true or false, not '" << labels
+              << "'\n";
+    return 1;
+  }
   o.insecure_listen_any = absl::GetFlag(FLAGS_insecure_listen_any);
   o.grpc_reflection = absl::GetFlag(FLAGS_grpc_reflection);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);

@@ -95,6 +95,30 @@ TEST(AuthTest, CertificatesMapToTenantsAndMustAgreeWithTheToken) {
             absl::StatusCode::kUnauthenticated);
 }
 
+TEST(AuthTest, MetricsCredentialsScrapeOnly) {
+  auto a = Authenticator::FromString(
+      "ops-tok ops admin\nalice-tok alice\nscrape-tok prom metrics\nx509-cn:prom-box prom metrics\n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto id = (*a)->AuthorizeScrape("Bearer scrape-tok");
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_TRUE(id->scrape_only);
+  EXPECT_FALSE(id->admin);
+  EXPECT_TRUE((*a)->AuthorizeScrape("Bearer ops-tok").ok());
+  const PeerCertificate box{{}, "prom-box"};
+  EXPECT_TRUE((*a)->AuthorizeScrape("", &box).ok());
+  EXPECT_EQ((*a)->AuthorizeScrape("Bearer alice-tok").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ((*a)->AuthorizeScrape("").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*a)->AuthorizeScrape("Bearer nope").status().code(), absl::StatusCode::kUnauthenticated);
+  // A metrics credential opens no tenant.
+  EXPECT_EQ((*a)->Authenticate("Bearer scrape-tok").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ((*a)->Authenticate("", &box).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(Authenticator::FromString("tok prom metrics admin\n").ok());
+  Authenticator off;
+  EXPECT_TRUE(off.AuthorizeScrape("").ok());
+}
+
 // Writes `contents` to a fresh file with `mode`; returns its path.
 std::string WriteFile(const std::string& contents, mode_t mode) {
   const char* base = std::getenv("TEST_TMPDIR");

@@ -1,10 +1,12 @@
 // /metrics scraped over HTTP from the real server: the exposition passes
-// `promtool check metrics`, and byte, hit, miss, spill and error counters
-// move by exactly the amounts the test causes.
+// `promtool check metrics`, and byte, hit, miss, spill, error and RPC
+// message-byte counters move by exactly the amounts the test causes; the
+// server's process metrics are there.
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/time/clock.h"
 #include "tests/fixture.h"
 
 namespace tqkv::testing {
@@ -57,8 +59,10 @@ TEST_F(MetricsTest, ExpositionIsValidAndCountersMoveByTheRightAmounts) {
   auto look = client_->Lookup(lr);
   ASSERT_TRUE(look.ok());
   ASSERT_EQ(look->hits(), 10u);
+  const size_t lookup_bytes = lr.ByteSizeLong();
   lr.mutable_model()->set_layout_fingerprint("bad");
   EXPECT_FALSE(client_->Lookup(lr).ok());
+  const size_t bad_lookup_bytes = lr.ByteSizeLong();
 
   const std::string after = Scrape();
   out = PromtoolCheck(after, &ok);
@@ -82,6 +86,19 @@ TEST_F(MetricsTest, ExpositionIsValidAndCountersMoveByTheRightAmounts) {
   EXPECT_EQ(delta("tqkv_rpc_requests_total{method=\"Lookup\"}"), 2);
   EXPECT_EQ(delta("tqkv_rpc_errors_total{code=\"FAILED_PRECONDITION\",method=\"Lookup\"}"), 1);
   EXPECT_EQ(delta("tqkv_rpc_duration_seconds_count{method=\"PutBlocks\"}"), 1);
+  // Message bytes: both requests received; only the successful reply sent.
+  EXPECT_EQ(delta("tqkv_rpc_received_bytes_total{method=\"Lookup\"}"),
+            static_cast<double>(lookup_bytes + bad_lookup_bytes));
+  EXPECT_EQ(delta("tqkv_rpc_sent_bytes_total{method=\"Lookup\"}"),
+            static_cast<double>(look->ByteSizeLong()));
+  EXPECT_GT(delta("tqkv_rpc_received_bytes_total{method=\"PutBlocks\"}"),
+            10.0 * SmallCodec()->block_accounting().dense_equivalent);
+  // Process metrics of the server process (from its procfs).
+  EXPECT_GT(Value(after, "process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GE(Value(after, "process_open_fds"), 5);
+  EXPECT_GT(Value(after, "process_max_fds"), Value(after, "process_open_fds"));
+  EXPECT_GT(Value(after, "process_cpu_seconds_total"), 0);
+  EXPECT_NEAR(Value(after, "process_start_time_seconds"), absl::ToUnixSeconds(absl::Now()), 600);
   EXPECT_EQ(Value(after, "tqkv_backend_info{backend=\"" + TestBackend() + "\"}"), 1);
   // The commit depends on how the binary was built; the version is never empty.
   const std::string build = "tqkv_build_info{backend=\"" + TestBackend() + "\",commit=\"";

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Generates tqkv.json, the Grafana dashboard of tqkv's memory ratios, tiers,
-hit rates and RPC health. Run: python3 deploy/grafana/make_dashboard.py
+hit rates, RPC health and traffic, and the server process' memory, CPU and
+file descriptors. Run: python3 deploy/grafana/make_dashboard.py
 (checked in; tests/dashboard_test.cc evaluates every query against a real
 server through Prometheus)."""
 import json
@@ -97,6 +98,18 @@ PANELS = [
       ("sum(%s)" % sel("tqkv_staged_blocks"), "staged blocks")], "timeseries"),
     ("Bytes owned by live sequences (appended blocks, dense tails)", "bytes",
      [(sel("tqkv_sequence_bytes"), "{{instance}}")], "timeseries"),
+    ("gRPC message bytes per method (received, sent)", "Bps",
+     [("sum by (method) (%s)" % rate("tqkv_rpc_received_bytes_total"), "{{method}} in"),
+      ("sum by (method) (%s)" % rate("tqkv_rpc_sent_bytes_total"), "{{method}} out")],
+     "timeseries"),
+    ("Server resident memory", "bytes",
+     [(sel("process_resident_memory_bytes"), "{{instance}} resident"),
+      (sel("tqkv_host_capacity_bytes"), "{{instance}} host tier budget")], "timeseries"),
+    ("Server CPU (cores busy)", "none",
+     [(rate("process_cpu_seconds_total"), "{{instance}}")], "timeseries"),
+    ("Open file descriptors / limit", "percentunit",
+     [("%s / clamp_min(%s, 1)" % (sel("process_open_fds"), sel("process_max_fds")),
+       "{{instance}}")], "timeseries"),
 ]
 
 # The instance (in Kubernetes: the pod's address) to show; all by default.
