@@ -1,6 +1,9 @@
 // The decode worker's loop, end to end over loopback: for each step and
 // each layer, ONE data-plane Attend call whose items carry every sequence's
-// new token (K/V appended, then attended) and its query. Sequences start at
+// new token (K/V appended, then attended) and its query, the tensors sent
+// from the worker's buffers as the frame's raw payload and the outputs
+// received into its buffer (--tensors inline: inside the protobuf request
+// and reply instead). Sequences start at
 // random offsets inside their last block (a dense tail of 0..15 tokens), so
 // tails fill and pack during the run as they do in a real decode loop.
 //
@@ -21,7 +24,7 @@
 //
 // Usage: decode_loop_bench --server HOST:PORT --data HOST:PORT
 //        [--layers 32 --kv_heads 8 --q_heads 32 --head_dim 128 --format k4v4
-//         --shapes 1x32768,64x4096,mixed64 --steps 32 --two_call_steps 4]
+//         --shapes 1x32768,64x4096,mixed64 --steps 32 --two_call_steps 4 --tensors raw]
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -32,6 +35,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,7 +152,7 @@ struct Samples {
 int Run(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, 1,
                                {"server", "data", "layers", "kv_heads", "q_heads", "head_dim", "format", "shapes",
-                                "steps", "two_call_steps", "pool"});
+                                "steps", "two_call_steps", "pool", "tensors"});
   if (!args.ok()) return Fail(args.status(), "arguments");
   const std::string server = args->Get("server", "localhost:50051");
   const std::string data = args->Get("data", "localhost:50052");
@@ -157,6 +161,9 @@ int Run(int argc, char** argv) {
             steps = *args->GetInt("steps", 32), two_call_steps = *args->GetInt("two_call_steps", 4),
             pool = *args->GetInt("pool", 16);
   const std::string format = args->Get("format", "k4v4");
+  const std::string tensors = args->Get("tensors", "raw");
+  if (tensors != "raw" && tensors != "inline")
+    return Fail(absl::InvalidArgumentError("--tensors is raw or inline"), "arguments");
   const int bs = 16;
 
   client::ClientOptions copts;
@@ -245,6 +252,17 @@ int Run(int argc, char** argv) {
       *it->mutable_k() = nk;
       *it->mutable_v() = nv;
     }
+    // The same call with the tensors beside the request: their bytes from
+    // the worker's buffers (q, k, v per item), the outputs into `outputs`.
+    v1::AttendRequest one_raw = one;
+    std::vector<std::span<const char>> inputs;
+    for (v1::AttendItem& it : *one_raw.mutable_items()) {
+      it.mutable_q()->clear_data();
+      it.mutable_k()->clear_data();
+      it.mutable_v()->clear_data();
+      inputs.insert(inputs.end(), {q.data(), nk.data(), nv.data()});
+    }
+    std::string outputs(nseq * q.data().size(), '\0');
     Samples s1, s2;
     auto run = [&](bool two_calls, int n, Samples* out) -> absl::Status {
       for (int step = -1; step < n; ++step) {  // step -1: uploads the context to the device
@@ -276,7 +294,8 @@ int Run(int argc, char** argv) {
               out->device.push_back(static_cast<double>(r->device_micros()));
             }
           } else {
-            auto r = (*dp)->Attend(one);
+            one_raw.set_layer(layer);
+            auto r = tensors == "raw" ? (*dp)->Attend(one_raw, inputs, outputs) : (*dp)->Attend(one);
             if (!r.ok()) return r.status();
             if (step >= 0) {
               out->service.push_back(static_cast<double>(r->service_micros()));
@@ -316,14 +335,14 @@ int Run(int argc, char** argv) {
     const double call = Percentile(s1.call, 0.5), dev = Percentile(s1.device, 0.5);
     std::printf(
         "\n[%s] %zu sequences, %lld tokens (%.2f GB packed, put in %.1f s), %d steps x %d layers\n"
-        "  per-layer call (one call: append + attend): median %.0f us, p99 %.0f us\n"
+        "  per-layer call (one call: append + attend, %s tensors): median %.0f us, p99 %.0f us\n"
         "    transport + framing %.0f us | service host work %.0f us | backend host work %.0f us | device "
         "(kernels) %.0f us "
         "(%.1f MB of pages a layer, %.2f TB/s)\n"
         "  step (%d layers): median %.2f ms, p99 %.2f ms\n"
         "  call / device: %.2fx   raw loopback TCP round trip of the same %zu + %zu bytes: median %.0f us, p99 "
         "%.0f us\n",
-        spec.c_str(), nseq, (long long)tokens, put_bytes / 1e9, put_s, steps, layers, call,
+        spec.c_str(), nseq, (long long)tokens, put_bytes / 1e9, put_s, steps, layers, tensors.c_str(), call,
         Percentile(s1.call, 0.99), Percentile(transport, 0.5), Percentile(service, 0.5), Percentile(host, 0.5), dev, layer_bytes / 1e6,
         dev > 0 ? layer_bytes / dev / 1e6 : 0.0, layers, Percentile(s1.step, 0.5) / 1e3,
         Percentile(s1.step, 0.99) / 1e3, dev > 0 ? call / dev : 0.0, req_bytes, rep_bytes, floor->first,

@@ -123,7 +123,24 @@ v1::FormatDescriptor DescribeFormat(const ModelCodec& codec) {
   return f;
 }
 
+const uint8_t* TensorPayload::Take(size_t n) {
+  if (n > bytes_.size() - used_) return nullptr;
+  const uint8_t* p = bytes_.data() + used_;
+  used_ += n;
+  return p;
+}
+
+absl::Status TensorPayload::Finish() const {
+  if (used_ == bytes_.size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("the frame's payload has ", bytes_.size(),
+                                                 " bytes, its tensors use ", used_));
+}
+
 absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& t, const char* field) {
+  return ViewTensor(t, field, nullptr);
+}
+
+absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& t, const char* field, TensorPayload* payload) {
   TensorView v;
   TQ_ASSIGN_OR_RETURN(v.dtype, FromProtoDType(t.dtype(), field));
   uint64_t elems = 1;
@@ -136,7 +153,18 @@ absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& t, const char* field) {
     v.shape.push_back(d);
   }
   const uint64_t want = elems * DTypeSize(v.dtype);
-  if (elems > (uint64_t{1} << 40) || want != t.data().size())
+  if (elems > (uint64_t{1} << 40))
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeString(v.shape), " is too large"));
+  if (payload != nullptr && t.data().empty()) {
+    v.data = payload->Take(want);
+    v.bytes = want;
+    if (v.data == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeString(v.shape), " of ",
+                                                     std::string(DTypeName(v.dtype)), " needs ", want,
+                                                     " bytes, more than the frame's payload has left"));
+    return v;
+  }
+  if (want != t.data().size())
     return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeString(v.shape), " of ",
                                                    std::string(DTypeName(v.dtype)), " needs ", want,
                                                    " bytes, data has ", t.data().size()));

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "codec/dtype.h"
 #include "codec/metadata.h"
 #include "codec/model_codec.h"
@@ -53,6 +54,27 @@ struct TensorView {
   size_t bytes = 0;
 };
 absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& t, const char* field);
+
+// Tensor bytes that travel beside a request instead of inside it (the data
+// plane's raw payloads, proto "Data plane"): ViewTensor(t, field, payload)
+// takes the bytes of a tensor whose `data` is empty from here, the next
+// prod(shape) · sizeof(dtype) of them, so the tensors read in request order
+// lie back to back. A request must use all of it (Finish).
+class TensorPayload {
+ public:
+  explicit TensorPayload(absl::Span<const uint8_t> bytes) : bytes_(bytes) {}
+  // The next `n` bytes, or nullptr when fewer are left.
+  const uint8_t* Take(size_t n);
+  // INVALID_ARGUMENT unless every byte was taken.
+  absl::Status Finish() const;
+
+ private:
+  absl::Span<const uint8_t> bytes_;
+  size_t used_ = 0;
+};
+// As above; a tensor with empty data takes its bytes from `payload` (when
+// not null). The view aliases the payload then.
+absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& t, const char* field, TensorPayload* payload);
 
 // INVALID_ARGUMENT "<field> has shape [..], expected [..]" unless
 // t.shape == expected, where a -1 entry in `expected` matches any size.

@@ -1,8 +1,9 @@
 // DataPlaneServer: bulk reads (packed, or dense decoded by the backend), puts, Attend and Append
 // over TCP (TLS when the server has TLS, see data_plane_tls.h), next to the gRPC control plane. The wire format is documented in
 // proto/tqkv/v1/tqkv.proto ("Data plane"): length-prefixed DataPlaneRequest
-// frames in, one DataPlaneReply header plus the raw payloads out per
-// request, in order.
+// frames in (each with a raw payload of tensors beside it on connections
+// that open with kDataPlanePrefaceRaw), one DataPlaneReply header plus the
+// raw payloads out per request, in order.
 //
 // Why: a gRPC GetBlocks of one 64 KiB block costs ~30 us of server CPU in
 // HTTP/2 framing, protobuf copies of the payload and thread hand-offs
@@ -70,15 +71,20 @@
 
 namespace tqkv::service {
 
-inline constexpr char kDataPlanePreface[] = "TQKVDP01";  // 8 bytes on the wire
+// The prefaces (8 bytes on the wire): with the first, a request frame is
+// `u32 N` and a DataPlaneRequest; with the second, `u32 H, u64 P`, the
+// request and P bytes of raw payload (tensors beside the request).
+inline constexpr char kDataPlanePreface[] = "TQKVDP01";
+inline constexpr char kDataPlanePrefaceRaw[] = "TQKVDP02";
 
 struct DataPlaneOptions {
   // HOST:PORT to listen on; port 0 picks a free port. Default: 127.0.0.1:50052.
   std::string listen = "127.0.0.1:50052";
   // Event-loop threads. Default: 2.
   int threads = 2;
-  // Largest request frame accepted; a larger one is answered with
-  // RESOURCE_EXHAUSTED and the connection closed. Default: 8 MiB.
+  // Largest request frame accepted (its request and raw payload); a
+  // larger one is answered with RESOURCE_EXHAUSTED and the connection
+  // closed. Default: 8 MiB.
   uint32_t max_request_bytes = 8u << 20;
   // Largest dense get reply (decoded K/V are built in memory before they
   // are sent); a larger one is refused with RESOURCE_EXHAUSTED. Default:

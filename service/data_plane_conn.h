@@ -30,7 +30,7 @@ struct Reply {
   std::unique_ptr<char[]> head;  // every byte is written: no zero fill
   size_t head_bytes = 0;
   std::vector<storage::BlockData> blocks;
-  std::unique_ptr<uint8_t[]> dense;  // a dense get's decoded K/V (the iovec points into it)
+  std::unique_ptr<uint8_t[]> owned;  // a dense get's decoded K/V, an Attend's raw outputs (iovecs point into it)
   std::vector<iovec> parts;  // non-empty; parts[0] covers `head`
   size_t next = 0;           // first part not fully written
 };
@@ -41,6 +41,9 @@ struct Conn {
   std::string in;          // received bytes; [in_off, size) not yet parsed
   size_t in_off = 0;
   bool preface_ok = false;
+  // Opened with kDataPlanePrefaceRaw: frames are `u32 H, u64 P`, the
+  // request, then P bytes of raw payload.
+  bool raw = false;
   bool closing = false;    // close once the queued replies are written
   // After a protocol error: the rest of the input is discarded; `skip`
   // bytes of an oversized frame are still read (and dropped) after the
@@ -48,7 +51,7 @@ struct Conn {
   bool failed = false;
   uint64_t skip = 0;
   bool half_closed = false;  // shutdown(SHUT_WR) sent while skipping
-  // The incomplete frame at in_off is charged `charged` bytes (its 4 + N)
+  // The incomplete frame at in_off is charged `charged` bytes (all of it, prefix included)
   // to the server's buffered-bytes budget since `frame_start`; 0: none.
   uint64_t charged = 0;
   std::chrono::steady_clock::time_point frame_start;

@@ -74,36 +74,44 @@ void DataPlaneServer::Loop::Process(Conn* c) {
     const char* p = c->in.data() + c->in_off;
     if (!c->preface_ok) {
       if (avail < kPrefaceBytes) break;
-      if (std::memcmp(p, kDataPlanePreface, kPrefaceBytes) != 0) {
+      c->raw = std::memcmp(p, kDataPlanePrefaceRaw, kPrefaceBytes) == 0;
+      if (!c->raw && std::memcmp(p, kDataPlanePreface, kPrefaceBytes) != 0) {
         Fail(c, absl::InvalidArgumentError(
-                    "not a tqkv data-plane stream: expected the preface \"TQKVDP01\""));
+                    "not a tqkv data-plane stream: expected the preface \"TQKVDP01\" or \"TQKVDP02\""));
         break;
       }
       c->preface_ok = true;
       c->in_off += kPrefaceBytes;
       continue;
     }
-    if (avail < 4) break;
+    // The prefix: u32 N (the request's bytes), and with raw payloads u64 P.
+    const size_t prefix = c->raw ? 12 : 4;
+    if (avail < prefix) break;
     uint32_t n;
+    uint64_t payload = 0;
     std::memcpy(&n, p, 4);
-    if (n > options_.max_request_bytes) {
-      Fail(c, absl::ResourceExhaustedError(
-               absl::StrCat("request frame of ", n, " bytes is over the data plane's limit of ",
-                            options_.max_request_bytes)),
-           4 + uint64_t{n} - avail);
+    if (c->raw) std::memcpy(&payload, p + 4, 8);
+    if (payload > options_.max_request_bytes || n + payload > options_.max_request_bytes) {
+      Fail(c,
+           absl::ResourceExhaustedError(absl::StrCat("request frame of ", n + payload,
+                                                     " bytes is over the data plane's limit of ",
+                                                     options_.max_request_bytes)),
+           // A payload beyond the limit cannot be skipped sensibly: the connection just closes.
+           payload > options_.max_request_bytes ? 0 : prefix + n + payload - avail);
       break;
     }
-    if (avail < 4 + size_t{n}) {
-      if (c->charged == 0) Charge(c, 4 + uint64_t{n}, avail);
+    const size_t frame = prefix + n + payload;
+    if (avail < frame) {
+      if (c->charged == 0) Charge(c, frame, avail);
       break;
     }
     v1::DataPlaneRequest req;
-    if (!req.ParseFromArray(p + 4, static_cast<int>(n))) {
+    if (!req.ParseFromArray(p + prefix, static_cast<int>(n))) {
       Fail(c, absl::InvalidArgumentError("request frame is not a DataPlaneRequest"));
       break;
     }
-    c->in_off += 4 + size_t{n};
-    Serve(c, &req);
+    c->in_off += frame;
+    Serve(c, &req, {reinterpret_cast<const uint8_t*>(p + prefix + n), payload});
     Uncharge(c);  // only the frame at in_off can be charged: this one
   }
   if (c->in_off == c->in.size()) {
@@ -125,7 +133,7 @@ void DataPlaneServer::Loop::Charge(Conn* c, uint64_t bytes, size_t avail) {
       shared_->budget_refusals.fetch_add(1, std::memory_order_relaxed);
       Fail(c,
            absl::ResourceExhaustedError(absl::StrCat(
-               "request frame of ", bytes - 4, " bytes would take the data plane's buffered request bytes to ",
+               "request frame of ", bytes, " bytes would take the data plane's buffered request bytes to ",
                held + bytes, ", over its budget of ", options_.max_buffered_bytes,
                " (--data_max_buffered_bytes); retry later")),
            bytes - avail);

@@ -145,8 +145,9 @@ class DataPlaneServer::Loop {
 
   // data_plane_serve.cc
 
-  // Serves one request frame: queues its reply and records the call.
-  void Serve(Conn* c, v1::DataPlaneRequest* request);
+  // Serves one request frame (with its raw payload, empty on a connection
+  // without them): queues its reply and records the call.
+  void Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> payload);
   // One frame of a put stream (see the proto's "Puts"); fills *head on a
   // commit.
   // A frame whose identity fails fails its stream (its blocks would be

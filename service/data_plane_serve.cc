@@ -7,7 +7,7 @@
 
 namespace tqkv::service {
 
-void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request) {
+void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> raw_in) {
   const v1::DataPlaneRequest& req = *request;
   const auto start = std::chrono::steady_clock::now();
   const bool attend = req.op_case() == v1::DataPlaneRequest::kAttend;
@@ -16,29 +16,43 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request) {
   absl::Status status;
   v1::DataPlaneReply head;
   GetPlan plan;
-  std::unique_ptr<uint8_t[]> dense;
+  std::unique_ptr<uint8_t[]> owned;  // what the reply's payload points into, when not stored blocks
   std::vector<iovec> payload;
   uint64_t payload_bytes = 0;
   // As on gRPC (rpc_scope.cc): the client certificate counts where the
   // auth file maps certificates.
   const PeerCertificate none;
   const PeerCertificate* peer = c->tls != nullptr ? &c->tls->peer() : &none;
+  const absl::Status bad_payload =
+      raw_in.empty() || attend || append
+          ? absl::OkStatus()
+          : absl::InvalidArgumentError("only attend and append frames carry a raw payload");
   if (absl::StatusOr<Identity> id = env_->auth->uses_certificates()
                                         ? env_->auth->Authenticate(req.authorization(), peer)
                                         : env_->auth->Authenticate(req.authorization());
       put) {
-    status = ServePut(c, id, request->mutable_put(), &head);
+    // A bad frame fails its stream, as a frame of another identity does.
+    status = ServePut(c, bad_payload.ok() ? id : absl::StatusOr<Identity>(bad_payload), request->mutable_put(),
+                      &head);
   } else if (!id.ok()) {
     status = id.status();
+  } else if (!bad_payload.ok()) {
+    status = bad_payload;
   } else if (attend) {
-    absl::StatusOr<v1::AttendResponse> r = service_->Attend(*id, req.attend());
+    // A frame with a payload gets its outputs as the reply's payload.
+    RawTensors raw{raw_in};
+    absl::StatusOr<v1::AttendResponse> r = service_->Attend(*id, req.attend(), raw_in.empty() ? nullptr : &raw);
     if (r.ok()) {
       *head.mutable_attend() = std::move(*r);
+      owned = std::move(raw.out);
+      if (raw.out_bytes > 0) payload.push_back({owned.get(), raw.out_bytes});
+      payload_bytes = raw.out_bytes;
     } else {
       status = r.status();
     }
   } else if (append) {
-    absl::StatusOr<v1::AppendResponse> r = service_->Append(*id, req.append());
+    RawTensors raw{raw_in};
+    absl::StatusOr<v1::AppendResponse> r = service_->Append(*id, req.append(), raw_in.empty() ? nullptr : &raw);
     if (r.ok()) {
       *head.mutable_append() = std::move(*r);
     } else {
@@ -58,12 +72,12 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request) {
           absl::StrCat("a dense reply of ", 2 * t * plan.blocks.size(), " bytes is over the data plane's limit of ",
                        options_.max_dense_reply_bytes, "; ask for fewer blocks a request"));
     } else if (plan.dense) {
-      dense.reset(new uint8_t[2 * t * plan.blocks.size()]);  // every byte is decoded into: no zero fill
-      status = service_->DecodeDenseBlocks(plan, dense.get());
+      owned.reset(new uint8_t[2 * t * plan.blocks.size()]);  // every byte is decoded into: no zero fill
+      status = service_->DecodeDenseBlocks(plan, owned.get());
     }
     for (size_t i = 0; status.ok() && i < plan.blocks.size(); ++i) {
       const KvService::Span span =
-          plan.dense ? KvService::Span{dense.get() + 2 * t * i, 2 * t} : KvService::PackedBytes(plan, i);
+          plan.dense ? KvService::Span{owned.get() + 2 * t * i, 2 * t} : KvService::PackedBytes(plan, i);
       v1::DataPlaneBlock* b = head.add_blocks();
       b->set_block_hash(plan.hashes[i]);
       b->set_tier(ToProtoTier(plan.blocks[i].tier));
@@ -80,10 +94,10 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request) {
     payload_bytes = 0;
     plan.blocks.clear();
   }
-  if (!status.ok()) dense.reset();
+  if (!status.ok()) owned.reset();
   Queue(c, head, std::move(payload), payload_bytes);
   c->out.back().blocks = std::move(plan.blocks);
-  c->out.back().dense = std::move(dense);
+  c->out.back().owned = std::move(owned);
   RecordCall(*env_, attend ? "DataAttend" : append ? "DataAppend" : put ? "DataPutBlocks" : "DataGetBlocks", c->peer, status,
              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }

@@ -258,14 +258,14 @@ absl::StatusOr<v1::CreateSequenceResponse> KvService::CreateSequence(
   return sequences_.Create(id.tenant, std::move(model), std::move(blocks), req);
 }
 
-absl::StatusOr<v1::AppendResponse> KvService::Append(const Identity& id,
-                                                     const v1::AppendRequest& req) {
-  return sequences_.Append(id.tenant, req);
+absl::StatusOr<v1::AppendResponse> KvService::Append(const Identity& id, const v1::AppendRequest& req,
+                                                     RawTensors* raw) {
+  return sequences_.Append(id.tenant, req, raw);
 }
 
-absl::StatusOr<v1::AttendResponse> KvService::Attend(const Identity& id,
-                                                     const v1::AttendRequest& req) {
-  return sequences_.Attend(id.tenant, req);
+absl::StatusOr<v1::AttendResponse> KvService::Attend(const Identity& id, const v1::AttendRequest& req,
+                                                     RawTensors* raw) {
+  return sequences_.Attend(id.tenant, req, raw);
 }
 
 absl::StatusOr<v1::DropSequenceResponse> KvService::DropSequence(

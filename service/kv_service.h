@@ -97,8 +97,12 @@ class KvService {
   absl::StatusOr<v1::DeleteResponse> Delete(const Identity& id, const v1::DeleteRequest& req);
   absl::StatusOr<v1::CreateSequenceResponse> CreateSequence(const Identity& id,
                                                             const v1::CreateSequenceRequest& req);
-  absl::StatusOr<v1::AppendResponse> Append(const Identity& id, const v1::AppendRequest& req);
-  absl::StatusOr<v1::AttendResponse> Attend(const Identity& id, const v1::AttendRequest& req);
+  // `raw`: tensors beside the request (the data plane's raw payloads; see
+  // SequenceManager's RawTensors).
+  absl::StatusOr<v1::AppendResponse> Append(const Identity& id, const v1::AppendRequest& req,
+                                            RawTensors* raw = nullptr);
+  absl::StatusOr<v1::AttendResponse> Attend(const Identity& id, const v1::AttendRequest& req,
+                                            RawTensors* raw = nullptr);
   absl::StatusOr<v1::DropSequenceResponse> DropSequence(const Identity& id,
                                                         const v1::DropSequenceRequest& req);
   absl::StatusOr<v1::StatsResponse> Stats(const Identity& id, const v1::StatsRequest& req);

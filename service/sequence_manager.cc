@@ -375,15 +375,19 @@ absl::StatusOr<std::shared_ptr<SequenceManager::Sequence>> SequenceManager::Use(
   return it->second;
 }
 
-absl::StatusOr<v1::AppendResponse> SequenceManager::Append(const std::string& tenant,
-                                                           const v1::AppendRequest& req) {
+absl::StatusOr<v1::AppendResponse> SequenceManager::Append(const std::string& tenant, const v1::AppendRequest& req,
+                                                           RawTensors* raw) {
   TQ_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, Use(tenant, req.sequence_id()));
   const ModelShape& s = seq->model->shape();
   if (req.layer() >= static_cast<uint32_t>(s.num_layers))
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", req.layer(), " outside [0, ", s.num_layers, ")"));
-  TQ_ASSIGN_OR_RETURN(TensorView k, ViewTensor(req.k(), "k"));
-  TQ_ASSIGN_OR_RETURN(TensorView v, ViewTensor(req.v(), "v"));
+  std::optional<TensorPayload> payload;
+  if (raw != nullptr) payload.emplace(raw->in);
+  TensorPayload* in = payload ? &*payload : nullptr;
+  TQ_ASSIGN_OR_RETURN(TensorView k, ViewTensor(req.k(), "k", in));
+  TQ_ASSIGN_OR_RETURN(TensorView v, ViewTensor(req.v(), "v", in));
+  if (in != nullptr) TQ_RETURN_IF_ERROR(in->Finish());
   TQ_RETURN_IF_ERROR(CheckNewTokens(s, k, v, ""));
   const int layer = static_cast<int>(req.layer());
   absl::MutexLock l(&seq->mu);
@@ -394,8 +398,8 @@ absl::StatusOr<v1::AppendResponse> SequenceManager::Append(const std::string& te
   return resp;
 }
 
-absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& tenant,
-                                                           const v1::AttendRequest& req) {
+absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& tenant, const v1::AttendRequest& req,
+                                                           RawTensors* raw) {
   const auto start = std::chrono::steady_clock::now();
   if (req.items_size() == 0) return absl::InvalidArgumentError("items is empty");
   std::vector<std::shared_ptr<Sequence>> seqs;
@@ -414,7 +418,6 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
   if (!(req.scale() >= 0) || std::isinf(req.scale()))
     return absl::InvalidArgumentError("scale must be finite and >= 0");
   const int layer = static_cast<int>(req.layer());
-  const size_t qrow = static_cast<size_t>(s.num_q_heads) * s.head_dim;
 
   // Every item's tensors are checked before anything changes.
   struct Item {
@@ -422,18 +425,23 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
     std::optional<TensorView> k, v;  // new tokens
   };
   std::vector<Item> items(req.items_size());
+  std::optional<TensorPayload> payload;
+  if (raw != nullptr) payload.emplace(raw->in);
+  TensorPayload* in = payload ? &*payload : nullptr;
   int64_t total_queries = 0;
+  size_t out_bytes = 0;
   std::vector<Sequence*> appending;
   for (int i = 0; i < req.items_size(); ++i) {
     const v1::AttendItem& item = req.items(i);
     const std::string field = absl::StrCat("items[", i, "].q");
-    TQ_ASSIGN_OR_RETURN(items[i].q, ViewTensor(item.q(), field.c_str()));
+    TQ_ASSIGN_OR_RETURN(items[i].q, ViewTensor(item.q(), field.c_str(), in));
     TQ_RETURN_IF_ERROR(ExpectShape(items[i].q, {-1, s.num_q_heads, s.head_dim}, field.c_str()));
     const int64_t nq = items[i].q.shape[0];
     if (nq < 1 || total_queries + nq > options_.max_queries)
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": need at least one query and at most ", options_.max_queries, " per call"));
     total_queries += nq;
+    out_bytes += items[i].q.bytes;
     if (item.positions_size() != 0 && item.positions_size() != nq)
       return absl::InvalidArgumentError(absl::StrCat("items[", i, "]: ", item.positions_size(),
                                                      " positions for ", nq, " queries"));
@@ -442,14 +450,15 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
           absl::StrCat("items[", i, "]: k and v must both be set or both be absent"));
     if (!item.has_k()) continue;
     const std::string where = absl::StrCat("items[", i, "].");
-    TQ_ASSIGN_OR_RETURN(items[i].k, ViewTensor(item.k(), (where + "k").c_str()));
-    TQ_ASSIGN_OR_RETURN(items[i].v, ViewTensor(item.v(), (where + "v").c_str()));
+    TQ_ASSIGN_OR_RETURN(items[i].k, ViewTensor(item.k(), (where + "k").c_str(), in));
+    TQ_ASSIGN_OR_RETURN(items[i].v, ViewTensor(item.v(), (where + "v").c_str(), in));
     TQ_RETURN_IF_ERROR(CheckNewTokens(s, *items[i].k, *items[i].v, where));
     if (std::find(appending.begin(), appending.end(), seqs[i].get()) != appending.end())
       return absl::InvalidArgumentError(absl::StrCat(
           "items[", i, "]: sequence '", item.sequence_id(), "' already gets new tokens in this call"));
     appending.push_back(seqs[i].get());
   }
+  if (in != nullptr) TQ_RETURN_IF_ERROR(in->Finish());
 
   // Every sequence of the call stays locked until it has attended (or
   // undone its appends): nothing else sees an append half-way, and the
@@ -494,8 +503,14 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
   staged.clear();
 
   // Queries are read from the request and outputs written into the
-  // response in their wire dtype: the backend converts.
+  // response (or the raw outputs) in their wire dtype: the backend converts.
   v1::AttendResponse resp;
+  uint8_t* raw_out = nullptr;
+  if (raw != nullptr) {
+    raw->out.reset(new uint8_t[out_bytes]);  // every byte is written: no zero fill
+    raw->out_bytes = out_bytes;
+    raw_out = raw->out.get();
+  }
   AttendBatch batch;
   batch.layer = layer;
   batch.shape = {s.num_q_heads, s.num_kv_heads, s.head_dim, req.scale()};
@@ -531,9 +546,14 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
     t->add_shape(nq);
     t->add_shape(s.num_q_heads);
     t->add_shape(s.head_dim);
-    t->mutable_data()->resize(nq * qrow * DTypeSize(it.q.dtype));
     as.q = it.q.data;
-    as.out = t->mutable_data()->data();
+    if (raw_out != nullptr) {
+      as.out = raw_out;
+      raw_out += it.q.bytes;
+    } else {
+      t->mutable_data()->resize(it.q.bytes);
+      as.out = t->mutable_data()->data();
+    }
     as.dtype = it.q.dtype;
     batch.query_offsets.push_back(batch.query_offsets.back() + nq);
   }

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "codec/backend.h"
 #include "proto/tqkv/v1/tqkv.pb.h"
 #include "service/model_registry.h"
@@ -42,6 +43,19 @@
 #include "storage/clock.h"
 
 namespace tqkv::service {
+
+// The tensors of an Append or Attend that travel beside its request (the
+// data plane's raw payloads, proto "Data plane"): the request's tensors
+// with empty data take their bytes from `in`, back to back in request
+// order (Attend: per item q, then k and v), and must use all of it. An
+// Attend writes its outputs to `out`, back to back in item order
+// (`out_bytes` in all); the response's output tensors then carry their
+// dtype and shape only.
+struct RawTensors {
+  absl::Span<const uint8_t> in;
+  std::unique_ptr<uint8_t[]> out;
+  size_t out_bytes = 0;
+};
 
 struct SequenceOptions {
   // Idle expiry when CreateSequence asks for 0. Default: 5 minutes.
@@ -75,8 +89,9 @@ class SequenceManager {
   // Appends [tokens, kv_heads, head_dim] K/V to one layer. NOT_FOUND for an
   // unknown/expired sequence (or another tenant's); INVALID_ARGUMENT for a
   // bad layer or tensors. On error the sequence is unchanged.
-  absl::StatusOr<v1::AppendResponse> Append(const std::string& tenant,
-                                            const v1::AppendRequest& req);
+  // With `raw`, its tensors may travel beside the request (RawTensors).
+  absl::StatusOr<v1::AppendResponse> Append(const std::string& tenant, const v1::AppendRequest& req,
+                                            RawTensors* raw = nullptr);
 
   // Attention of every item's queries over its sequence at one layer, in
   // one backend call. All items must use one model. An item with new
@@ -85,9 +100,10 @@ class SequenceManager {
   // is unchanged), and those sequences stay locked for the whole call.
   // Outputs are in each q's dtype. NOT_FOUND / INVALID_ARGUMENT as above
   // (also for a sequence given new tokens twice in one call); backend
-  // errors pass.
-  absl::StatusOr<v1::AttendResponse> Attend(const std::string& tenant,
-                                            const v1::AttendRequest& req);
+  // errors pass. With `raw`, tensors may travel beside the request and the
+  // outputs do (RawTensors).
+  absl::StatusOr<v1::AttendResponse> Attend(const std::string& tenant, const v1::AttendRequest& req,
+                                            RawTensors* raw = nullptr);
 
   // NOT_FOUND for an unknown sequence.
   absl::Status Drop(const std::string& tenant, const std::string& sequence_id);

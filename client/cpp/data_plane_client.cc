@@ -1,12 +1,15 @@
 #include "client/cpp/data_plane_client.h"
 
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -18,7 +21,9 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames 
 namespace tqkv::client {
 namespace {
 
-constexpr char kPreface[] = "TQKVDP01";
+// Frames with raw payloads (proto "Data plane"): `u32 N, u64 P`, the request, P payload bytes.
+constexpr char kPreface[] = "TQKVDP02";
+constexpr size_t kFramePrefix = 12;
 
 absl::Status Errno(absl::StatusCode code, const std::string& what) {
   return absl::Status(code, absl::StrCat(what, ": ", std::strerror(errno)));
@@ -145,9 +150,42 @@ absl::StatusOr<v1::AttendResponse> DataPlaneClient::Attend(const v1::AttendReque
   return std::move(*scratch_.reply_.mutable_attend());
 }
 
+absl::StatusOr<v1::AttendResponse> DataPlaneClient::Attend(const v1::AttendRequest& req,
+                                                            std::span<const std::span<const char>> inputs,
+                                                            std::span<char> out) {
+  // The outputs have their queries' dtypes and shapes.
+  uint64_t want = 0;
+  for (const v1::AttendItem& item : req.items()) {
+    uint64_t n = item.q().dtype() == v1::DTYPE_FP32 ? 4 : 2;
+    for (int64_t d : item.q().shape()) n *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+    want += n;
+  }
+  if (out.size() != want)
+    return absl::InvalidArgumentError(
+        absl::StrCat("the outputs take ", want, " bytes, `out` has ", out.size()));
+  // The server returns outputs as the reply's payload for a frame with one.
+  size_t in_bytes = 0;
+  for (std::span<const char> part : inputs) in_bytes += part.size();
+  if (in_bytes == 0)
+    return absl::InvalidArgumentError("no raw inputs: a request with every tensor inline takes Attend(req)");
+  v1::DataPlaneRequest dr;
+  if (absl::Status s = Exchange(&dr, &scratch_, v1::DataPlaneRequest::kAttendFieldNumber, &req, inputs, out);
+      !s.ok())
+    return s;
+  return std::move(*scratch_.reply_.mutable_attend());
+}
+
 absl::StatusOr<v1::AppendResponse> DataPlaneClient::Append(const v1::AppendRequest& req) {
   v1::DataPlaneRequest dr;
   if (absl::Status s = Exchange(&dr, &scratch_, v1::DataPlaneRequest::kAppendFieldNumber, &req); !s.ok())
+    return s;
+  return std::move(*scratch_.reply_.mutable_append());
+}
+
+absl::StatusOr<v1::AppendResponse> DataPlaneClient::Append(const v1::AppendRequest& req,
+                                                            std::span<const std::span<const char>> inputs) {
+  v1::DataPlaneRequest dr;
+  if (absl::Status s = Exchange(&dr, &scratch_, v1::DataPlaneRequest::kAppendFieldNumber, &req, inputs); !s.ok())
     return s;
   return std::move(*scratch_.reply_.mutable_append());
 }
@@ -201,7 +239,8 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
 }
 
 absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr, int field,
-                                       const google::protobuf::MessageLite* body) {
+                                       const google::protobuf::MessageLite* body,
+                                       std::span<const std::span<const char>> payload) {
   using google::protobuf::io::CodedOutputStream;
   if (absl::Status s = EnsureConnected(); !s.ok()) return s;
   if (!options_.token.empty()) dr->set_authorization(absl::StrCat("Bearer ", options_.token));
@@ -212,17 +251,53 @@ absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr, int field,
                                                  CodedOutputStream::VarintSize64(body_bytes) + body_bytes
                                            : 0);
   if (n > UINT32_MAX) return absl::InvalidArgumentError("data plane request over 4 GiB");
-  frame_.resize(4 + n);
+  uint64_t payload_bytes = 0;
+  for (std::span<const char> part : payload) payload_bytes += part.size();
+  frame_.resize(kFramePrefix + n);
   const uint32_t n32 = static_cast<uint32_t>(n);
   std::memcpy(frame_.data(), &n32, 4);
-  auto* p = reinterpret_cast<uint8_t*>(frame_.data() + 4);
+  std::memcpy(frame_.data() + 4, &payload_bytes, 8);
+  auto* p = reinterpret_cast<uint8_t*>(frame_.data() + kFramePrefix);
   p = dr->SerializeWithCachedSizesToArray(p);
   if (body != nullptr) {
     p = CodedOutputStream::WriteVarint32ToArray(tag, p);
     p = CodedOutputStream::WriteVarint64ToArray(body_bytes, p);
     body->SerializeWithCachedSizesToArray(p);
   }
-  return SendAll(frame_.data(), frame_.size());
+  if (payload_bytes == 0) return SendAll(frame_.data(), frame_.size());
+  std::vector<std::span<const char>> parts = {frame_};
+  for (std::span<const char> part : payload)
+    if (!part.empty()) parts.push_back(part);
+  return SendParts(parts);
+}
+
+absl::Status DataPlaneClient::SendParts(std::span<std::span<const char>> parts) {
+  if (tls_ != nullptr) {
+    for (std::span<const char> part : parts)
+      if (absl::Status s = SendAll(part.data(), part.size()); !s.ok()) return s;
+    return absl::OkStatus();
+  }
+  // One sendmsg for the lot while the socket takes it; a partial write
+  // resumes inside the part it stopped in.
+  std::vector<iovec> iov;
+  for (std::span<const char> part : parts) iov.push_back({const_cast<char*>(part.data()), part.size()});
+  size_t first = 0;
+  while (first < iov.size()) {
+    msghdr msg{};
+    msg.msg_iov = iov.data() + first;
+    msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Failed(w, "send");
+    for (auto left = static_cast<size_t>(w); left > 0 && first < iov.size();) {
+      const size_t step = std::min(left, iov[first].iov_len);
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + step;
+      iov[first].iov_len -= step;
+      left -= step;
+      if (iov[first].iov_len == 0) ++first;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DataPlaneClient::ReceiveBare(v1::DataPlaneReply* reply) {
@@ -249,8 +324,9 @@ absl::Status DataPlaneClient::ReceiveBare(v1::DataPlaneReply* reply) {
 }
 
 absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks* out, int field,
-                                       const google::protobuf::MessageLite* body) {
-  if (absl::Status s = SendFrame(dr, field, body); !s.ok()) return s;
+                                       const google::protobuf::MessageLite* body,
+                                       std::span<const std::span<const char>> payload, std::span<char> into) {
+  if (absl::Status s = SendFrame(dr, field, body, payload); !s.ok()) return s;
 
   // One recv usually brings the prefix, the header and the payload's first
   // bytes; the rest of the payload is received in place.
@@ -269,25 +345,31 @@ absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks
   if (absl::Status s = Recv(head_.data(), head_.size(), kPrefix + h, &have, 0); !s.ok()) return s;
   if (!out->reply_.ParseFromArray(head_.data() + kPrefix, static_cast<int>(h)))
     return Broken(absl::InternalError("data plane reply header does not parse"));
+  // The payload: the blocks' bytes, or what the caller receives into.
   uint64_t sum = 0;
   out->offsets_.clear();
   for (const v1::DataPlaneBlock& b : out->reply_.blocks()) {
     out->offsets_.push_back(sum);
     sum += b.payload_bytes();
   }
+  if (!into.empty()) sum = out->reply_.code() == 0 ? into.size() : 0;
   const size_t early = have - kPrefix - h;  // payload bytes already received
   if (sum != p || early > p)
     return Broken(absl::InternalError(absl::StrCat("data plane reply announces ", p,
-                                                   " payload bytes, its blocks ", sum)));
-  if (p > out->capacity_) {
-    out->buf_.reset(new char[p]);
-    out->capacity_ = p;
+                                                   " payload bytes, expected ", sum)));
+  char* dest = into.data();
+  if (into.empty()) {
+    if (p > out->capacity_) {
+      out->buf_.reset(new char[p]);
+      out->capacity_ = p;
+    }
+    out->payload_bytes_ = p;
+    dest = out->buf_.get();
   }
-  out->payload_bytes_ = p;
-  if (early > 0) std::memcpy(out->buf_.get(), head_.data() + kPrefix + h, early);
+  if (early > 0) std::memcpy(dest, head_.data() + kPrefix + h, early);
   // MSG_WAITALL: one call sleeps until the whole rest has arrived.
   size_t got = early;
-  if (absl::Status s = Recv(out->buf_.get(), p, p, &got, MSG_WAITALL); !s.ok()) return s;
+  if (absl::Status s = Recv(dest, p, p, &got, MSG_WAITALL); !s.ok()) return s;
   if (out->reply_.code() != 0)
     return absl::Status(static_cast<absl::StatusCode>(out->reply_.code()), out->reply_.message());
   return absl::OkStatus();

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,8 +87,22 @@ class DataPlaneClient {
   // KvStore.Attend over the data plane: same request, response and errors
   // (items may carry new tokens: append, then attend, in one call).
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& req);
+  // The same, with the tensors beside the request (the data plane's raw
+  // payloads: no protobuf copies of queries, new K/V or outputs). `req`'s
+  // tensors carry dtype and shape with empty data; `inputs` hold their
+  // bytes in request order (per item q, then k and v when set), back to
+  // back across the spans (at least one byte). The outputs are received into `out`, back to
+  // back in item order (they have their queries' sizes: `out` must be
+  // that large, else INVALID_ARGUMENT before anything is sent); the
+  // response's output tensors carry dtype and shape only.
+  absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& req,
+                                            std::span<const std::span<const char>> inputs, std::span<char> out);
   // KvStore.Append over the data plane: same request, response and errors.
   absl::StatusOr<v1::AppendResponse> Append(const v1::AppendRequest& req);
+  // The same, with k and v beside the request (raw payloads, as Attend's):
+  // `inputs` hold the bytes of the tensors with empty data, k then v.
+  absl::StatusOr<v1::AppendResponse> Append(const v1::AppendRequest& req,
+                                            std::span<const std::span<const char>> inputs);
   // KvStore.PutBlocks over the data plane, as one two-phase stream: the
   // header, the blocks in frames of about `frame_bytes` (up to 8 frames in
   // flight), then the commit. Returns the commit's response (as gRPC
@@ -99,20 +114,26 @@ class DataPlaneClient {
  private:
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
   absl::Status EnsureConnected();
-  // Sends *req (adding the token; `field` and `body` as SendFrame takes
-  // them) and receives its reply into *out.
+  // Sends *req (adding the token; `field`, `body` and `payload` as
+  // SendFrame takes them) and receives its reply into *out, or its payload
+  // into `into` when that is not empty (the reply's payload must be that
+  // large).
   absl::Status Exchange(v1::DataPlaneRequest* req, DataPlaneBlocks* out, int field = 0,
-                        const google::protobuf::MessageLite* body = nullptr);
-  // Sends *req as one frame (adding the token).
-  // Sends `req` as one frame; a `body` (optional) is sent as its field
+                        const google::protobuf::MessageLite* body = nullptr,
+                        std::span<const std::span<const char>> payload = {}, std::span<char> into = {});
+  // Sends `req` as one frame (adding the token); a `body` (optional) is sent as its field
   // `field` without being copied into it (a protobuf field appended to a
   // serialized message is that message with the field set).
+  // `payload`: the frame's raw payload, sent from the caller's memory.
   absl::Status SendFrame(v1::DataPlaneRequest* req, int field = 0,
-                         const google::protobuf::MessageLite* body = nullptr);
+                         const google::protobuf::MessageLite* body = nullptr,
+                         std::span<const std::span<const char>> payload = {});
   // Receives one reply that carries no payload into *reply, reading exactly
   // its bytes (replies of pipelined frames follow it); its status.
   absl::Status ReceiveBare(v1::DataPlaneReply* reply);
   absl::Status SendAll(const char* p, size_t n);
+  // Sends the parts back to back (one sendmsg while the socket takes them).
+  absl::Status SendParts(std::span<std::span<const char>> parts);
   // Receives into p[*have, cap) until *have >= want.
   absl::Status Recv(char* p, size_t cap, size_t want, size_t* have, int flags);
   // The status of a send/recv that returned r <= 0 (errno set if r < 0).

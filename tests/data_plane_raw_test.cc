@@ -1,0 +1,259 @@
+// Raw payloads on the data plane (proto "Data plane", preface TQKVDP02):
+// an Attend or Append whose tensors travel beside the request gives the
+// bytes of the same call with the tensors inside it, across a block fill
+// and with inline and raw tensors mixed in one call; a payload that does
+// not match its tensors, or rides on a frame that takes none, is
+// INVALID_ARGUMENT and changes nothing; a payload over the frame limit
+// closes the connection. Against the real server.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/data_plane_client.h"
+#include "tests/fixture.h"
+#include "tests/raw_data_plane.h"
+
+namespace tqkv::testing {
+namespace {
+
+using absl::StatusCode;
+
+// The request with every tensor's data moved out (into *bytes, in request
+// order: per item q, k, v): what a raw-payload caller sends.
+v1::AttendRequest Strip(v1::AttendRequest at, std::vector<std::string>* bytes) {
+  for (v1::AttendItem& item : *at.mutable_items()) {
+    bytes->push_back(std::move(*item.mutable_q()->mutable_data()));
+    item.mutable_q()->clear_data();
+    if (!item.has_k()) continue;
+    bytes->push_back(std::move(*item.mutable_k()->mutable_data()));
+    bytes->push_back(std::move(*item.mutable_v()->mutable_data()));
+    item.mutable_k()->clear_data();
+    item.mutable_v()->clear_data();
+  }
+  return at;
+}
+
+std::vector<std::span<const char>> Spans(const std::vector<std::string>& bytes) {
+  return {bytes.begin(), bytes.end()};
+}
+
+size_t OutputBytes(const v1::AttendRequest& at) {
+  size_t n = 0;
+  for (const v1::AttendItem& item : at.items()) n += item.q().shape(0) * item.q().shape(1) * item.q().shape(2) * 2;
+  return n;
+}
+
+class DataPlaneRawTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    StartServer();
+    model_ = RegisterSmall();
+    chain_ = client::HashChain(7, 3);
+    PutDense(model_, chain_, 1100);
+    client::DataPlaneClientOptions o;
+    o.target = server_->data_address();
+    auto c = client::DataPlaneClient::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    dp_ = std::move(*c);
+  }
+
+  // A sequence over chain_ with a 5-token tail (the same one each time).
+  std::string NewSequence() {
+    v1::CreateSequenceRequest cs;
+    *cs.mutable_model() = model_;
+    for (const auto& h : chain_) cs.add_block_hashes(h);
+    *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 51);
+    *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 52);
+    auto seq = client_->CreateSequence(cs);
+    EXPECT_TRUE(seq.ok()) << seq.status();
+    return seq.ok() ? seq->sequence_id() : "";
+  }
+
+  // One item with a query and a new token, from `seed`.
+  static v1::AttendItem Step(const std::string& id, uint64_t seed) {
+    v1::AttendItem item;
+    item.set_sequence_id(id);
+    *item.mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, seed);
+    *item.mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, seed + 1);
+    *item.mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, seed + 2);
+    return item;
+  }
+
+  // `at` with its tensors in the payload; the outputs as one string.
+  absl::StatusOr<std::string> RawAttend(const v1::AttendRequest& at) {
+    std::vector<std::string> bytes;
+    const v1::AttendRequest stripped = Strip(at, &bytes);
+    std::string out(OutputBytes(at), '\0');
+    auto r = dp_->Attend(stripped, Spans(bytes), out);
+    if (!r.ok()) return r.status();
+    for (const v1::Tensor& t : r->outputs()) EXPECT_TRUE(t.data().empty());
+    return out;
+  }
+
+  // The token count of `id` at layer 0, learnt by appending one token.
+  uint64_t TokensAfterOneMore(const std::string& id) {
+    v1::AppendRequest ap;
+    ap.set_sequence_id(id);
+    ap.set_layer(0);
+    *ap.mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 7);
+    *ap.mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 8);
+    auto r = dp_->Append(ap);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->num_tokens() : 0;
+  }
+
+  v1::ModelRef model_;
+  std::vector<std::string> chain_;
+  std::unique_ptr<client::DataPlaneClient> dp_;
+};
+
+TEST_F(DataPlaneRawTest, RawTensorsGiveTheBytesOfInlineTensors) {
+  const std::string inline_id = NewSequence(), raw_id = NewSequence(), mixed_id = NewSequence();
+  for (int step = 0; step < 20; ++step) {  // the 5-token tail fills at step 11
+    for (int layer = 0; layer < 2; ++layer) {
+      SCOPED_TRACE(absl::StrCat("step ", step, " layer ", layer));
+      v1::AttendRequest at;
+      at.set_layer(layer);
+      *at.add_items() = Step(inline_id, 100 * step + 10 * layer);
+      auto inline_r = dp_->Attend(at);
+      ASSERT_TRUE(inline_r.ok()) << inline_r.status();
+      at.mutable_items(0)->set_sequence_id(raw_id);
+      auto raw = RawAttend(at);
+      ASSERT_TRUE(raw.ok()) << raw.status();
+      EXPECT_EQ(*raw, inline_r->outputs(0).data());
+      EXPECT_NE(*raw, std::string(raw->size(), '\0'));
+      // Mixed: the query inline, the new token in the payload; a second
+      // item (no new tokens) all in the payload.
+      at.mutable_items(0)->set_sequence_id(mixed_id);
+      std::vector<std::string> bytes = {at.items(0).k().data(), at.items(0).v().data()};
+      at.mutable_items(0)->mutable_k()->clear_data();
+      at.mutable_items(0)->mutable_v()->clear_data();
+      v1::AttendItem* second = at.add_items();
+      second->set_sequence_id(inline_id);
+      *second->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {2, 4, 64}, 7 + step);
+      bytes.push_back(second->q().data());
+      second->mutable_q()->clear_data();
+      std::string out(OutputBytes(at), '\0');
+      auto mixed = dp_->Attend(at, Spans(bytes), out);
+      ASSERT_TRUE(mixed.ok()) << mixed.status();
+      EXPECT_EQ(out.substr(0, raw->size()), *raw);
+    }
+  }
+  // Append with raw k and v counts as the inline one.
+  v1::AppendRequest ap;
+  ap.set_sequence_id(raw_id);
+  ap.set_layer(1);
+  *ap.mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {3, 2, 64}, 60);
+  *ap.mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {3, 2, 64}, 61);
+  auto inline_ap = dp_->Append(ap);
+  ASSERT_TRUE(inline_ap.ok()) << inline_ap.status();
+  std::vector<std::string> bytes = {ap.k().data(), ap.v().data()};
+  ap.set_sequence_id(inline_id);
+  ap.mutable_k()->clear_data();
+  ap.mutable_v()->clear_data();
+  auto raw_ap = dp_->Append(ap, Spans(bytes));
+  ASSERT_TRUE(raw_ap.ok()) << raw_ap.status();
+  EXPECT_EQ(raw_ap->num_tokens(), inline_ap->num_tokens());
+  v1::AttendRequest both;
+  both.set_layer(1);
+  v1::AttendItem* a = both.add_items();
+  a->set_sequence_id(inline_id);
+  *a->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 62);
+  *both.add_items() = *a;
+  both.mutable_items(1)->set_sequence_id(raw_id);
+  auto r = RawAttend(both);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->substr(0, r->size() / 2), r->substr(r->size() / 2));
+}
+
+TEST_F(DataPlaneRawTest, PayloadsThatDoNotFitTheirTensorsChangeNothing) {
+  const std::string id = NewSequence(), twin = NewSequence();
+  v1::AttendRequest at;
+  at.set_layer(0);
+  *at.add_items() = Step(id, 5);
+  std::vector<std::string> bytes;
+  const v1::AttendRequest stripped = Strip(at, &bytes);
+  std::string out(OutputBytes(at), '\0');
+  {  // One byte short.
+    std::vector<std::string> short_bytes = bytes;
+    short_bytes.back().pop_back();
+    auto r = dp_->Attend(stripped, Spans(short_bytes), out);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("payload"), std::string::npos) << r.status();
+  }
+  {  // One byte over.
+    std::vector<std::string> long_bytes = bytes;
+    long_bytes.push_back("x");
+    auto r = dp_->Attend(stripped, Spans(long_bytes), out);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  }
+  {  // No payload at all for tensors without data.
+    auto r = dp_->Attend(stripped);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  }
+  {  // An output buffer of the wrong size is refused before sending.
+    std::string small(out.size() - 2, '\0');
+    EXPECT_EQ(dp_->Attend(stripped, Spans(bytes), small).status().code(), StatusCode::kInvalidArgument);
+  }
+  // None of them appended: `id` has as many tokens as its twin.
+  EXPECT_EQ(TokensAfterOneMore(id), TokensAfterOneMore(twin));
+
+  // On raw sockets: a payload on a get frame is refused and the connection
+  // stays usable; a payload over the frame limit closes the connection.
+  auto raw_frame = [](const v1::DataPlaneRequest& r, const std::string& payload) {
+    const std::string body = r.SerializeAsString();
+    const uint32_t n = static_cast<uint32_t>(body.size());
+    const uint64_t p = payload.size();
+    return std::string(reinterpret_cast<const char*>(&n), 4) + std::string(reinterpret_cast<const char*>(&p), 8) +
+           body + payload;
+  };
+  v1::DataPlaneRequest get;
+  *get.mutable_get_blocks()->mutable_model() = model_;
+  for (const auto& h : chain_) get.mutable_get_blocks()->add_block_hashes(h);
+  v1::DataPlaneReply head;
+  std::string payload;
+  {
+    const int fd = RawConnect(server_->data_address());
+    SendRaw(fd, "TQKVDP02" + raw_frame(get, "abc") + raw_frame(get, ""));
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument)) << head.message();
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), 0u) << head.message();
+    EXPECT_EQ(head.blocks_size(), static_cast<int>(chain_.size()));
+    close(fd);
+  }
+  {  // A put stream whose frame carries a payload fails; its commit says so and stores nothing.
+    const int fd = RawConnect(server_->data_address());
+    v1::DataPlaneRequest put;
+    *put.mutable_put()->mutable_header()->mutable_model() = model_;
+    v1::DataPlaneRequest commit;
+    commit.mutable_put()->set_commit(true);
+    SendRaw(fd, "TQKVDP02" + raw_frame(put, "abc") + raw_frame(commit, ""));
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument)) << head.message();
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument)) << head.message();
+    close(fd);
+  }
+  {
+    const int fd = RawConnect(server_->data_address());
+    const uint32_t n = 0;
+    const uint64_t p = uint64_t{1} << 40;
+    SendRaw(fd, std::string("TQKVDP02") + std::string(reinterpret_cast<const char*>(&n), 4) +
+                    std::string(reinterpret_cast<const char*>(&p), 8));
+    ASSERT_TRUE(ReadReply(fd, &head, &payload));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kResourceExhausted)) << head.message();
+    EXPECT_TRUE(ClosedByServer(fd));
+    close(fd);
+  }
+  auto ok = RawAttend(at);  // the client's connection is unaffected
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+}  // namespace
+}  // namespace tqkv::testing
