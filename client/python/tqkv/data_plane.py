@@ -11,8 +11,11 @@ when the server has TLS: pass tls=tqkv.data_plane_tls(...)).
 
 Same tenancy, fingerprint checks and error classes as Client.get_blocks
 and Client.put_blocks. Wire format: proto/tqkv/v1/tqkv.proto, "Data plane":
-the preface b"TQKVDP01", then per request `u32 len + DataPlaneRequest`; per
-reply `u32 H, u64 P, DataPlaneReply (H bytes), payloads (P bytes)`.
+the preface b"TQKVDP02", then per request `u32 N, u64 P, DataPlaneRequest (N
+bytes), raw payload (P bytes)`; per reply `u32 H, u64 P, DataPlaneReply (H
+bytes), payloads (P bytes)`. attend and append send their tensors as the
+raw payload, from the arrays' memory, and attend receives its outputs
+into one buffer that the returned arrays view.
 
 Not thread-safe: use one DataPlane per thread.
 """
@@ -22,14 +25,15 @@ import ssl
 import struct
 
 import grpc
+import numpy as np
 
 from . import errors
 from ._proto import pb
 from . import tensors
-from .client import Client, _append_request, _as_block, _attend_outputs, _attend_request, _block_proto, _hashes
+from .client import Client, _as_block, _block_proto, _hashes, _seq_id
 from .types import TIER_NAMES, BlockData, Format, PutResult
 
-_PREFACE = b"TQKVDP01"
+_PREFACE = b"TQKVDP02"
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
@@ -105,21 +109,43 @@ class DataPlane:
                                          method="DataGetBlocks")
             got += n
 
-    def _exchange(self, req, method):
-        """Sends a DataPlaneRequest; returns (DataPlaneReply, payload bytearray)."""
+    def _send(self, sock, parts):
+        if self._tls is not None:  # SSL sockets have no sendmsg
+            for part in parts:
+                sock.sendall(part)
+            return
+        parts = [memoryview(x).cast("B") for x in parts if len(x)]
+        while parts:
+            n = sock.sendmsg(parts[:1024])
+            while parts and n >= len(parts[0]):
+                n -= len(parts[0])
+                parts.pop(0)
+            if n:
+                parts[0] = parts[0][n:]
+
+    def _exchange(self, req, method, payload=(), into=None):
+        """Sends a DataPlaneRequest with its raw `payload` (buffers);
+        returns (DataPlaneReply, payload bytearray), or (reply, `into`)
+        when the reply's payload is received into that buffer (a numpy
+        uint8 array of exactly its size)."""
         if self._token:
             req.authorization = "Bearer " + self._token
         body = req.SerializeToString()
+        raw = sum(memoryview(x).nbytes for x in payload)
         sock = self._connect()
         try:
-            sock.sendall(struct.pack("<I", len(body)) + body)
+            self._send(sock, [struct.pack("<IQ", len(body), raw) + body, *payload])
             prefix = bytearray(12)
             self._recv_into(memoryview(prefix))
             h, p = struct.unpack("<IQ", prefix)
             head = bytearray(h)
             self._recv_into(memoryview(head))
-            payload = bytearray(p)
-            self._recv_into(memoryview(payload))
+            if into is not None and p == into.nbytes:
+                self._recv_into(memoryview(into))
+                payload = into
+            else:
+                payload = bytearray(p)
+                self._recv_into(memoryview(payload))
         except socket.timeout as e:
             self.close()
             raise errors.DeadlineExceeded("data plane call timed out", method=method) from e
@@ -217,13 +243,41 @@ class DataPlane:
         return PutResult(r.committed, r.already_present, r.staged, r.packed_bytes, r.dense_equivalent_bytes)
 
     def attend(self, layer, items, scale=0.0, *, return_kernel_micros=False):
-        """Client.attend over the data plane: same arguments, outputs and errors."""
-        req, torch_out = _attend_request(layer, items, scale)
-        reply, _ = self._exchange(pb.DataPlaneRequest(attend=req), "DataAttend")
-        return _attend_outputs(reply.attend, torch_out, return_kernel_micros)
+        """Client.attend over the data plane: same arguments, outputs and
+        errors. The tensors travel as the frame's raw payload; the outputs
+        are views of one buffer received in place (writable numpy arrays,
+        or torch CPU tensors over them where q was torch)."""
+        req = pb.AttendRequest(layer=layer, scale=scale)
+        payload, torch_out, out_bytes = [], [], 0
+        for item in items:
+            seq, q = item[0], item[1]
+            positions = item[2] if len(item) > 2 and item[2] is not None else ()
+            if len(item) not in (2, 3, 5):
+                raise ValueError("an attend item with new tokens is (sequence, q, positions, k, v)")
+            msg = pb.AttendItem(sequence_id=_seq_id(seq), positions=[int(p) for p in positions])
+            for field, x in zip(("q", "k", "v"), (q, *item[3:5])):
+                t, data = tensors.to_raw(x)
+                getattr(msg, field).CopyFrom(t)
+                payload.append(data)
+            out_bytes += payload[-1 if len(item) < 5 else -3].nbytes
+            req.items.append(msg)
+            torch_out.append(tensors.is_torch(q))
+        out = np.empty(out_bytes, dtype=np.uint8)
+        reply, buf = self._exchange(pb.DataPlaneRequest(attend=req), "DataAttend", payload, out)
+        if buf is not out:
+            raise errors.TqkvError(f"data plane Attend reply has {len(buf)} payload bytes, expected {out_bytes}",
+                                   code=grpc.StatusCode.INTERNAL, method="DataAttend")
+        outs, at = [], 0
+        for t, tt in zip(reply.attend.outputs, torch_out):
+            n = int(np.prod(t.shape)) * tensors.numpy_dtype(t.dtype).itemsize
+            outs.append(tensors.from_raw(t, out[at:at + n], as_torch=tt))
+            at += n
+        return (outs, reply.attend.kernel_micros) if return_kernel_micros else outs
 
     def append(self, sequence_id, layer, k, v):
-        """Client.append over the data plane: that layer's token count."""
-        reply, _ = self._exchange(pb.DataPlaneRequest(append=_append_request(sequence_id, layer, k, v)),
-                                  "DataAppend")
+        """Client.append over the data plane: that layer's token count (k and v
+        travel as the frame's raw payload)."""
+        (tk, dk), (tv, dv) = tensors.to_raw(k), tensors.to_raw(v)
+        req = pb.AppendRequest(sequence_id=_seq_id(sequence_id), layer=layer, k=tk, v=tv)
+        reply, _ = self._exchange(pb.DataPlaneRequest(append=req), "DataAppend", [dk, dv])
         return reply.append.num_tokens

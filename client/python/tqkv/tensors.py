@@ -106,6 +106,34 @@ def to_proto(x, dtype=None):
     return pb.Tensor(dtype=wire, shape=list(a.shape), data=a.tobytes())
 
 
+def to_raw(x):
+    """(tqkv.v1.Tensor with dtype and shape only, its bytes as a flat
+    memoryview) for a raw payload (DataPlane): the bytes are those of
+    to_proto(x).data, viewed in place where `x` is already contiguous
+    little-endian."""
+    a, wire = _as_numpy(x)
+    a = np.ascontiguousarray(a)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return pb.Tensor(dtype=wire, shape=list(a.shape)), memoryview(a.reshape(-1)).cast("B")
+
+
+def from_raw(t, buf, as_torch=False):
+    """The array of a raw output: `t` (dtype and shape) over `buf`, a
+    writable numpy uint8 array of exactly its bytes (no copy; bf16 as
+    uint16, or torch.bfloat16 with as_torch)."""
+    if t.dtype not in _NUMPY:
+        raise ValueError(f"tensor has unsupported dtype {t.dtype}")
+    a = buf.view(_NUMPY[t.dtype]).reshape(tuple(t.shape))
+    if not as_torch:
+        return a
+    if torch is None:
+        raise RuntimeError("torch is not importable")
+    if t.dtype == BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def from_proto(t, as_torch=False):
     """Unpacks a tqkv.v1.Tensor into a numpy array (a read-only view of the
     message's bytes; bf16 as uint16) or, with as_torch, a torch tensor (a copy;
