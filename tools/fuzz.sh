@@ -25,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(metadata_fuzzer format_name_fuzzer)
+ALL=(metadata_fuzzer format_name_fuzzer service_fuzzer data_plane_fuzzer)
 TARGETS=("$@")
 ((${#TARGETS[@]})) || TARGETS=("${ALL[@]}")
 SECONDS_PER=${TQKV_FUZZ_SECONDS:-25}
@@ -68,7 +68,7 @@ run_one() {
   # Leaks are checked (detect_leaks); an input over -rss_limit_mb or one
   # allocation over -malloc_limit_mb is a finding too.
   ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
-    "$BIN/fuzz/$t" -max_total_time="$SECONDS_PER" -timeout=10 -rss_limit_mb=4096 \
+    "$BIN/fuzz/$t" -max_total_time="$SECONDS_PER" -timeout=10 -max_len=65536 -rss_limit_mb=4096 \
     -malloc_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$WORK/artifacts/$t-" "$WORK/$t" >"$log" 2>&1
   local rc=$?

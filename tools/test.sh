@@ -4,8 +4,11 @@
 # pytest suite, promtool checks), then the host-code tests again under
 # AddressSanitizer and UndefinedBehaviorSanitizer (.bazelrc's asan and ubsan
 # configs; the CUDA kernels are not instrumented, GPU tests skip without a
-# GPU). TQKV_SANITIZERS=0 leaves the sanitizer passes out. Prints a closing
-# line "N passed, N failed" over all passes and exits non-zero on failure.
+# GPU). TQKV_SANITIZERS=0 leaves the sanitizer passes out. Then each
+# libFuzzer target of fuzz/ runs for TQKV_FUZZ_SECONDS (default 20) through
+# tools/fuzz.sh, counted as one test each; TQKV_FUZZ=0 leaves them out.
+# Prints a closing line "N passed, N failed" over all passes and exits
+# non-zero on failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh || exit 1
@@ -34,6 +37,19 @@ if [ "${TQKV_SANITIZERS:-1}" != 0 ]; then
     echo "== ${config}: ${SANITIZED[*]}"
     run --config="$config" "${SANITIZED[@]}" "$@"
   done
+fi
+if [ "${TQKV_FUZZ:-1}" != 0 ]; then
+  echo "== fuzz: ${TQKV_FUZZ_SECONDS:-20} s per target"
+  log=$(mktemp)
+  TQKV_FUZZ_SECONDS=${TQKV_FUZZ_SECONDS:-20} tools/fuzz.sh 2>&1 | tee "$log"
+  r=${PIPESTATUS[0]}
+  p=$(grep -cE '^fuzz [^ ]+: .*: OK$' "$log")
+  f=$(grep -cE '^fuzz [^ ]+: FAILED' "$log")
+  rm -f "$log"
+  if [ "$r" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  passed=$((passed + p))
+  failed=$((failed + f))
+  if [ "$r" -ne 0 ]; then rc=$r; fi
 fi
 echo "${passed} passed, ${failed} failed"
 exit "$rc"
