@@ -5,11 +5,15 @@
 #include <grpcpp/impl/server_builder_option.h>
 #include <prometheus/registry.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <exception>
 #include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "service/listen_policy.h"
 #include "service/process_metrics.h"
@@ -29,6 +33,24 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
     });
   }
 };
+
+// Who owns `dir` and who this process is, for a data_dir it cannot write
+// (in Kubernetes: a volume without the pod's fsGroup).
+std::string DirectoryAccess(const std::filesystem::path& dir) {
+  struct stat st {};
+  std::string owner = "cannot stat it";
+  if (stat(dir.c_str(), &st) == 0)
+    owner = absl::StrFormat("%s is owned by %d:%d with mode %04o", dir.string(), st.st_uid, st.st_gid,
+                            st.st_mode & 07777);
+  gid_t groups[64];
+  const int n = getgroups(64, groups);
+  std::string supplementary;
+  for (int i = 0; i < n; ++i) absl::StrAppend(&supplementary, i ? "," : "", groups[i]);
+  return absl::StrFormat(
+      "%s; the server runs as uid %d gid %d groups [%s]; make the directory writable by that user "
+      "or one of its groups (in Kubernetes: securityContext.fsGroup)",
+      owner, getuid(), getgid(), supplementary);
+}
 
 }  // namespace
 
@@ -80,7 +102,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     std::filesystem::create_directories(options.data_dir, ec);
     if (ec)
       return absl::FailedPreconditionError(
-          absl::StrCat("cannot create --data_dir ", options.data_dir, ": ", ec.message()));
+          absl::StrCat("cannot create --data_dir ", options.data_dir, ": ", ec.message(), " (",
+                       DirectoryAccess(std::filesystem::path(options.data_dir).parent_path()), ")"));
+    if (access(options.data_dir.c_str(), W_OK | X_OK) != 0)
+      return absl::FailedPreconditionError(
+          absl::StrCat("--data_dir ", options.data_dir, " is not writable: ",
+                       DirectoryAccess(options.data_dir)));
     so.disk_path = (std::filesystem::path(options.data_dir) / "rocksdb").string();
   }
   if (!options.at_rest_key_file.empty()) {
@@ -146,7 +173,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     s->data_address_ = s->data_plane_->address();
     s->data_plane_collector_ = std::make_shared<DataPlaneCollector>(s->data_plane_.get());
     if (s->metrics_http_) s->metrics_http_->Add(s->data_plane_collector_);
-    s->service_->SetDataPlaneAddress(s->data_address_);
+    std::string advertised = s->data_address_;
+    if (!options.data_advertise_host.empty()) {
+      std::string host = options.data_advertise_host;
+      if (host.find(':') != std::string::npos && host.front() != '[') host = absl::StrCat("[", host, "]");
+      advertised = absl::StrCat(host, s->data_address_.substr(s->data_address_.rfind(':')));
+    }
+    s->service_->SetDataPlaneAddress(advertised);
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -50,6 +50,12 @@ struct ServerOptions {
   // data_plane.h): HOST:PORT; "auto" = the gRPC host and port + 1 (port 0
   // when the gRPC port is 0); "off" or empty disables it. Default: auto.
   std::string data_listen = "auto";
+  // Host the data-plane address in Stats names (with the bound port), e.g.
+  // the pod's IP, so a client that reached this server through a Service
+  // address finds this server's own data plane. IPv6 literals may be given
+  // with or without brackets. Empty: the bound host (a wildcard host there
+  // means "the host you reached this server on"). Default: empty.
+  std::string data_advertise_host;
   // Allow listeners beyond loopback without authentication (no auth file;
   // for gRPC and metrics also no TLS). Start then writes one warning line
   // to `log`. Default: false (Start fails with INVALID_ARGUMENT).
@@ -110,8 +116,9 @@ struct ServerOptions {
   bool spill_on_shutdown = true;
   // How long that spill may take: no new batch (64 MiB) starts after it;
   // what is left in host memory is lost with the process, counted and
-  // logged. Durable blocks are on disk already. Default: 30 s (with
-  // shutdown_grace, below deploy/k8s's 60 s termination grace period).
+  // logged. Durable blocks are on disk already. Default: 30 s (deploy/k8s's
+  // overlays set it to their host budget and size the termination grace
+  // period to cover it).
   absl::Duration shutdown_spill_deadline = absl::Seconds(30);
   // How long Shutdown waits for in-flight RPCs before cancelling them.
   // Default: 10 s.

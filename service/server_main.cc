@@ -28,6 +28,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(std::string, data_listen, "auto",
           "data-plane address HOST:PORT for bulk reads and puts over TCP, TLS with --tls_cert_file (auto: the gRPC host "
           "and port + 1, or port 0 when --listen has port 0; off: disabled)");
+ABSL_FLAG(std::string, data_advertise_host, "",
+          "host of the data-plane address clients learn from Stats (with the bound port), e.g. "
+          "the pod's IP in Kubernetes; empty: the bound host (a wildcard means the host the client "
+          "reached)");
 ABSL_FLAG(int, data_threads, 2, "data-plane event-loop threads");
 ABSL_FLAG(int, data_idle_timeout_s, 600,
           "close data-plane connections idle this many seconds (an open put stream on one commits nothing)");
@@ -148,6 +152,7 @@ int main(int argc, char** argv) {
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   o.tls.reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_interval_s));
   o.data_listen = absl::GetFlag(FLAGS_data_listen);
+  o.data_advertise_host = absl::GetFlag(FLAGS_data_advertise_host);
   o.at_rest_key_file = absl::GetFlag(FLAGS_at_rest_key_file);
   o.data_threads = absl::GetFlag(FLAGS_data_threads);
   o.data_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_idle_timeout_s));

@@ -21,6 +21,12 @@ PKGS=(
   openssl  # the TLS tests make their certificates with the CLI
 )
 
+# tests/k8s_manifests_test: kubectl (Debian's kubernetes-client, unless a
+# kubectl is installed already) and Node.js with npm.
+command -v kubectl >/dev/null || PKGS+=(kubernetes-client)
+command -v node >/dev/null || PKGS+=(nodejs)
+command -v npm >/dev/null || PKGS+=(npm)
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,6 +39,17 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The Kubernetes schema validator's npm packages, pinned by
+# deploy/k8s/validate/package-lock.json, outside the source tree.
+k8s_src="$(dirname "$0")/../deploy/k8s/validate"
+k8s_dir=/opt/tqkv/k8s-validate
+if [ ! -d "$k8s_dir/node_modules" ] || ! cmp -s "$k8s_src/package-lock.json" "$k8s_dir/package-lock.json"; then
+  echo "tqkv setup: installing the Kubernetes schema validator under $k8s_dir"
+  mkdir -p "$k8s_dir"
+  cp "$k8s_src/package.json" "$k8s_src/package-lock.json" "$k8s_dir/"
+  (cd "$k8s_dir" && npm ci --no-audit --no-fund --omit=dev --loglevel=error >/dev/null)
 fi
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then
