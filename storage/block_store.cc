@@ -38,6 +38,9 @@ struct BlockStore::IoPlan {
 namespace {
 
 constexpr int kMaxAdmissionRounds = 16;
+// After a spill fails for a full disk, eviction drops its victims instead
+// of writing them for this long, then tries the disk again.
+constexpr absl::Duration kDiskFullRetryInterval = absl::Seconds(1);
 constexpr int kMaxGetAttempts = 4;
 
 DiskBlockMeta MetaOf(const BlockRecord& r) {
@@ -225,7 +228,7 @@ void BlockStore::PlanHostEvictionLocked(uint64_t bytes, const std::optional<Mode
     planned += size;
     if (r->on_disk) {  // already has a disk copy: just let go of host memory
       DetachHostLocked(r);
-    } else if (ReserveDiskLocked(size, plan)) {
+    } else if (now >= disk_full_until_ && ReserveDiskLocked(size, plan)) {
       r->io_busy = true;
       host_spilling_bytes_ += size;
       plan->writes.push_back({r, MetaOf(*r), r->host, /*evict_after=*/true});
@@ -260,6 +263,11 @@ absl::Status BlockStore::RunPlanLocked(IoPlan* plan) {
   mu_.Lock();
 
   absl::Time now = clock_->Now();
+  if (s.ok()) {
+    disk_full_until_ = absl::InfinitePast();
+  } else if (absl::IsResourceExhausted(s) && !plan->writes.empty()) {
+    disk_full_until_ = now + kDiskFullRetryInterval;
+  }
   for (const IoPlan::Write& w : plan->writes) {
     BlockRecord* r = w.record;
     const uint64_t size = r->size_bytes;
@@ -313,7 +321,10 @@ absl::Status BlockStore::ReserveHostLocked(uint64_t bytes) {
       io_done_.Wait(&mu_);  // other threads' spills will free memory
       continue;
     }
-    TQ_RETURN_IF_ERROR(RunPlanLocked(&plan));
+    absl::Status spilled = RunPlanLocked(&plan);
+    // A full disk: the next round drops the victims instead (as when the
+    // disk budget is full), so puts to host memory go on.
+    if (!spilled.ok() && !absl::IsResourceExhausted(spilled)) return spilled;
   }
   if (pool_.TryReserve(bytes)) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(

@@ -29,6 +29,18 @@
 //   and LRU order are not persisted: after a restart no block is pinned and
 //   disk blocks age in key order.
 //
+// A full disk
+//   A durable put (Commit, CommitAll) or a model record that needs the disk
+//   while it is full fails with RESOURCE_EXHAUSTED naming the disk tier's
+//   directory, and nothing of it becomes visible; other disk I/O errors are
+//   UNAVAILABLE. Blocks already acknowledged stay: host copies are kept when
+//   their spill fails, disk copies keep being read. Puts to host memory go
+//   on: while the disk is full (for a second after a spill found it full,
+//   then the disk is tried again) eviction drops its victims instead of
+//   spilling them, as it does when the disk budget is full. Once space is
+//   back, the next write resumes RocksDB (spill_store.h) and succeeds. A
+//   store on a full disk opens and serves what it holds.
+//
 // Tiers and hits
 //   A block may have copies in several tiers (a promoted block keeps its disk
 //   copy, so evicting it again costs no write). Lookup and Get report the
@@ -263,7 +275,8 @@ class BlockStore {
   // RESOURCE_EXHAUSTED: the block cannot fit even after evicting everything
   //   evictable (the rest is pinned, leased or in flight), or is larger than
   //   the host capacity. The budget is never exceeded.
-  // Other codes: a disk error while spilling victims.
+  // Other codes: a disk error (not a full disk: victims are dropped then)
+  //   while spilling victims.
   absl::StatusOr<PutHandle> BeginPut(const BlockKey& key, absl::string_view parent_hash,
                                      const BlockAccounting& accounting, uint64_t size_bytes,
                                      PutOptions options = {});
@@ -399,6 +412,9 @@ class BlockStore {
   uint64_t host_spilling_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // host copies being spilled
   uint64_t disk_reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // disk writes in flight
   uint64_t disk_dropping_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // disk deletes in flight
+  // Until then eviction drops instead of spilling: a spill found the disk
+  // full (RunPlanLocked).
+  absl::Time disk_full_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   StoreCounters counters_ ABSL_GUARDED_BY(mu_);
   // Model records when there is no disk tier.
   std::map<std::pair<std::string, uint64_t>, std::string> memory_models_ ABSL_GUARDED_BY(mu_);

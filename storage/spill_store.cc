@@ -3,13 +3,17 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "rocksdb/db.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
 #include "rocksdb/write_batch.h"
+#include "storage/rocksdb_log.h"
 
 namespace tqkv::storage {
 namespace {
@@ -19,6 +23,18 @@ constexpr char kDataCf[] = "block_data";
 constexpr char kModelsCf[] = "models";
 constexpr size_t kMetaFixedBytes = 1 + 1 + 2 + 8 + 8 + 5 * 8;
 
+// Turns off RocksDB's own recovery from a full disk (a thread that waits
+// for its SstFileManager to see free space; it did not finish in 30 s
+// after space returned on a tmpfs): SpillStore resumes writes itself,
+// on the next write after one failed (ResumeIfStopped).
+class NoAutoRecovery final : public rocksdb::EventListener {
+ public:
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status,
+                            bool* auto_recovery) override {
+    *auto_recovery = false;
+  }
+};
+
 rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
@@ -27,6 +43,9 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   if (s.IsNotFound()) return absl::NotFoundError(msg);
   if (s.IsCorruption()) return absl::DataLossError(msg);
   if (s.IsNoSpace() || s.IsMemoryLimit()) return absl::ResourceExhaustedError(msg);
+  // Writes refused while RocksDB holds a background error (a full disk
+  // seen by a flush, or a failed WAL write) may succeed once it resumes.
+  if (s.IsIOError()) return absl::UnavailableError(msg);
   if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) return absl::UnavailableError(msg);
   if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
   return absl::InternalError(msg);
@@ -114,6 +133,13 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = options.create_if_missing;
   db_options.create_missing_column_families = options.create_if_missing;
+  if (options.create_if_missing) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.path, ec);  // DB::Open reports failures
+  }
+  db_options.info_log = RocksDbLog::Open(options.path + "/LOG");
+  db_options.listeners.push_back(std::make_shared<NoAutoRecovery>());
+  if (options.env != nullptr) db_options.env = options.env;
 
   rocksdb::ColumnFamilyOptions meta_options;
   rocksdb::ColumnFamilyOptions data_options;
@@ -139,7 +165,34 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   store->data_cf_.reset(handles[2]);
   store->models_cf_.reset(handles[3]);
   store->cipher_ = options.cipher;
+  store->path_ = options.path;
   return store;
+}
+
+absl::Status SpillStore::WriteStatus(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.IsIOError()) needs_resume_.store(true, std::memory_order_relaxed);
+  absl::Status st = FromRocks(s, what);
+  if (s.IsNoSpace()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("disk tier at ", path_, " is full: ", st.message()));
+  }
+  if (s.IsIOError()) {
+    return absl::UnavailableError(absl::StrCat("disk tier at ", path_, ": ", st.message()));
+  }
+  return st;
+}
+
+absl::Status SpillStore::ResumeIfStopped() {
+  if (!needs_resume_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  // Flushes the memtables to new files and starts a new WAL; fails (and
+  // writes stay stopped) while the disk is still full.
+  rocksdb::Status s = db_->Resume();
+  if (s.ok()) {
+    needs_resume_.store(false, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  return WriteStatus(s, "resuming writes after a disk error");
 }
 
 absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
@@ -167,9 +220,10 @@ absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
     if (s.ok()) s = batch.Delete(data_cf_.get(), key);
     if (!s.ok()) return FromRocks(s, "building spill batch");
   }
+  TQ_RETURN_IF_ERROR(ResumeIfStopped());
   rocksdb::WriteOptions wo;
   wo.sync = sync;
-  return FromRocks(db_->Write(wo, &batch), "writing spill batch");
+  return WriteStatus(db_->Write(wo, &batch), "writing spill batch");
 }
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockKey& key) {
@@ -216,20 +270,25 @@ absl::Status SpillStore::DeleteEncodedKeys(absl::Span<const std::string> encoded
     if (s.ok()) s = batch.Delete(data_cf_.get(), k);
     if (!s.ok()) return FromRocks(s, "building delete batch");
   }
-  return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "deleting corrupt blocks");
+  TQ_RETURN_IF_ERROR(ResumeIfStopped());
+  return WriteStatus(db_->Write(rocksdb::WriteOptions(), &batch), "deleting corrupt blocks");
 }
 
-absl::Status SpillStore::SyncWal() { return FromRocks(db_->SyncWAL(), "syncing WAL"); }
+absl::Status SpillStore::SyncWal() {
+  TQ_RETURN_IF_ERROR(ResumeIfStopped());
+  return WriteStatus(db_->SyncWAL(), "syncing WAL");
+}
 
 absl::Status SpillStore::PutModelRecord(absl::string_view tenant, uint64_t model_id,
                                         absl::string_view record) {
   absl::Status valid = ValidateTenant(tenant);
   if (!valid.ok()) return valid;
+  TQ_RETURN_IF_ERROR(ResumeIfStopped());
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  return FromRocks(db_->Put(wo, models_cf_.get(), EncodeModelPrefix(tenant, model_id),
-                            ToSlice(record)),
-                   "writing model record");
+  return WriteStatus(db_->Put(wo, models_cf_.get(), EncodeModelPrefix(tenant, model_id),
+                              ToSlice(record)),
+                     "writing model record");
 }
 
 absl::StatusOr<std::string> SpillStore::GetModelRecord(absl::string_view tenant,
@@ -242,10 +301,11 @@ absl::StatusOr<std::string> SpillStore::GetModelRecord(absl::string_view tenant,
 }
 
 absl::Status SpillStore::DeleteModelRecord(absl::string_view tenant, uint64_t model_id) {
+  TQ_RETURN_IF_ERROR(ResumeIfStopped());
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  return FromRocks(db_->Delete(wo, models_cf_.get(), EncodeModelPrefix(tenant, model_id)),
-                   "deleting model record");
+  return WriteStatus(db_->Delete(wo, models_cf_.get(), EncodeModelPrefix(tenant, model_id)),
+                     "deleting model record");
 }
 
 absl::StatusOr<std::vector<ModelRecord>> SpillStore::ListModelRecords() {

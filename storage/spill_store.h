@@ -38,9 +38,18 @@
 // Durability: Apply(sync=true) returns after the WAL is fsynced. Writes with
 // sync=false reach the OS before Apply returns, so they survive a process
 // crash (kill -9) but not a power loss.
+//
+// A full disk: a write RocksDB cannot complete (ENOSPC, or another I/O
+// error) fails whole, nothing of its batch visible, and RocksDB stops
+// taking writes. Every later write first asks RocksDB to resume (it flushes
+// its memtables and starts a new WAL) and fails the same way, quickly,
+// while the disk stays full; once space is back the first write resumes
+// and proceeds. Reads go on throughout. RocksDB's info log ("LOG" in the
+// directory) drops lines the disk refuses (rocksdb_log.h).
 #ifndef TQKV_STORAGE_SPILL_STORE_H_
 #define TQKV_STORAGE_SPILL_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -58,6 +67,8 @@
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
+class Env;
+class Status;
 }  // namespace rocksdb
 
 namespace tqkv::storage {
@@ -107,6 +118,10 @@ struct SpillStoreOptions {
   // disk are read either way. Not owned; must outlive the store. Default:
   // null (payloads stored in clear; sealed records cannot be read).
   const AtRestCipher* cipher = nullptr;
+  // The RocksDB Env (file system) under the database; tests inject disk
+  // faults through it. Not owned; must outlive the store. Default: null
+  // (RocksDB's default Env).
+  rocksdb::Env* env = nullptr;
 };
 
 // A model registration record as stored in the "models" column family.
@@ -129,6 +144,10 @@ class SpillStore {
   ~SpillStore();
   SpillStore(const SpillStore&) = delete;
   SpillStore& operator=(const SpillStore&) = delete;
+
+  // Writes below: RESOURCE_EXHAUSTED naming the directory when the disk is
+  // full; UNAVAILABLE for other I/O errors (RocksDB stopped writes; a later
+  // write retries); nothing of a failed write is visible.
 
   struct BlockWrite {
     const BlockKey* key;  // not owned; must outlive the Apply call
@@ -178,6 +197,13 @@ class SpillStore {
 
  private:
   SpillStore();
+  // Maps a write's RocksDB status; an I/O error marks writes as stopped.
+  absl::Status WriteStatus(const rocksdb::Status& s, absl::string_view what);
+  // After an I/O error: DB::Resume, or its error while the disk is full.
+  absl::Status ResumeIfStopped();
+
+  std::string path_;
+  std::atomic<bool> needs_resume_{false};
 
   // Declaration order matters: members are destroyed in reverse, so the
   // column family handles go before the database that owns them.
