@@ -2,7 +2,8 @@
 // client (client/cpp). Every command takes --server HOST:PORT (default
 // localhost:50051), --token T and --timeout_ms MS, and for TLS on gRPC
 // --tls_ca FILE (or `system` for the system's root CAs), --tls_cert FILE
-// --tls_key FILE (mutual TLS) and --tls_server_name NAME.
+// --tls_key FILE (mutual TLS) and --tls_server_name NAME; the same flags
+// apply to the data plane (--data HOST:PORT of put, get and bench).
 //
 //   status                        health and backend; exit 1 unless SERVING
 //   stats  [--model_id ID]        per-model blocks and bytes by tier
@@ -78,7 +79,8 @@ absl::StatusOr<std::unique_ptr<client::Client>> MakeClient(const Args& a) {
   return client::Client::Connect(o);
 }
 
-// The data-plane client of --data HOST:PORT (with --token, --timeout_ms).
+// The data-plane client of --data HOST:PORT (with --token, --timeout_ms and
+// the TLS flags: the data plane speaks TLS whenever the server's gRPC does).
 absl::StatusOr<std::unique_ptr<client::DataPlaneClient>> MakeDataClient(const Args& a) {
   client::DataPlaneClientOptions o;
   o.target = a.Get("data", "");
@@ -86,6 +88,10 @@ absl::StatusOr<std::unique_ptr<client::DataPlaneClient>> MakeDataClient(const Ar
   auto ms = a.GetInt("timeout_ms", 30000);
   if (!ms.ok()) return ms.status();
   o.timeout = absl::Milliseconds(*ms);
+  o.tls.ca_file = a.Get("tls_ca", "");  // "system" passes through: the system's roots
+  o.tls.cert_file = a.Get("tls_cert", "");
+  o.tls.key_file = a.Get("tls_key", "");
+  o.tls.server_name = a.Get("tls_server_name", "");
   return client::DataPlaneClient::Connect(o);
 }
 
@@ -384,7 +390,7 @@ void Usage(const std::string& cmd, std::ostream& out) {
          " [--tls_ca FILE|system [--tls_cert FILE --tls_key FILE] [--tls_server_name NAME]]"
          " [--model NAME --layers L --kv_heads H --q_heads Q --head_dim D --block_size B"
          " --format F] [--blocks N --seed S] [--durable] [--dense] [--threads T --rounds R]"
-         " [--model_id ID] [--data HOST:PORT (put, get, bench: over the data plane)]\n";
+         " [--model_id ID] [--data HOST:PORT (put, get, bench: over the data plane, TLS flags as gRPC)]\n";
 }
 
 }  // namespace
