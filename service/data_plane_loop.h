@@ -148,12 +148,11 @@ class DataPlaneServer::Loop {
   // Serves one request frame (with its raw payload, empty on a connection
   // without them): queues its reply and records the call.
   void Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> payload);
-  // One frame of a put stream (see the proto's "Puts"); fills *head on a
-  // commit.
-  // A frame whose identity fails fails its stream (its blocks would be
-  // missing from the commit otherwise).
+  // One frame of a put stream (see the proto's "Puts") with its raw
+  // payload; fills *head on a commit. A frame whose identity fails fails
+  // its stream (its blocks would be missing from the commit otherwise).
   absl::Status ServePut(Conn* c, const absl::StatusOr<Identity>& id, v1::DataPlanePut* put,
-                        v1::DataPlaneReply* head);
+                        absl::Span<const uint8_t> raw_in, v1::DataPlaneReply* head);
 
   // data_plane_output.cc
 

@@ -24,16 +24,14 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
   const PeerCertificate none;
   const PeerCertificate* peer = c->tls != nullptr ? &c->tls->peer() : &none;
   const absl::Status bad_payload =
-      raw_in.empty() || attend || append
+      raw_in.empty() || attend || append || put
           ? absl::OkStatus()
-          : absl::InvalidArgumentError("only attend and append frames carry a raw payload");
+          : absl::InvalidArgumentError("only attend, append and put frames carry a raw payload");
   if (absl::StatusOr<Identity> id = env_->auth->uses_certificates()
                                         ? env_->auth->Authenticate(req.authorization(), peer)
                                         : env_->auth->Authenticate(req.authorization());
       put) {
-    // A bad frame fails its stream, as a frame of another identity does.
-    status = ServePut(c, bad_payload.ok() ? id : absl::StatusOr<Identity>(bad_payload), request->mutable_put(),
-                      &head);
+    status = ServePut(c, id, request->mutable_put(), raw_in, &head);
   } else if (!id.ok()) {
     status = id.status();
   } else if (!bad_payload.ok()) {
@@ -102,8 +100,8 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
-absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Identity>& id,
-                                             v1::DataPlanePut* put, v1::DataPlaneReply* head) {
+absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Identity>& id, v1::DataPlanePut* put,
+                                             absl::Span<const uint8_t> raw_in, v1::DataPlaneReply* head) {
   if (!c->put_open) {
     if (id.ok()) c->put = service_->NewPutSession(*id);
     c->put_tenant = id.ok() ? id->tenant : "";
@@ -119,8 +117,9 @@ absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Ident
     msg.mutable_header()->Swap(put->mutable_header());
     s = c->put->OnMessage(msg);
   }
-  if (s.ok() && put->blocks_size() > 0)  // one batch: dense blocks are encoded together
-    s = c->put->OnBlocks(put->blocks());
+  TensorPayload payload(raw_in);
+  if (s.ok() && (put->blocks_size() > 0 || !raw_in.empty()))  // one batch: dense blocks are encoded together
+    s = c->put->OnBlocks(put->blocks(), raw_in.empty() ? nullptr : &payload);
   if (s.ok() && put->commit()) {
     absl::StatusOr<v1::PutBlocksResponse> r = c->put->Finish();
     if (r.ok()) *head->mutable_put() = std::move(*r);

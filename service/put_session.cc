@@ -57,39 +57,54 @@ absl::Status PutSession::OnHeader(const v1::PutHeader& h) {
   return absl::OkStatus();
 }
 
-absl::Status PutSession::FillPayload(const v1::PutBlock& b, uint8_t* out,
-                                     std::vector<ComputeBackend::EncodeItem>* batch) {
-  const ModelCodec& codec = *model_->codec;
-  const size_t bytes = codec.layer_range_bytes(first_, last_);
+absl::StatusOr<PutSession::Input> PutSession::CheckInput(const v1::PutBlock& b, TensorPayload* payload) {
+  const size_t bytes = model_->codec->layer_range_bytes(first_, last_);
+  Input in;
   if (packed_) {
     if (b.has_k() || b.has_v())
       return absl::InvalidArgumentError("packed put: block carries dense k/v tensors");
+    if (payload != nullptr && b.payload().empty()) {
+      in.packed = payload->Take(bytes);
+      if (in.packed == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat("packed block ", Hex(b.block_hash()), " takes ", bytes,
+                                                       " bytes, more than the frame's payload has left"));
+      return in;
+    }
     if (b.payload().size() != bytes)
       return absl::InvalidArgumentError(absl::StrCat("packed payload of block ", Hex(b.block_hash()),
                                                      " has ", b.payload().size(), " bytes; layers [",
                                                      first_, ", ", last_, ") take ", bytes));
-    if (out != nullptr) std::memcpy(out, b.payload().data(), bytes);
-    return absl::OkStatus();
+    in.packed = reinterpret_cast<const uint8_t*>(b.payload().data());
+    return in;
   }
   if (!b.payload().empty())
     return absl::InvalidArgumentError("dense put: block carries a packed payload");
-  TQ_ASSIGN_OR_RETURN(TensorView k, ViewTensor(b.k(), "block.k"));
-  TQ_ASSIGN_OR_RETURN(TensorView v, ViewTensor(b.v(), "block.v"));
+  TQ_ASSIGN_OR_RETURN(in.k, ViewTensor(b.k(), "block.k", payload));
+  TQ_ASSIGN_OR_RETURN(in.v, ViewTensor(b.v(), "block.v", payload));
   const ModelShape& s = model_->shape();
   const std::vector<int64_t> want = {last_ - first_, -1, s.num_kv_heads, s.head_dim};
-  TQ_RETURN_IF_ERROR(ExpectShape(k, want, "block.k"));
-  TQ_RETURN_IF_ERROR(ExpectShape(v, want, "block.v"));
-  const int64_t tokens = k.shape[1];
-  if (tokens < 1 || tokens > s.block_size || v.shape[1] != tokens)
-    return absl::InvalidArgumentError(absl::StrCat("block.k/v carry ", tokens, " and ", v.shape[1],
+  TQ_RETURN_IF_ERROR(ExpectShape(in.k, want, "block.k"));
+  TQ_RETURN_IF_ERROR(ExpectShape(in.v, want, "block.v"));
+  const int64_t tokens = in.k.shape[1];
+  if (tokens < 1 || tokens > s.block_size || in.v.shape[1] != tokens)
+    return absl::InvalidArgumentError(absl::StrCat("block.k/v carry ", tokens, " and ", in.v.shape[1],
                                                    " tokens; expected equal counts in [1, ",
                                                    s.block_size, "]"));
-  if (out == nullptr) return absl::OkStatus();
+  return in;
+}
+
+absl::Status PutSession::Fill(const Input& in, uint8_t* out, std::vector<ComputeBackend::EncodeItem>* batch) {
+  const ModelCodec& codec = *model_->codec;
+  if (packed_) {
+    std::memcpy(out, in.packed, codec.layer_range_bytes(first_, last_));
+    return absl::OkStatus();
+  }
+  const int64_t tokens = in.k.shape[1];
   ComputeBackend::EncodeItem item;
   item.out = out;
   for (int i = 0; i < last_ - first_; ++i) {
-    item.k.push_back(SliceView(k, i, 0, tokens));
-    item.v.push_back(SliceView(v, i, 0, tokens));
+    item.k.push_back(SliceView(in.k, i, 0, tokens));
+    item.v.push_back(SliceView(in.v, i, 0, tokens));
   }
   if (batch != nullptr) {
     batch->push_back(std::move(item));
@@ -98,7 +113,7 @@ absl::Status PutSession::FillPayload(const v1::PutBlock& b, uint8_t* out,
   return ctx_.backend->EncodeBlock(codec, first_, last_, item.k, item.v, out);
 }
 
-absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b) {
+absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b, TensorPayload* payload, Input* in) {
   absl::Status hs = storage::ValidateBlockHash(b.block_hash());
   if (!hs.ok()) return absl::InvalidArgumentError(absl::StrCat("block_hash: ", hs.message()));
   if (!b.parent_hash().empty()) {
@@ -112,7 +127,7 @@ absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b) {
     return absl::InvalidArgumentError(absl::StrCat("a PutBlocks stream may carry at most ",
                                                    ctx_.max_blocks_per_stream, " blocks"));
   // Check the input before reserving so a bad block evicts nothing.
-  TQ_RETURN_IF_ERROR(FillPayload(b, nullptr, nullptr));
+  TQ_ASSIGN_OR_RETURN(*in, CheckInput(b, payload));
   const ModelCodec& codec = *model_->codec;
   const uint64_t bytes = codec.layer_range_bytes(first_, last_);
   const storage::BlockAccounting acc = model_->RangeAccounting(first_, last_);
@@ -137,11 +152,13 @@ absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b) {
 }
 
 absl::Status PutSession::OnBlock(const v1::PutBlock& b) {
-  TQ_ASSIGN_OR_RETURN(uint8_t* out, Admit(b));
-  return FillPayload(b, out, nullptr);
+  Input in;
+  TQ_ASSIGN_OR_RETURN(uint8_t* out, Admit(b, nullptr, &in));
+  return Fill(in, out, nullptr);
 }
 
-absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks) {
+absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks,
+                                  TensorPayload* payload) {
   absl::Status s = error_;
   if (s.ok() && !model_) s = absl::InvalidArgumentError(kHeaderFirst);
   // Dense blocks are encoded in batches of about kBatchInputBytes.
@@ -157,11 +174,13 @@ absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::P
   };
   for (const v1::PutBlock& b : blocks) {
     if (!s.ok()) break;
-    absl::StatusOr<uint8_t*> out = Admit(b);
-    s = out.ok() ? FillPayload(b, *out, &batch) : out.status();
-    batch_bytes += b.k().data().size() + b.v().data().size();
+    Input in;
+    absl::StatusOr<uint8_t*> out = Admit(b, payload, &in);
+    s = out.ok() ? Fill(in, *out, &batch) : out.status();
+    batch_bytes += in.k.bytes + in.v.bytes;
     if (s.ok() && batch_bytes >= kBatchInputBytes) s = flush();
   }
+  if (s.ok() && payload != nullptr) s = payload->Finish();
   if (s.ok()) s = flush();
   return Fail(s);
 }

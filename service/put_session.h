@@ -28,6 +28,7 @@
 #include "codec/backend.h"
 #include "proto/tqkv/v1/tqkv.pb.h"
 #include "service/auth.h"
+#include "service/convert.h"
 #include "service/model_registry.h"
 #include "service/staging_area.h"
 #include "storage/block_store.h"
@@ -63,23 +64,36 @@ class PutSession {
   absl::Status OnMessage(const v1::PutBlocksRequest& msg);
   // Consumes several blocks after the header (a data-plane frame): as
   // OnMessage of each, with the same errors, but dense blocks are encoded
-  // in batches (ComputeBackend::EncodeBlocks). `blocks` must stay valid
-  // until it returns.
-  absl::Status OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks);
+  // in batches (ComputeBackend::EncodeBlocks). With `payload` (the frame's
+  // raw payload), a block's empty k/v tensors or empty packed payload take
+  // their bytes from it, in block order (k, then v; packed: the layer
+  // range's bytes), and the blocks must use all of it. `blocks` and the
+  // payload must stay valid until it returns.
+  absl::Status OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks,
+                        TensorPayload* payload = nullptr);
 
   // Commits the stream (see file comment). REQUIRES: called at most once.
   absl::StatusOr<v1::PutBlocksResponse> Finish();
 
  private:
+  // A block's checked input: its dense K/V ([layers, tokens, kv_heads,
+  // head_dim]) or its packed layer range.
+  struct Input {
+    TensorView k, v;
+    const uint8_t* packed = nullptr;
+  };
   absl::Status OnHeader(const v1::PutHeader& h);
   absl::Status OnBlock(const v1::PutBlock& b);
-  // Checks the block (hash, data) and reserves its bytes (a store
-  // reservation or a staged part); returns where they go.
-  absl::StatusOr<uint8_t*> Admit(const v1::PutBlock& b);
-  // Checks the block's data and fills `out` (layer_range_bytes(first_,
-  // last_) bytes) from it; out == nullptr only checks. With `batch`, a
-  // dense block is appended to it for a later EncodeBlocks instead.
-  absl::Status FillPayload(const v1::PutBlock& b, uint8_t* out, std::vector<ComputeBackend::EncodeItem>* batch);
+  // Checks the block's data (taking raw bytes from `payload` when given);
+  // INVALID_ARGUMENT as listed at OnMessage.
+  absl::StatusOr<Input> CheckInput(const v1::PutBlock& b, TensorPayload* payload);
+  // Checks the block (hash, then *in = its input) and reserves its bytes
+  // (a store reservation or a staged part); returns where they go.
+  absl::StatusOr<uint8_t*> Admit(const v1::PutBlock& b, TensorPayload* payload, Input* in);
+  // Fills `out` (layer_range_bytes(first_, last_) bytes) from `in`. With
+  // `batch`, a dense block is appended to it for a later EncodeBlocks
+  // instead.
+  absl::Status Fill(const Input& in, uint8_t* out, std::vector<ComputeBackend::EncodeItem>* batch);
   // Records `s` as the stream's error if it is the first one and releases
   // every reservation; returns `s`.
   absl::Status Fail(const absl::Status& s);

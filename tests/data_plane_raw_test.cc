@@ -4,7 +4,8 @@
 // and with inline and raw tensors mixed in one call; a payload that does
 // not match its tensors, or rides on a frame that takes none, is
 // INVALID_ARGUMENT and changes nothing; a payload over the frame limit
-// closes the connection. Against the real server.
+// closes the connection; put frames take their blocks' tensors from the
+// payload. Against the real server.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -253,6 +254,71 @@ TEST_F(DataPlaneRawTest, PayloadsThatDoNotFitTheirTensorsChangeNothing) {
   }
   auto ok = RawAttend(at);  // the client's connection is unaffected
   EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+// A put frame's blocks take their tensors from the payload (here block 0
+// inline, blocks 1 and 2 raw) and store the bytes gRPC stores for the same
+// input; a frame whose payload is one byte short fails its stream and
+// stores nothing.
+TEST_F(DataPlaneRawTest, PutFramesTakeTheirTensorsFromThePayload) {
+  const std::vector<std::string> grpc_chain = client::HashChain(31, 3), raw_chain = client::HashChain(32, 3);
+  const std::vector<v1::PutBlock> blocks = PutDense(model_, grpc_chain, 500);  // over gRPC
+  auto put_frames = [&](bool short_payload) {
+    v1::DataPlaneRequest header;
+    *header.mutable_put()->mutable_header()->mutable_model() = model_;
+    v1::DataPlaneRequest frame;
+    std::string payload;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      v1::PutBlock* b = frame.mutable_put()->add_blocks();
+      *b = blocks[i];
+      b->set_block_hash(raw_chain[i]);
+      b->set_parent_hash(i == 0 ? "" : raw_chain[i - 1]);
+      if (i == 0) continue;
+      payload += b->k().data() + b->v().data();
+      b->mutable_k()->clear_data();
+      b->mutable_v()->clear_data();
+    }
+    if (short_payload) payload.pop_back();
+    v1::DataPlaneRequest commit;
+    commit.mutable_put()->set_commit(true);
+    auto framed = [](const v1::DataPlaneRequest& r, const std::string& p) {
+      const std::string body = r.SerializeAsString();
+      const uint32_t n = static_cast<uint32_t>(body.size());
+      const uint64_t np = p.size();
+      return std::string(reinterpret_cast<const char*>(&n), 4) + std::string(reinterpret_cast<const char*>(&np), 8) +
+             body + p;
+    };
+    const int fd = RawConnect(server_->data_address());
+    SendRaw(fd, "TQKVDP02" + framed(header, "") + framed(frame, payload) + framed(commit, ""));
+    std::vector<uint32_t> codes;
+    v1::DataPlaneReply head;
+    for (int i = 0; i < 3 && ReadReply(fd, &head); ++i) codes.push_back(head.code());
+    close(fd);
+    return codes;
+  };
+  auto stored = [&](const std::vector<std::string>& chain) {
+    v1::LookupRequest lr;
+    *lr.mutable_model() = model_;
+    for (const auto& h : chain) lr.add_block_hashes(h);
+    auto r = client_->Lookup(lr);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->hits() : 0u;
+  };
+  const uint32_t invalid = static_cast<uint32_t>(StatusCode::kInvalidArgument);
+  EXPECT_EQ(put_frames(true), (std::vector<uint32_t>{0, invalid, invalid}));
+  EXPECT_EQ(stored(raw_chain), 0u);
+  EXPECT_EQ(put_frames(false), (std::vector<uint32_t>{0, 0, 0}));
+  EXPECT_EQ(stored(raw_chain), 3u);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    v1::GetBlocksRequest a, b;
+    *a.mutable_model() = *b.mutable_model() = model_;
+    a.add_block_hashes(grpc_chain[i]);
+    b.add_block_hashes(raw_chain[i]);
+    auto ra = client_->GetBlocks(a);
+    auto rb = client_->GetBlocks(b);
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    EXPECT_EQ((*ra)[0].payload(), (*rb)[0].payload()) << "block " << i;
+  }
 }
 
 }  // namespace

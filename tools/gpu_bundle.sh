@@ -10,7 +10,8 @@
 # SKIP_ATTENTION_BENCH=1, SKIP_FORMATS_BENCH=1, SKIP_TAIL_BENCH=1 or
 # SKIP_E2E=1 leave out the kernel benchmarks, only the decode-vs-SDPA one,
 # only the every-format one (FORMATS_ARGS: its flags), only the
-# partial-block one, or the decode loop).
+# partial-block one, or the decode loop; E2E_ARGS: more decode_loop_bench
+# flags, e.g. "--tensors inline").
 # The device tool carries at most 64 MiB, and every binary holds the CUDA
 # fatbins (~10 MB), so a compressed copy is made too: carry `dist/gpu_xz`
 # and run `dist/gpu_xz/run_all.sh` (it unpacks to a temp dir and runs).
@@ -83,11 +84,11 @@ if [ -z "${SKIP_E2E:-}" ]; then
   done
   for fmt in ${E2E_FORMATS:-k4v4 k4v2}; do
     timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "$daddr" --layers 32 --format "$fmt" \
-      --shapes "${E2E_SHAPES:-1x32768,1x131072}" --steps 32 >> "$LOGS/decode_loop_bench.log" 2>&1
+      --shapes "${E2E_SHAPES:-1x32768,1x131072}" --steps 32 ${E2E_ARGS:-} >> "$LOGS/decode_loop_bench.log" 2>&1
     echo "decode_loop_bench $fmt rc=$?" | tee -a "$LOGS/summary.txt"
   done
   timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "$daddr" --layers 8 --format k4v4 \
-    --shapes "${E2E_BATCH_SHAPES:-16x16384,64x4096,mixed64}" --steps 16 >> "$LOGS/decode_loop_bench.log" 2>&1
+    --shapes "${E2E_BATCH_SHAPES:-16x16384,64x4096,mixed64}" --steps 16 ${E2E_ARGS:-} >> "$LOGS/decode_loop_bench.log" 2>&1
   echo "decode_loop_bench batches rc=$?" | tee -a "$LOGS/summary.txt"
   kill "$spid"; wait "$spid"
 fi

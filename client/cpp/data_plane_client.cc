@@ -208,11 +208,16 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
   // `keep` frames are in flight. An I/O failure ends the call.
   // An I/O failure after the server reported an error (it closes the
   // connection after a protocol error) reports that error.
+  // The blocks' tensors (or packed payloads) travel as the frame's raw
+  // payload, moved out of the messages: no serialization copy.
+  std::vector<std::string> payload;
   auto frame = [&](v1::DataPlaneRequest* dr, int keep) -> absl::Status {
     if (fd_ != stream_fd) return first_error.ok() ? lost() : first_error;
-    if (absl::Status s = SendFrame(dr); !s.ok()) return first_error.ok() ? s : first_error;
+    const std::vector<std::span<const char>> parts(payload.begin(), payload.end());
+    if (absl::Status s = SendFrame(dr, 0, nullptr, parts); !s.ok()) return first_error.ok() ? s : first_error;
     ++in_flight;
     dr->Clear();
+    payload.clear();
     while (in_flight > keep) {
       absl::Status s = ReceiveBare(&reply);
       --in_flight;
@@ -226,6 +231,14 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
   size_t bytes = 0;
   for (v1::PutBlock& b : blocks) {
     bytes += b.ByteSizeLong();
+    auto take = [&](std::string* data) {
+      if (data->empty()) return;
+      payload.push_back(std::move(*data));
+      data->clear();
+    };
+    if (b.has_k()) take(b.mutable_k()->mutable_data());
+    if (b.has_v()) take(b.mutable_v()->mutable_data());
+    take(b.mutable_payload());
     dr.mutable_put()->add_blocks()->Swap(&b);
     if (bytes < frame_bytes) continue;
     bytes = 0;

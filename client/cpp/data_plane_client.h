@@ -107,7 +107,8 @@ class DataPlaneClient {
   // header, the blocks in frames of about `frame_bytes` (up to 8 frames in
   // flight), then the commit. Returns the commit's response (as gRPC
   // PutBlocks'), or the first error with nothing committed. `blocks` are
-  // moved into the frames (no copy of their tensors or payloads).
+  // moved into the frames, their tensors and packed payloads sent as the
+  // frames' raw payloads (no copy of them in user space).
   absl::StatusOr<v1::PutBlocksResponse> PutBlocks(const v1::PutHeader& header, std::vector<v1::PutBlock> blocks,
                                                   size_t frame_bytes = size_t{8} << 20);
 

@@ -30,7 +30,7 @@ import numpy as np
 from . import errors
 from ._proto import pb
 from . import tensors
-from .client import Client, _as_block, _block_proto, _hashes, _seq_id
+from .client import Client, _as_block, _hash_bytes, _hashes, _seq_id
 from .types import TIER_NAMES, BlockData, Format, PutResult
 
 _PREFACE = b"TQKVDP02"
@@ -51,6 +51,21 @@ def data_plane_tls(ca_file=None, cert_file=None, key_file=None):
     if cert_file is not None:
         ctx.load_cert_chain(cert_file, key_file)
     return ctx
+
+
+def _raw_block(b, packed, dtype):
+    """(PutBlock without its data, [its data as memoryviews]) of a Block."""
+    if (b.payload is not None) != packed:
+        raise ValueError("a put stream must be all packed or all dense blocks")
+    msg = pb.PutBlock(block_hash=_hash_bytes(b.hash), parent_hash=_hash_bytes(b.parent or b""))
+    if packed:
+        return msg, [memoryview(b.payload).cast("B")]
+    if b.k is None or b.v is None:
+        raise ValueError("a dense block needs both k and v")
+    (tk, dk), (tv, dv) = tensors.to_raw(b.k, dtype), tensors.to_raw(b.v, dtype)
+    msg.k.CopyFrom(tk)
+    msg.v.CopyFrom(tv)
+    return msg, [dk, dv]
 
 
 class DataPlane:
@@ -212,11 +227,12 @@ class DataPlane:
         frame = pb.DataPlanePut(header=pb.PutHeader(model=Client._ref(model), first_layer=first_layer,
                                                     last_layer=last_layer, packed=packed, durable=durable))
         failure = None
+        payload = []  # the frame's tensors (or packed payloads), sent from their memory
 
         def send(frame):
             nonlocal failure
             try:
-                return self._exchange(pb.DataPlaneRequest(put=frame), "DataPutBlocks")[0]
+                return self._exchange(pb.DataPlaneRequest(put=frame), "DataPutBlocks", payload)[0]
             except errors.TqkvError as e:
                 if isinstance(e, errors.Unavailable) or frame.commit:
                     raise failure or e
@@ -227,12 +243,14 @@ class DataPlane:
         try:
             source = [] if first is None else itertools.chain([first], (_as_block(x) for x in it))
             for b in source:
-                msg = _block_proto(b, packed, dtype)
-                size += msg.ByteSize()
+                msg, data = _raw_block(b, packed, dtype)
+                size += sum(x.nbytes for x in data)
                 frame.blocks.append(msg)
+                payload.extend(data)
                 if size >= frame_bytes:
                     send(frame)
                     frame, size = pb.DataPlanePut(), 0
+                    payload.clear()
                     if failure is not None:
                         break
         except BaseException:

@@ -93,6 +93,21 @@ def to_proto(x, dtype=None):
     dtype="fp16" is sent as fp16, with dtype="bf16" rounded to bf16. Without
     it the array's own dtype decides (uint16 means bf16 bits).
     """
+    a, wire = _wire_array(x, dtype)
+    return pb.Tensor(dtype=wire, shape=list(a.shape), data=a.tobytes())
+
+
+def to_raw(x, dtype=None):
+    """(tqkv.v1.Tensor with dtype and shape only, its bytes as a flat
+    memoryview) for a raw payload (DataPlane): the bytes of
+    to_proto(x, dtype).data, viewed in place where `x` is already
+    contiguous little-endian in that dtype."""
+    a, wire = _wire_array(x, dtype)
+    return pb.Tensor(dtype=wire, shape=list(a.shape)), memoryview(a.reshape(-1)).cast("B")
+
+
+def _wire_array(x, dtype):
+    """(contiguous little-endian array, wire dtype) of `x` as to_proto sends it."""
     a, wire = _as_numpy(x)
     if dtype is not None:
         want = parse_dtype(dtype)
@@ -103,19 +118,7 @@ def to_proto(x, dtype=None):
     a = np.ascontiguousarray(a)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
-    return pb.Tensor(dtype=wire, shape=list(a.shape), data=a.tobytes())
-
-
-def to_raw(x):
-    """(tqkv.v1.Tensor with dtype and shape only, its bytes as a flat
-    memoryview) for a raw payload (DataPlane): the bytes are those of
-    to_proto(x).data, viewed in place where `x` is already contiguous
-    little-endian."""
-    a, wire = _as_numpy(x)
-    a = np.ascontiguousarray(a)
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    return pb.Tensor(dtype=wire, shape=list(a.shape)), memoryview(a.reshape(-1)).cast("B")
+    return a, wire
 
 
 def from_raw(t, buf, as_torch=False):
