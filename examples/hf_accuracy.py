@@ -5,7 +5,8 @@ DynamicCache, in one run:
   1. per cache dtype: greedy tokens after a prompt, fed the reference's
      tokens (teacher forcing) so every step compares the same inputs:
      top-1 agreement (1.0: free-running greedy equals the reference token
-     for token), per-step relative logit difference, KL of the next-token
+     for token; else the first step where it departs), per-step relative
+     logit difference, KL of the next-token
      distribution; time to first token, decode tokens/s and tqkv's share
      of the step; the server's byte accounting;
   2. prefix reuse: a request sharing the prompt as its prefix computes only
@@ -66,7 +67,8 @@ def main():
         vocab = model.config.vocab_size
         prompt = random_model.random_prompt(args.prompt, vocab)
 
-        random_model.greedy(model, prompt[:, :64], DynamicCache(), 4)  # warm-up (kernels, allocator)
+        # Warm-up at the same shapes (kernels, allocator, GPU clocks).
+        random_model.greedy(model, prompt, DynamicCache(), min(args.new, 32))
         ref_toks, ref_logits, ref_ttft, ref_dec = random_model.greedy(model, prompt, DynamicCache(), args.new)
         results["reference"] = dict(ttft_s=ref_ttft, tok_s=(args.new - 1) / ref_dec)
         print(f"reference (DynamicCache, SDPA): ttft {ref_ttft * 1e3:.1f} ms, "
@@ -87,7 +89,7 @@ def main():
                        stored_bytes=sum(t.bytes for t in st.tiers.values()),
                        dense_bytes=sum(t.dense_equivalent_bytes for t in st.tiers.values()))
             results[fmt] = row
-            print(f"{fmt}: top1 {c['top1']:.4f} rel {c['rel']:.2e} rel_max {c['rel_max']:.2e} "
+            print(f"{fmt}: top1 {c['top1']:.4f} (first miss {c['first_diff']}) rel {c['rel']:.2e} rel_max {c['rel_max']:.2e} "
                   f"KL {c['kl']:.2e} | ttft {ttft * 1e3:.1f} ms, {row['tok_s']:.1f} tok/s, tqkv "
                   f"{row['attend_share'] * 100:.0f}% of the step, put {put:.2f} s | stored "
                   f"{row['stored_bytes'] / 2**20:.1f} MiB for {row['dense_bytes'] / 2**20:.1f} MiB fp16 "

@@ -111,7 +111,7 @@ def main():
     ap.add_argument("--server", default=None, help="tqkv-server binary (default $TQKV_SERVER)")
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--address", default=None)
-    ap.add_argument("--data-address", default=None)
+    ap.add_argument("--data-address", default="auto", help="the server's data plane (auto: ask it)")
     ap.add_argument("--shape", default="gqa8")
     ap.add_argument("--prompt", type=int, default=4096)
     ap.add_argument("--new", type=int, default=64)

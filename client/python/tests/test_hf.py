@@ -28,7 +28,10 @@ PROMPT = int(os.environ.get("TQKV_HF_PROMPT", "512" if DEVICE == "cuda" else "45
 NEW = int(os.environ.get("TQKV_HF_NEW", "32" if DEVICE == "cuda" else "8"))
 WIRE = "fp16" if DTYPE == torch.float16 else "fp32"
 BS = 16
-REL_TOL = 1e-2  # k8v8: per-step ||logits - reference||2 / ||reference||2
+# k8v8 against the reference: per-step ||logits - ref||2 / ||ref||2. For the
+# fp16 gqa8 model the codec's own error is above 1e-2 (the dense diagnostic
+# mode, transformers' attention over the dequantized K/V, shows the same).
+REL_TOL = 1e-2 if SHAPE == "small" else 2e-2
 
 
 @pytest.fixture(scope="module")

@@ -88,12 +88,14 @@ def compare(logits, ref):
     """Per-step comparison of next-token distributions, as a dict:
     rel: the largest per-step relative difference ||a-b||2 / ||b||2;
     rel_max: the largest per-step max|a-b| / max|b|; kl: the mean KL(ref || a)
-    in nats; top1: the fraction of steps whose argmaxes agree."""
+    in nats; top1: the fraction of steps whose argmaxes agree; first_diff:
+    the first step whose argmaxes differ (-1: none)."""
     steps = min(len(logits), len(ref))
     a, b = logits[:steps].double(), ref[:steps].double()
     rel = ((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item()
     rel_max = ((a - b).abs().amax(-1) / b.abs().amax(-1)).max().item()
     pa, pb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
     kl = (pb.exp() * (pb - pa)).sum(-1).mean().item()
-    top1 = (a.argmax(-1) == b.argmax(-1)).double().mean().item()
-    return dict(rel=rel, rel_max=rel_max, kl=kl, top1=top1)
+    agree = a.argmax(-1) == b.argmax(-1)
+    first_diff = int((~agree).nonzero()[0, 0]) if not bool(agree.all()) else -1
+    return dict(rel=rel, rel_max=rel_max, kl=kl, top1=agree.double().mean().item(), first_diff=first_diff)
