@@ -415,12 +415,16 @@ void BenchPut(const Flags& f) {
     v.push_back(RandomHalfBytes(elems, 400 + i));
   }
   std::vector<std::unique_ptr<v1::KvStore::Stub>> stubs;
-  std::vector<std::unique_ptr<tqkv::client::DataPlaneClient>> dps;
+  // Data-plane clients sending tensors as raw payloads (dps) and inside the
+  // messages (inline_dps).
+  std::vector<std::unique_ptr<tqkv::client::DataPlaneClient>> dps, inline_dps;
   for (int s = 0; s < streams; ++s) {
     stubs.push_back(NewStub(f.tqkv));
-    auto dp = tqkv::client::DataPlaneClient::Connect({.target = f.tqkv_data});
-    if (!dp.ok()) Die("data plane connect: " + std::string(dp.status().message()));
-    dps.push_back(std::move(*dp));
+    for (bool raw : {true, false}) {
+      auto dp = tqkv::client::DataPlaneClient::Connect({.target = f.tqkv_data, .raw_payloads = raw});
+      if (!dp.ok()) Die("data plane connect: " + std::string(dp.status().message()));
+      (raw ? dps : inline_dps).push_back(std::move(*dp));
+    }
   }
   // The packed payloads of the 8 dense blocks, for the packed puts.
   std::vector<std::string> seed_hashes;
@@ -471,8 +475,8 @@ void BenchPut(const Flags& f) {
     return resp;
   };
   size_t frame_bytes = size_t{8} << 20;
-  auto dp_put = [&](int s, const v1::PutHeader& h, std::vector<v1::PutBlock> blocks) {
-    auto r = dps[s]->PutBlocks(h, std::move(blocks), frame_bytes);
+  auto dp_put = [&](int s, const v1::PutHeader& h, std::vector<v1::PutBlock> blocks, bool raw = true) {
+    auto r = (raw ? dps : inline_dps)[s]->PutBlocks(h, std::move(blocks), frame_bytes);
     if (!r.ok()) Die("data plane PutBlocks: " + std::string(r.status().message()));
     return *r;
   };
@@ -488,6 +492,9 @@ void BenchPut(const Flags& f) {
                      l.dense_bytes(), mib});
     paths.push_back({"packed, data plane", [&](int s, const auto& hs) { return dp_put(s, packed_header, packed_blocks(hs)); },
                      packed_bytes, mib});
+    paths.push_back({"dense, data plane, inline tensors",
+                     [&](int s, const auto& hs) { return dp_put(s, dense_header, dense_blocks(hs), false); },
+                     l.dense_bytes(), mib});
   }
 
 

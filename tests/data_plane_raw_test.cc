@@ -256,6 +256,37 @@ TEST_F(DataPlaneRawTest, PayloadsThatDoNotFitTheirTensorsChangeNothing) {
   EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
+// A client without raw payloads (TQKVDP01 frames, for servers that predate
+// them) puts and attends with the tensors inside the messages, with the same
+// results; its raw overloads are FAILED_PRECONDITION.
+TEST_F(DataPlaneRawTest, ClientsWithoutRawPayloadsKeepTensorsInline) {
+  auto c = client::DataPlaneClient::Connect({.target = server_->data_address(), .raw_payloads = false});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string a = NewSequence(), b = NewSequence();
+  v1::AttendRequest at;
+  at.set_layer(1);
+  *at.add_items() = Step(a, 77);
+  auto inline_r = (*c)->Attend(at);
+  ASSERT_TRUE(inline_r.ok()) << inline_r.status();
+  at.mutable_items(0)->set_sequence_id(b);
+  auto raw = RawAttend(at);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ(inline_r->outputs(0).data(), *raw);
+  std::vector<std::string> bytes;
+  const v1::AttendRequest stripped = Strip(at, &bytes);
+  std::string out(OutputBytes(at), '\0');
+  EXPECT_EQ((*c)->Attend(stripped, Spans(bytes), out).status().code(), StatusCode::kFailedPrecondition);
+  v1::PutHeader h;
+  *h.mutable_model() = model_;
+  const std::vector<std::string> chain = client::HashChain(41, 2);
+  std::vector<v1::PutBlock> blocks;
+  for (size_t i = 0; i < chain.size(); ++i)
+    blocks.push_back(client::DenseBlock(client::SmallModel("x").layout(), chain[i], i ? chain[i - 1] : "", 900 + i));
+  auto put = (*c)->PutBlocks(h, blocks);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->committed(), 2u);
+}
+
 // A put frame's blocks take their tensors from the payload (here block 0
 // inline, blocks 1 and 2 raw) and store the bytes gRPC stores for the same
 // input; a frame whose payload is one byte short fails its stream and

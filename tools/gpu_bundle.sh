@@ -3,15 +3,16 @@
 # non-glibc shared libraries, into a directory that runs on the GPU machine
 # (no Bazel there): kernel tests, kernel benchmarks (vs torch SDPA and the
 # copy ceiling, partial last blocks), the memory probe and the decode floor
-# (bench/profiling/), and tqkv-server with the decode-loop benchmark.
+# (bench/profiling/), and tqkv-server with the decode-loop benchmark and the
+# put/get benchmark (service_bench --mode put).
 # Usage: tools/gpu_bundle.sh [out_dir=dist/gpu]
 # On the GPU machine: dist/gpu/run_all.sh  (logs to $OUT, or ./logs;
 # TESTS="attention_test ..." runs only those tests; SKIP_KERNEL_BENCH=1,
 # SKIP_ATTENTION_BENCH=1, SKIP_FORMATS_BENCH=1, SKIP_TAIL_BENCH=1 or
 # SKIP_E2E=1 leave out the kernel benchmarks, only the decode-vs-SDPA one,
 # only the every-format one (FORMATS_ARGS: its flags), only the
-# partial-block one, or the decode loop; E2E_ARGS: more decode_loop_bench
-# flags, e.g. "--tensors inline").
+# partial-block one, or the decode loop (SKIP_PUT_BENCH=1: its put/get
+# benchmark); E2E_ARGS: more decode_loop_bench flags, e.g. "--tensors inline").
 # The device tool carries at most 64 MiB, and every binary holds the CUDA
 # fatbins (~10 MB), so a compressed copy is made too: carry `dist/gpu_xz`
 # and run `dist/gpu_xz/run_all.sh` (it unpacks to a temp dir and runs).
@@ -22,20 +23,21 @@ DEST="${1:-dist/gpu}"
 TESTS=(codec_kernels_test attention_test cuda_backend_test)
 bazel build -c opt //gpu:codec_kernels_test //gpu:attention_test //gpu:cuda_backend_test \
   //gpu:libtqkv_gpu_capi.so //bench:gpu_codec_bench //service:tqkv-server //bench:decode_loop_bench \
-  //bench/profiling:memory_probe //bench/profiling:decode_floor
+  //bench/profiling:memory_probe //bench/profiling:decode_floor //bench:service_bench
 rm -rf "$DEST"
 mkdir -p "$DEST/lib"
 BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
 for t in "${TESTS[@]}"; do cp "$BIN/gpu/$t" "$DEST/"; done
 cp "$BIN/bench/gpu_codec_bench" "$BIN/gpu/libtqkv_gpu_capi.so" "$DEST/"
 cp "$BIN/service/tqkv-server" "$BIN/bench/decode_loop_bench" "$BIN/bench/profiling/memory_probe" \
-  "$BIN/bench/profiling/decode_floor" "$DEST/"
+  "$BIN/bench/profiling/decode_floor" "$BIN/bench/service_bench" "$DEST/"
 cp bench/gpu_attention_bench.py bench/gpu_tail_bench.py bench/gpu_formats_bench.py "$DEST/"
 chmod u+w "$DEST"/*
-strip "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/memory_probe" "$DEST/decode_floor"
+strip "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/memory_probe" \
+  "$DEST/decode_floor" "$DEST/service_bench"
 strip --strip-unneeded "$DEST/libtqkv_gpu_capi.so"
 bundle_copy_libs "$DEST" "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/libtqkv_gpu_capi.so" \
-  "$DEST/tqkv-server" "$DEST/decode_loop_bench"
+  "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/service_bench"
 chmod -R u+w "$DEST/lib" && strip --strip-unneeded "$DEST"/lib/* 2>/dev/null || true
 cat > "$DEST/run_all.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -90,6 +92,14 @@ if [ -z "${SKIP_E2E:-}" ]; then
   timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "$daddr" --layers 8 --format k4v4 \
     --shapes "${E2E_BATCH_SHAPES:-16x16384,64x4096,mixed64}" --steps 16 ${E2E_ARGS:-} >> "$LOGS/decode_loop_bench.log" 2>&1
   echo "decode_loop_bench batches rc=$?" | tee -a "$LOGS/summary.txt"
+  # A prefill worker's puts and a decode worker's reads: dense and packed
+  # over gRPC and the data plane (raw payloads and inline tensors) against a
+  # loopback TCP stream and memcpy of the same bytes.
+  if [ -z "${SKIP_PUT_BENCH:-}" ]; then
+    timeout 300 "$HERE/service_bench" --tqkv "$addr" --tqkv_data "$daddr" --mode put --put_gib 2 \
+      --put_frame_mib 8 > "$LOGS/service_bench_put.log" 2>&1
+    echo "service_bench put rc=$?" | tee -a "$LOGS/summary.txt"
+  fi
   kill "$spid"; wait "$spid"
 fi
 exit $status

@@ -21,9 +21,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames 
 namespace tqkv::client {
 namespace {
 
-// Frames with raw payloads (proto "Data plane"): `u32 N, u64 P`, the request, P payload bytes.
-constexpr char kPreface[] = "TQKVDP02";
-constexpr size_t kFramePrefix = 12;
+// Frames with raw payloads (proto "Data plane"): `u32 N, u64 P`, the
+// request, P payload bytes; without: `u32 N`, the request.
+constexpr char kPrefaceRaw[] = "TQKVDP02";
+constexpr char kPreface[] = "TQKVDP01";
 
 absl::Status Errno(absl::StatusCode code, const std::string& what) {
   return absl::Status(code, absl::StrCat(what, ": ", std::strerror(errno)));
@@ -92,7 +93,12 @@ absl::Status DataPlaneClient::EnsureConnected() {
     if (!tls.ok()) return Broken(tls.status());
     tls_ = *std::move(tls);
   }
-  return SendAll(kPreface, 8);
+  return SendAll(options_.raw_payloads ? kPrefaceRaw : kPreface, 8);
+}
+
+absl::Status DataPlaneClient::NeedsRaw() const {
+  if (options_.raw_payloads) return absl::OkStatus();
+  return absl::FailedPreconditionError("raw tensors need DataPlaneClientOptions::raw_payloads");
 }
 
 absl::Status DataPlaneClient::Failed(ssize_t r, const char* op) {
@@ -160,6 +166,7 @@ absl::StatusOr<v1::AttendResponse> DataPlaneClient::Attend(const v1::AttendReque
     for (int64_t d : item.q().shape()) n *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
     want += n;
   }
+  if (absl::Status s = NeedsRaw(); !s.ok()) return s;
   if (out.size() != want)
     return absl::InvalidArgumentError(
         absl::StrCat("the outputs take ", want, " bytes, `out` has ", out.size()));
@@ -184,6 +191,7 @@ absl::StatusOr<v1::AppendResponse> DataPlaneClient::Append(const v1::AppendReque
 
 absl::StatusOr<v1::AppendResponse> DataPlaneClient::Append(const v1::AppendRequest& req,
                                                             std::span<const std::span<const char>> inputs) {
+  if (absl::Status s = NeedsRaw(); !s.ok()) return s;
   v1::DataPlaneRequest dr;
   if (absl::Status s = Exchange(&dr, &scratch_, v1::DataPlaneRequest::kAppendFieldNumber, &req, inputs); !s.ok())
     return s;
@@ -232,7 +240,7 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
   for (v1::PutBlock& b : blocks) {
     bytes += b.ByteSizeLong();
     auto take = [&](std::string* data) {
-      if (data->empty()) return;
+      if (data->empty() || !options_.raw_payloads) return;
       payload.push_back(std::move(*data));
       data->clear();
     };
@@ -266,11 +274,12 @@ absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr, int field,
   if (n > UINT32_MAX) return absl::InvalidArgumentError("data plane request over 4 GiB");
   uint64_t payload_bytes = 0;
   for (std::span<const char> part : payload) payload_bytes += part.size();
-  frame_.resize(kFramePrefix + n);
+  const size_t prefix = options_.raw_payloads ? 12 : 4;
+  frame_.resize(prefix + n);
   const uint32_t n32 = static_cast<uint32_t>(n);
   std::memcpy(frame_.data(), &n32, 4);
-  std::memcpy(frame_.data() + 4, &payload_bytes, 8);
-  auto* p = reinterpret_cast<uint8_t*>(frame_.data() + kFramePrefix);
+  if (options_.raw_payloads) std::memcpy(frame_.data() + 4, &payload_bytes, 8);
+  auto* p = reinterpret_cast<uint8_t*>(frame_.data() + prefix);
   p = dr->SerializeWithCachedSizesToArray(p);
   if (body != nullptr) {
     p = CodedOutputStream::WriteVarint32ToArray(tag, p);

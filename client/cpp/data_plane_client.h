@@ -41,6 +41,12 @@ struct DataPlaneClientOptions {
   // TLS (set tls.ca_file; with a client certificate for mutual TLS): a
   // server with TLS accepts nothing else. Default: plain TCP.
   ClientTlsOptions tls;
+  // Frames with raw payloads (preface TQKVDP02): put streams send their
+  // tensors beside the messages, and the raw Attend/Append overloads work.
+  // false: TQKVDP01 frames, everything inside the messages (servers that
+  // predate raw payloads); the raw overloads are FAILED_PRECONDITION.
+  // Default: true.
+  bool raw_payloads = true;
 };
 
 // The reply to one GetBlocks: block i's packed bytes are payload(i).
@@ -115,6 +121,8 @@ class DataPlaneClient {
  private:
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
   absl::Status EnsureConnected();
+  // FAILED_PRECONDITION unless options_.raw_payloads.
+  absl::Status NeedsRaw() const;
   // Sends *req (adding the token; `field`, `body` and `payload` as
   // SendFrame takes them) and receives its reply into *out, or its payload
   // into `into` when that is not empty (the reply's payload must be that
