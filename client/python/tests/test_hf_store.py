@@ -40,3 +40,30 @@ def test_store_puts_a_prompt_as_chained_blocks(client, rng):
                               block_size=16, cache_dtype="k8v8", block_hash_scheme="another-scheme")
     st = s.stats()
     assert sum(t.blocks for t in st.tiers.values()) >= 3 and st.compression_ratio > 1
+
+
+def test_layerwise_saves_and_loads_a_prompt_with_a_partial_block(client, rng):
+    from tqkv.layerwise import LayerwiseLoader, LayerwiseSaver
+    s = TqkvStore(client, CFG, unique("hfl"), cache_dtype="k8v8", block_size=16)
+    ids = list(range(45))
+    hs = s.block_hashes(ids)
+    k = rng.standard_normal((2, 45, 2, 128)).astype(np.float16)
+    v = rng.standard_normal((2, 45, 2, 128)).astype(np.float16)
+    saver = LayerwiseSaver(client, s.model, hs[:2], parents=[b""] + hs[:1])
+    with pytest.raises(ValueError):
+        saver.save_layer(0, k[0], v[0])  # 3 blocks of tokens, 2 hashes
+    saver = LayerwiseSaver(client, s.model, hs, parents=[b""] + hs[:-1])
+    for layer in range(2):
+        saver.save_layer(layer, k[layer], v[layer])
+    assert saver.wait_for_save()[-1].committed == 3
+    saver.close()
+    assert s.cached_prefix_blocks(ids, partial=True) == 3
+    # The same blocks as one put of the whole prompt under other hashes.
+    other = hashing.block_hashes([t + 1 for t in ids], 16)
+    s.put_prompt(other, k, v)
+    with LayerwiseLoader(client, s.model, hs, num_tokens=45) as loader, \
+            LayerwiseLoader(client, s.model, other, num_tokens=45) as ref:
+        for (layer, (lk, lv)), (_, (rk, rv)) in zip(loader, ref):
+            assert lk.shape == (45, 2, 128)
+            assert np.array_equal(lk, rk) and np.array_equal(lv, rv)
+            assert np.abs(lk.astype(np.float32) - k[layer]).max() < 0.05

@@ -1,4 +1,4 @@
-"""Layer-wise transfer adapters (a sketch of a vLLM-style KV connector).
+"""Layer-wise transfers: the shape of an inference engine's KV connector.
 
 An inference worker computes layer N while layer N+1's KV is on its way:
 
@@ -13,10 +13,14 @@ put, staged by the server until the block's last layer arrives:
 
     saver = LayerwiseSaver(client, model, hashes)
     for layer in ...:
-        saver.save_layer(layer, k, v)        # [num_blocks, block_size, kv_heads, d]
+        saver.save_layer(layer, k, v)        # [tokens, kv_heads, d] or [blocks, block_size, kv_heads, d]
     saver.wait_for_save()                    # raises the first failure
 
-Both use one background thread; numpy (or torch) in, numpy (or torch) out.
+A prompt whose length is not a multiple of block_size ends in a partial
+block: the saver puts its tokens as they are, the loader trims the padding
+rows when given `num_tokens`. The hashes are the caller's (tqkv.hf.hashing
+chains them over token ids). Both use one background thread; numpy (or
+torch) in, numpy (or torch) out.
 """
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,12 +34,14 @@ class LayerwiseLoader:
     keeping `depth` layers in flight ahead of the one the caller waits for.
 
     dense=True (default) returns (k, v) arrays [num_blocks * block_size,
-    kv_heads, d] in `dtype`; dense=False returns the list of packed payloads
-    of that layer (one per block; split with model.format.pages).
+    kv_heads, d] in `dtype` (the first `num_tokens` rows when given: a
+    partial last block's padding cut off); dense=False returns the list of
+    packed payloads of that layer (one per block; split with
+    model.format.pages).
     """
 
     def __init__(self, client, model, hashes, *, dense=True, dtype="fp16", depth=1,
-                 as_torch=False):
+                 as_torch=False, num_tokens=None):
         self._client = client
         self._model = model
         self._hashes = list(hashes)
@@ -43,6 +49,7 @@ class LayerwiseLoader:
         self._dtype = dtype
         self._depth = max(1, depth)
         self._as_torch = as_torch
+        self._num_tokens = num_tokens
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tqkv-load")
         self._futures = {}
         self._num_layers = model.num_layers
@@ -54,10 +61,11 @@ class LayerwiseLoader:
                                          dtype=self._dtype, as_torch=self._as_torch)
         if not self._dense:
             return [b.payload for b in blocks]
+        n = self._num_tokens
         if self._as_torch:
             import torch
-            return (torch.cat([b.k[0] for b in blocks]), torch.cat([b.v[0] for b in blocks]))
-        return (np.concatenate([b.k[0] for b in blocks]), np.concatenate([b.v[0] for b in blocks]))
+            return (torch.cat([b.k[0] for b in blocks])[:n], torch.cat([b.v[0] for b in blocks])[:n])
+        return (np.concatenate([b.k[0] for b in blocks])[:n], np.concatenate([b.v[0] for b in blocks])[:n])
 
     def _prefetch(self, layer):
         for l in range(layer, min(layer + self._depth + 1, self._num_layers)):
@@ -101,7 +109,17 @@ class LayerwiseSaver:
         self._futures = []
 
     def save_layer(self, layer, k, v):
-        """Queues layer `layer`: k, v [num_blocks, tokens, kv_heads, d]."""
+        """Queues layer `layer`: k, v [num_blocks, block_size, kv_heads, d], or
+        the layer's tokens [tokens, kv_heads, d] (cut into blocks of the
+        model's block_size, the last one partial when tokens is not a
+        multiple of it). Raises ValueError when the blocks and the hashes
+        differ in number."""
+        if len(k.shape) == 3:
+            bs = self._model.block_size
+            k = [k[a:a + bs] for a in range(0, k.shape[0], bs)]
+            v = [v[a:a + bs] for a in range(0, v.shape[0], bs)]
+        if len(k) != len(self._hashes) or len(v) != len(self._hashes):
+            raise ValueError(f"{len(k)} blocks of K, {len(v)} of V for {len(self._hashes)} hashes")
         blocks = [Block(h, k=k[i][None], v=v[i][None], parent=p)
                   for i, (h, p) in enumerate(zip(self._hashes, self._parents))]
         self._futures.append(self._pool.submit(
