@@ -14,7 +14,17 @@ CFG = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, num_key_value_
                       hidden_size=256)
 
 
-def test_store_puts_a_prompt_as_chained_blocks(client, rng):
+@pytest.fixture(params=["grpc", "data_plane"])
+def any_client(request, client, server):
+    if request.param == "grpc":
+        yield client
+        return
+    with tqkv.Client(server.address, timeout=60, data_address=server.data_address) as c:
+        yield c
+
+
+def test_store_puts_a_prompt_as_chained_blocks(any_client, rng):
+    client = any_client
     s = TqkvStore(client, CFG, unique("hfs"), cache_dtype="k8v8", block_size=16)
     assert (s.model.num_layers, s.model.num_q_heads, s.model.num_kv_heads) == (2, 4, 2)
     ids = list(range(1000, 1045))  # two full blocks and 13 tokens
