@@ -636,7 +636,10 @@ absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
     }
     return absl::DataLossError(absl::StrCat(
         "block ", DebugString(key),
-        read.ok() ? " failed its checksum on disk" : " is missing its payload on disk",
+        read.ok()                         ? " failed its checksum on disk"
+        : absl::IsNotFound(read.status()) ? " is missing its payload on disk"
+                                          : absl::StrCat(" is damaged on disk (",
+                                                         read.status().message(), ")"),
         "; it has been dropped"));
   }
   return absl::AbortedError(absl::StrCat("block ", DebugString(key),

@@ -35,6 +35,14 @@ class NoAutoRecovery final : public rocksdb::EventListener {
   }
 };
 
+// DATA_LOSS for a database RocksDB finds damaged, with the repair path.
+absl::Status Damaged(absl::string_view path, const rocksdb::Status& s) {
+  return absl::DataLossError(absl::StrCat(
+      "disk tier at ", path, " is damaged (", s.ToString(),
+      "); to keep what is intact, stop the server and run: tqkv-disk-repair ", path,
+      " (or move the directory away to start with an empty disk tier)"));
+}
+
 rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
@@ -140,6 +148,9 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   db_options.info_log = RocksDbLog::Open(options.path + "/LOG");
   db_options.listeners.push_back(std::make_shared<NoAutoRecovery>());
   if (options.env != nullptr) db_options.env = options.env;
+  db_options.wal_recovery_mode = options.wal_recovery == SpillStoreOptions::WalRecovery::kStrict
+                                     ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
+                                     : rocksdb::WALRecoveryMode::kPointInTimeRecovery;
 
   rocksdb::ColumnFamilyOptions meta_options;
   rocksdb::ColumnFamilyOptions data_options;
@@ -157,6 +168,7 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, cfs, &handles, &raw);
+  if (s.IsCorruption()) return Damaged(options.path, s);
   if (!s.ok()) return FromRocks(s, absl::StrCat("opening RocksDB at ", options.path));
   std::unique_ptr<SpillStore> store(new SpillStore());
   store->db_.reset(raw);
@@ -167,6 +179,80 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   store->cipher_ = options.cipher;
   store->path_ = options.path;
   return store;
+}
+
+absl::StatusOr<SpillStore::RepairReport> SpillStore::Repair(const SpillStoreOptions& options) {
+  RepairReport report;
+  SpillStoreOptions keep = options;
+  keep.create_if_missing = false;
+  keep.wal_recovery = SpillStoreOptions::WalRecovery::kKeepIntact;
+  auto rebuild = [&]() -> absl::Status {
+    rocksdb::DBOptions db_options;
+    db_options.info_log = RocksDbLog::Open(options.path + "/LOG");
+    if (options.env != nullptr) db_options.env = options.env;
+    rocksdb::ColumnFamilyOptions data_options;
+    data_options.compression = rocksdb::kNoCompression;
+    data_options.bottommost_compression = rocksdb::kNoCompression;
+    const std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+        {kMetaCf, rocksdb::ColumnFamilyOptions()},
+        {kDataCf, data_options},
+        {kModelsCf, rocksdb::ColumnFamilyOptions()},
+    };
+    report.rebuilt = true;
+    return FromRocks(rocksdb::RepairDB(options.path, db_options, cfs),
+                     absl::StrCat("rebuilding RocksDB at ", options.path));
+  };
+
+  std::unique_ptr<SpillStore> store;
+  std::vector<std::pair<BlockKey, DiskBlockMeta>> blocks;
+  std::vector<std::string> corrupt;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    absl::StatusOr<std::unique_ptr<SpillStore>> opened = Open(keep);
+    absl::Status scanned = opened.status();
+    if (opened.ok()) {
+      blocks.clear();
+      corrupt.clear();
+      scanned = (*opened)->ScanBlocks(
+          [&](BlockKey key, DiskBlockMeta meta) { blocks.emplace_back(std::move(key), std::move(meta)); },
+          &corrupt);
+    }
+    if (scanned.ok()) {
+      store = *std::move(opened);
+      break;
+    }
+    if (opened.ok()) opened->reset();  // closed before the rebuild
+    if (!absl::IsDataLoss(scanned) || attempt == 1) return scanned;
+    TQ_RETURN_IF_ERROR(rebuild());
+  }
+
+  std::vector<BlockKey> damaged;
+  for (const auto& [key, meta] : blocks) {
+    if (meta.sealed && options.cipher == nullptr) {
+      report.unverified_blocks++;
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<HostBuffer>> payload = store->ReadPayload(key);
+    bool good = payload.ok() && (*payload)->size() == meta.size_bytes &&
+                (meta.version == 1 ? PayloadChecksum((*payload)->view())
+                                   : BlockChecksum(key, (*payload)->view())) == meta.checksum;
+    if (!payload.ok() && !absl::IsDataLoss(payload.status()) &&
+        !absl::IsNotFound(payload.status())) {
+      return payload.status();  // an I/O error says nothing about the block
+    }
+    if (good) {
+      report.intact_blocks++;
+    } else {
+      damaged.push_back(key);
+    }
+  }
+  TQ_RETURN_IF_ERROR(store->DeleteEncodedKeys(corrupt));
+  TQ_RETURN_IF_ERROR(store->Apply({}, damaged, /*sync=*/true));
+  report.dropped_blocks = corrupt.size() + damaged.size();
+  TQ_ASSIGN_OR_RETURN(std::vector<ModelRecord> models, store->ListModelRecords());
+  report.model_records = models.size();
+  TQ_RETURN_IF_ERROR(store->SyncWal());
+  return report;
 }
 
 absl::Status SpillStore::WriteStatus(const rocksdb::Status& s, absl::string_view what) {
@@ -260,6 +346,7 @@ absl::Status SpillStore::ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMe
     }
     on_block(*std::move(key), *std::move(meta));
   }
+  if (it->status().IsCorruption()) return Damaged(path_, it->status());
   return FromRocks(it->status(), "scanning block meta");
 }
 

@@ -122,6 +122,17 @@ struct SpillStoreOptions {
   // faults through it. Not owned; must outlive the store. Default: null
   // (RocksDB's default Env).
   rocksdb::Env* env = nullptr;
+  // How Open treats a damaged write-ahead log.
+  //   kStrict: a record torn at the end of the log (a write in flight when
+  //     the process died, never acknowledged) is dropped; any other damage
+  //     fails Open with DATA_LOSS, so acknowledged writes never vanish
+  //     silently.
+  //   kKeepIntact: replays the log up to the first damaged record and
+  //     drops the rest (RocksDB's point-in-time recovery): the repair path
+  //     after a kStrict Open failed (tqkv-disk-repair).
+  // Default: kStrict.
+  enum class WalRecovery { kStrict, kKeepIntact };
+  WalRecovery wal_recovery = WalRecovery::kStrict;
 };
 
 // A model registration record as stored in the "models" column family.
@@ -139,6 +150,28 @@ class SpillStore {
   // Opens (or creates) the database at options.path. INVALID_ARGUMENT for an
   // empty path; otherwise the RocksDB error mapped to a Status.
   static absl::StatusOr<std::unique_ptr<SpillStore>> Open(const SpillStoreOptions& options);
+
+  // What Repair did.
+  struct RepairReport {
+    bool rebuilt = false;        // RocksDB's RepairDB rebuilt the MANIFEST
+    uint64_t intact_blocks = 0;  // payload read back and matched its checksum
+    uint64_t dropped_blocks = 0;  // damaged meta or payload: deleted
+    uint64_t unverified_blocks = 0;  // sealed and no cipher given: kept as is
+    uint64_t model_records = 0;
+  };
+
+  // The repair path when Open fails with DATA_LOSS (tqkv-disk-repair runs
+  // it; the server must not be running). Opens the database keeping the
+  // intact part of a damaged WAL (WalRecovery::kKeepIntact); when the
+  // MANIFEST or a table file is damaged, first rebuilds the database from
+  // the table files it can read (RocksDB's RepairDB; unreadable files go to
+  // lost/ under the directory). Then reads every block back and deletes the
+  // ones whose meta or payload is damaged or fails its checksum, so the
+  // store serves only correct bytes; records lost with a damaged WAL or
+  // table are simply absent (clients miss them and put them again).
+  // options.path must name an existing database. Errors: the RocksDB
+  // errors that remain after the rebuild.
+  static absl::StatusOr<RepairReport> Repair(const SpillStoreOptions& options);
 
   // Closes the database.
   ~SpillStore();
