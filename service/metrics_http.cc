@@ -193,7 +193,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::unique_ptr<MetricsHttpServer> s(new MetricsHttpServer(options, log));
   if (options.tls.enabled()) {
     TQ_RETURN_IF_ERROR(CheckServerTls(options.tls));
-    TQ_ASSIGN_OR_RETURN(s->tls_, DataPlaneTlsContext::Create(options.tls, log));
+    // No log: the data plane reloads the same files and logs their reloads.
+    TQ_ASSIGN_OR_RETURN(s->tls_, DataPlaneTlsContext::Create(options.tls, nullptr));
   }
   int port = 0;
   TQ_ASSIGN_OR_RETURN(s->listen_fd_, Listen(options.listen, &port));

@@ -59,7 +59,8 @@ class MetricsHttpServer {
  public:
   // Binds and starts serving `collectables` (none may be null; each is
   // kept alive by the server). `log` (may be null; not owned, must outlive
-  // the server) gets a line per refused scrape and per TLS reload.
+  // the server) gets a line per refused scrape and failed TLS handshake
+  // (rate-limited).
   // Errors: INVALID_ARGUMENT for a bad address; CheckServerTls's and
   // DataPlaneTlsContext::Create's; UNAVAILABLE when the address cannot be
   // bound.

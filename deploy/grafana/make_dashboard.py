@@ -41,8 +41,8 @@ PER_METHOD_REQUESTS = "sum by (method) (%s)" % rate("tqkv_rpc_requests_total")
 
 PANELS = [
     # (title, unit, [(expr, legend)], kind)
-    ("Compression ratio vs fp16 (per model)", "x",
-     [(sel("tqkv_compression_ratio"), "{{instance}} {{tenant}}/{{model}}")], "timeseries"),
+    ("Compression ratio vs fp16 (per model where labelled)", "x",
+     [(sel("tqkv_compression_ratio"), "{{instance}} {{tenant}} {{model}}")], "timeseries"),
     ("Stored bytes by tier", "bytes",
      [("sum by (tier) (%s)" % sel("tqkv_stored_bytes", 'kind="total"'), "{{tier}}"),
       ("sum(%s)" % sel("tqkv_gpu_used_bytes"), "gpu (resident copies)")], "timeseries"),
