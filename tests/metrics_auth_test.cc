@@ -2,17 +2,20 @@
 // real tqkv-server: with an auth file a scrape needs an admin or `metrics`
 // credential (401 without one, 403 for a tenant's token) and names no tenant
 // unless --metrics_tenant_labels=true; a `metrics` token opens nothing on
-// gRPC; with TLS the listener speaks HTTPS only, and under mutual TLS a
+// gRPC; a token reload (SIGHUP) applies to scrapes at once; with TLS the
+// listener speaks HTTPS only, and under mutual TLS a
 // client certificate mapped to a `metrics` line is a credential of its own.
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "tests/fixture.h"
 
 namespace tqkv::testing {
@@ -65,10 +68,9 @@ class MetricsAuthTest : public ::testing::Test {
   static std::string Cert(const std::string& name) { return *certs_ + "/" + name; }
 
   void Start(const std::string& tokens, std::vector<std::string> flags) {
-    const std::string path = MakeTempDir("tqkv-auth") + "/tokens";
-    std::ofstream(path) << tokens;
-    chmod(path.c_str(), 0600);
-    flags.push_back("--auth_tokens_file=" + path);
+    tokens_path_ = MakeTempDir("tqkv-auth") + "/tokens";
+    WriteTokens(tokens);
+    flags.push_back("--auth_tokens_file=" + tokens_path_);
     auto p = ServerProcess::Start(MakeTempDir("tqkv-data"), flags);
     ASSERT_TRUE(p.ok()) << p.status();
     server_ = std::move(*p);
@@ -109,7 +111,15 @@ class MetricsAuthTest : public ::testing::Test {
 
   std::string Url() const { return absl::StrCat("http://", server_->metrics_address(), "/metrics"); }
 
+  void WriteTokens(const std::string& tokens) {
+    const std::string tmp = tokens_path_ + ".new";
+    std::ofstream(tmp) << tokens;
+    chmod(tmp.c_str(), 0600);
+    std::rename(tmp.c_str(), tokens_path_.c_str());
+  }
+
   static std::string* certs_;
+  std::string tokens_path_;
   std::unique_ptr<ServerProcess> server_;
 };
 
@@ -155,6 +165,20 @@ TEST_F(MetricsAuthTest, AScrapeNeedsAnAdminOrMetricsCredentialAndNamesNoTenant) 
   EXPECT_EQ(scraper_rpc->Stats(v1::StatsRequest()).status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(alice->Stats(v1::StatsRequest()).ok());
+}
+
+TEST_F(MetricsAuthTest, AReloadedAuthFileTakesEffectWithoutARestart) {
+  Start(kTokens, {});
+  ASSERT_EQ(Get(Url(), Bearer("scrape-token")).http_code, 200);
+  WriteTokens("admin-token ops admin\nnew-scrape-token prometheus metrics\n");
+  server_->Signal(SIGHUP);
+  // The reload is asynchronous to this process: wait for the old token to go.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (Get(Url(), Bearer("scrape-token")).http_code != 401) {
+    ASSERT_LT(absl::Now(), deadline) << "the old metrics token still scrapes after SIGHUP";
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(Get(Url(), Bearer("new-scrape-token")).http_code, 200);
 }
 
 TEST_F(MetricsAuthTest, TenantLabelsOnlyWhenAsked) {
