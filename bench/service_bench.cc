@@ -106,8 +106,9 @@ redisReply* RedisArgv(redisContext* c, const std::vector<std::string>& argv) {
   return r;
 }
 
+// A 32-byte block hash, distinct for distinct (tag, i).
 std::string Hash(const std::string& tag, int i) {
-  std::string h = tag + ":" + std::to_string(i);
+  std::string h = absl::StrCat(absl::Hex(std::hash<std::string>{}(tag), absl::kZeroPad16), ":", i);
   h.resize(32, '#');
   return h;
 }
