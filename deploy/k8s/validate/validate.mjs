@@ -1,6 +1,7 @@
 // Validates rendered Kubernetes manifests offline: every object against the
 // Kubernetes OpenAPI schema of its apiVersion and kind (the kubernetes-models
-// npm package), then what tqkv's deployment promises (headless Service,
+// npm package), with no field the schema does not name, then what tqkv's
+// deployment promises (headless Service,
 // non-root user and fsGroup, startup probe, grace period covering the
 // shutdown deadline, disruption budget, image placeholder, per-pod data-plane
 // address, GPU resources and tolerations, no committed Secret).
@@ -9,8 +10,8 @@
 //   MODULES_DIR  node_modules holding kubernetes-models and js-yaml
 //   OVERLAY      cpu, gpu or gpu-tls (what the overlay must hold)
 // Prints one line per object and per failed check; exits 1 on any failure.
-// `node validate.mjs MODULES_DIR --self-test` checks that a broken object is
-// refused (so a passing run means something).
+// `node validate.mjs MODULES_DIR --self-test` checks that a valid object
+// passes and broken ones are refused (so a passing run means something).
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -30,6 +31,48 @@ async function model(apiVersion, kind) {
   }
 }
 
+// Strictness (what kubeconform -strict adds): the OpenAPI schemas allow
+// unknown fields, so a misspelled one would pass and be dropped by the API
+// server. The models' type declarations (.d.ts) list each object's fields;
+// every field of a rendered object must be one of them, recursively (types
+// written inline, such as the StatefulSet's volumeClaimTemplates, are not
+// descended into).
+const interfaces = new Map();  // .d.ts path -> {props: Map(name -> type), imports: Map(type -> path)}
+function declarations(file) {
+  if (interfaces.has(file)) return interfaces.get(file);
+  const text = readFileSync(file, "utf8");
+  const imports = new Map();
+  for (const m of text.matchAll(/^import \{ (\w+) \} from "([^"]+)";$/gm)) {
+    const spec = m[2].replace(/\.js$/, "");
+    const path = spec.startsWith(".") ? join(file, "..", spec) : join(modules, spec);
+    imports.set(m[1], `${path}.d.ts`);
+  }
+  const props = new Map();
+  const body = text.match(/^export interface \w+(?: extends (\w+))? \{\n([\s\S]*?)^\}/m);
+  if (body) {
+    if (body[1] === "TypeMeta") ["apiVersion", "kind"].forEach((k) => props.set(k, "string"));
+    // `"name"?: Type;` (a map type opens `{` and continues on later lines).
+    for (const m of body[2].matchAll(/^    "([^"]+)"\??: (.*)$/gm)) props.set(m[1], m[2].replace(/;$/, ""));
+  }
+  const d = {props, imports};
+  interfaces.set(file, d);
+  return d;
+}
+function strict(value, file, path) {
+  if (value === null || typeof value !== "object") return;
+  const d = declarations(file);
+  if (d.props.size === 0) return;  // not a plain object type (IntOrString, Quantity, ...)
+  for (const [key, v] of Object.entries(value)) {
+    if (!d.props.has(key)) {
+      fail(`${path}.${key}: unknown field`);
+      continue;
+    }
+    const type = d.props.get(key).replace(/^Array<(.*)>$/, "$1");
+    if (!d.imports.has(type)) continue;  // a primitive, a literal union or a map
+    for (const item of Array.isArray(v) ? v : [v]) strict(item, d.imports.get(type), `${path}.${key}`);
+  }
+}
+
 let failures = 0;
 const fail = (msg) => {
   failures++;
@@ -45,24 +88,34 @@ async function validateObject(obj) {
   }
   try {
     new Model(obj).validate();
-    console.log(`ok   ${name}`);
   } catch (e) {
     fail(`${name}: ${e.message}`);
+    return;
   }
+  const dir = obj.apiVersion.includes("/") ? obj.apiVersion : "v1";
+  const before = failures;
+  strict(obj, join(modules, "kubernetes-models", dir, `${obj.kind}.d.ts`), name);
+  if (failures === before) console.log(`ok   ${name}`);
 }
 
 if (overlay === "--self-test") {
-  const bad = {
+  const sts = (spec) => ({
     apiVersion: "apps/v1", kind: "StatefulSet", metadata: {name: "x"},
-    spec: {serviceName: "x", replicas: "three", selector: {matchLabels: {a: "b"}},
-           template: {metadata: {labels: {a: "b"}}, spec: {containers: [{name: "c"}]}}},
-  };
-  await validateObject(bad);
-  if (failures === 1) {
-    console.log("self-test: a StatefulSet with replicas \"three\" is refused");
+    spec: {serviceName: "x", selector: {matchLabels: {a: "b"}},
+           template: {metadata: {labels: {a: "b"}}, spec: {containers: [{name: "c"}]}}, ...spec},
+  });
+  await validateObject(sts({}));
+  const good = failures === 0;
+  await validateObject(sts({replicas: "three"}));
+  const wrongType = failures === 1;
+  const typo = sts({});
+  typo.spec.template.spec.containers[0].securityContext = {runAsUsr: 10001};
+  await validateObject(typo);
+  if (good && wrongType && failures === 2) {
+    console.log("self-test: a valid StatefulSet passes; replicas \"three\" and a misspelled field are refused");
     process.exit(0);
   }
-  console.log("self-test: the validator accepted a broken object");
+  console.log("self-test: the validator judged these objects wrongly");
   process.exit(1);
 }
 
