@@ -83,6 +83,16 @@ void BlockIndex::Relist(BlockRecord* r) {
 }
 
 void BlockIndex::AddUsage(const BlockRecord& r, Tier tier, bool add) {
+  if (tier == Tier::kHost) {
+    uint64_t& t = tenant_host_bytes_[r.key.tenant];
+    if (add) {
+      t += r.size_bytes;
+    } else {
+      assert(t >= r.size_bytes);
+      t -= r.size_bytes;
+      if (t == 0) tenant_host_bytes_.erase(r.key.tenant);
+    }
+  }
   UsageKey key{r.key.tenant, r.key.model_id, tier};
   TierUsage& u = usage_[key];
   if (add) {

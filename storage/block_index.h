@@ -136,6 +136,11 @@ class BlockIndex {
 
   size_t size() const { return records_.size(); }
   uint64_t host_bytes() const { return host_bytes_; }
+  // Bytes of `tenant`'s host copies.
+  uint64_t tenant_host_bytes(const std::string& tenant) const {
+    auto it = tenant_host_bytes_.find(tenant);
+    return it == tenant_host_bytes_.end() ? 0 : it->second;
+  }
   uint64_t disk_bytes() const { return disk_bytes_; }
   size_t host_blocks() const { return host_lru_.size(); }
   size_t disk_only_blocks() const { return disk_only_lru_.size(); }
@@ -183,6 +188,7 @@ class BlockIndex {
   Lru disk_only_lru_;  // oldest first
   absl::flat_hash_map<UsageKey, TierUsage> usage_;
   absl::flat_hash_map<std::pair<std::string, uint64_t>, ModelResidency> residency_;
+  absl::flat_hash_map<std::string, uint64_t> tenant_host_bytes_;  // no zero entries
   uint64_t host_bytes_ = 0;
   uint64_t disk_bytes_ = 0;
   uint64_t next_generation_ = 1;

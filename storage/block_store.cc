@@ -78,7 +78,7 @@ PutHandle::~PutHandle() { Release(); }
 
 void PutHandle::Release() {
   if (store_ == nullptr) return;
-  std::exchange(store_, nullptr)->ReleaseHandle(accounting_.total_bytes);
+  std::exchange(store_, nullptr)->ReleaseHandle(key_.tenant, accounting_.total_bytes);
   buffer_.reset();
 }
 
@@ -151,11 +151,81 @@ void BlockStore::EraseLocked(BlockRecord* r) {
   index_.Erase(r);
 }
 
-void BlockStore::ReleaseHandle(uint64_t size_bytes) {
+void BlockStore::ReleaseHandle(const std::string& tenant, uint64_t size_bytes) {
   absl::MutexLock l(&mu_);
   pool_.Release(size_bytes);
-  reserved_bytes_ -= size_bytes;
+  UnreserveLocked(tenant, size_bytes);
   counters_.puts_aborted++;
+}
+
+void BlockStore::UnreserveLocked(const std::string& tenant, uint64_t bytes) {
+  reserved_bytes_ -= bytes;
+  auto it = tenant_reserved_bytes_.find(tenant);
+  if (it == tenant_reserved_bytes_.end()) return;
+  it->second -= bytes;
+  if (it->second == 0) tenant_reserved_bytes_.erase(it);
+}
+
+bool BlockStore::TenantFitsLocked(const std::string& tenant, uint64_t bytes) {
+  const uint64_t quota = options_.tenant_host_quota_bytes;
+  if (quota == 0) return true;
+  auto it = tenant_reserved_bytes_.find(tenant);
+  return index_.tenant_host_bytes(tenant) + (it == tenant_reserved_bytes_.end() ? 0 : it->second) +
+             bytes <=
+         quota;
+}
+
+absl::Status BlockStore::ReserveForTenantLocked(const std::string& tenant, uint64_t bytes) {
+  const uint64_t quota = options_.tenant_host_quota_bytes;
+  if (quota == 0) {
+    TQ_RETURN_IF_ERROR(ReserveHostLocked(bytes));
+    reserved_bytes_ += bytes;
+    return absl::OkStatus();
+  }
+  if (bytes > quota) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "block of ", bytes, " bytes exceeds tenant '", tenant, "''s host quota of ", quota,
+        " bytes"));
+  }
+  auto held = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = tenant_reserved_bytes_.find(tenant);
+    return index_.tenant_host_bytes(tenant) +
+           (it == tenant_reserved_bytes_.end() ? 0 : it->second);
+  };
+  if (TenantFitsLocked(tenant, bytes)) {
+    TQ_RETURN_IF_ERROR(ReserveHostLocked(bytes));  // may release mu_ while it spills
+    if (TenantFitsLocked(tenant, bytes)) {
+      reserved_bytes_ += bytes;
+      tenant_reserved_bytes_[tenant] += bytes;
+      return absl::OkStatus();
+    }
+    pool_.Release(bytes);  // the tenant's other puts came first
+  }
+  for (int round = 0; round < kMaxAdmissionRounds; ++round) {
+    if (held() + bytes > quota) {
+      // Make room among the tenant's own blocks, oldest first.
+      IoPlan plan;
+      const uint64_t before = held();
+      PlanHostEvictionLocked(before + bytes - quota, std::nullopt, &plan, nullptr,
+                             /*include_pinned=*/false, /*at_most=*/false, &tenant);
+      if (plan.empty() && held() == before) break;  // (drops and detaches happen in planning)
+      absl::Status spilled = RunPlanLocked(&plan);
+      if (!spilled.ok() && !absl::IsResourceExhausted(spilled)) return spilled;
+      continue;
+    }
+    TQ_RETURN_IF_ERROR(ReserveHostLocked(bytes));  // may release mu_ while it spills
+    if (held() + bytes > quota) {  // the tenant's other puts came first
+      pool_.Release(bytes);
+      continue;
+    }
+    reserved_bytes_ += bytes;
+    tenant_reserved_bytes_[tenant] += bytes;
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "tenant '", tenant, "' holds ", held(), " of its host quota of ", quota,
+      " bytes in blocks that cannot be evicted (pinned, leased or in flight); cannot admit ",
+      bytes));
 }
 
 BlockRecord* BlockStore::FindIdleLocked(const BlockKey& key) {
@@ -209,12 +279,13 @@ uint64_t BlockStore::EvictableHostBytesLocked(uint64_t enough) {
 }
 
 void BlockStore::PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,
-                                        IoPlan* plan, EvictResult* result, bool include_pinned, bool at_most) {
+                                        IoPlan* plan, EvictResult* result, bool include_pinned, bool at_most,
+                                        const std::string* tenant) {
   absl::Time now = clock_->Now();
   uint64_t planned = 0;
   index_.ForEachHostLru([&](BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (planned >= bytes) return false;
-    if (!InScope(*r, scope)) return true;
+    if (!InScope(*r, scope) || (tenant != nullptr && r->key.tenant != *tenant)) return true;
     if (r->io_busy || !r->visible) {
       if (result != nullptr) result->skipped_busy++;
       return true;
@@ -351,12 +422,11 @@ absl::StatusOr<PutHandle> BlockStore::BeginPut(const BlockKey& key,
   }
   {
     absl::MutexLock l(&mu_);
-    absl::Status s = ReserveHostLocked(size_bytes);
+    absl::Status s = ReserveForTenantLocked(key.tenant, size_bytes);
     if (!s.ok()) {
       if (absl::IsResourceExhausted(s)) counters_.puts_rejected++;
       return s;
     }
-    reserved_bytes_ += size_bytes;
   }
   absl::StatusOr<std::unique_ptr<HostBuffer>> buffer = HostBuffer::Allocate(size_bytes);
   PutHandle handle;
@@ -417,7 +487,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::CommitAll(std::vector<Put
   absl::MutexLock l(&mu_);
   auto release_all = [&] {
     for (const Item& it : items) {
-      reserved_bytes_ -= it.accounting.total_bytes;
+      UnreserveLocked(it.key.tenant, it.accounting.total_bytes);
       pool_.Release(it.accounting.total_bytes);
     }
   };
@@ -474,7 +544,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::CommitAll(std::vector<Put
   const absl::Time now = clock_->Now();
   for (Item& it : items) {
     const uint64_t size = it.accounting.total_bytes;
-    reserved_bytes_ -= size;  // the reservation becomes the host copy, or is released
+    UnreserveLocked(it.key.tenant, size);  // the reservation becomes the host copy, or is released
     if (it.existing != nullptr) {
       pool_.Release(size);
       index_.Touch(it.existing, now);
@@ -610,7 +680,7 @@ absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
       std::shared_ptr<const HostBuffer> payload(*std::move(read));
       counters_.get_hits[static_cast<int>(Tier::kDisk)]++;
       if (same && r->visible && r->host == nullptr && pool_.FitsBelowHigh(r->size_bytes) &&
-          pool_.TryReserve(r->size_bytes)) {
+          TenantFitsLocked(key.tenant, r->size_bytes) && pool_.TryReserve(r->size_bytes)) {
         index_.SetHostCopy(r, payload);
         counters_.promotions++;
         counters_.promoted_bytes += r->size_bytes;

@@ -15,7 +15,9 @@
 //   at the low watermark: each goes to disk if the disk budget allows (the
 //   disk tier drops its own LRU blocks to make room) or is dropped. A Get of
 //   a disk-resident block verifies its checksum and promotes it back to host
-//   memory if that fits below the high watermark.
+//   memory if that fits below the high watermark and its tenant's quota.
+//   With a per-tenant quota (tenant_host_quota_bytes) a tenant at its quota
+//   evicts its own blocks, not other tenants'.
 //
 // What is durable
 //   Blocks on disk survive a restart and a process crash (kill -9): Open
@@ -68,6 +70,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -92,6 +95,16 @@ struct BlockStoreOptions {
   // Eviction frees blocks until usage, counting the incoming block, is at
   // most this fraction of capacity. Default: 0.80.
   double host_low_watermark = 0.80;
+
+  // Most bytes one tenant may hold in host memory: its host copies and the
+  // reservations of its uncommitted puts. A put that would take its tenant
+  // over first evicts that tenant's own least-recently-used blocks (to disk
+  // or dropped, as budget eviction does); if they cannot make room (pinned,
+  // leased or in flight) BeginPut is RESOURCE_EXHAUSTED naming the tenant,
+  // and no other tenant's block is touched for it. With quotas that sum to
+  // at most host_capacity_bytes · host_low_watermark, no tenant's puts
+  // evict another tenant's blocks. 0: no per-tenant limit. Default: 0.
+  uint64_t tenant_host_quota_bytes = 0;
 
   // RocksDB directory of the disk tier. Empty: no disk tier; evicted blocks
   // are dropped, durable puts are refused and model records live only in
@@ -274,7 +287,8 @@ class BlockStore {
   // FAILED_PRECONDITION: options.durable without a disk tier.
   // RESOURCE_EXHAUSTED: the block cannot fit even after evicting everything
   //   evictable (the rest is pinned, leased or in flight), or is larger than
-  //   the host capacity. The budget is never exceeded.
+  //   the host capacity, or its tenant is at tenant_host_quota_bytes with
+  //   blocks that cannot be evicted. The budgets are never exceeded.
   // Other codes: a disk error (not a full disk: victims are dropped then)
   //   while spilling victims.
   absl::StatusOr<PutHandle> BeginPut(const BlockKey& key, absl::string_view parent_hash,
@@ -373,18 +387,27 @@ class BlockStore {
   BlockStore(const BlockStoreOptions& options, std::unique_ptr<SpillStore> spill);
   absl::Status LoadFromDisk();
 
-  void ReleaseHandle(uint64_t size_bytes);
+  void ReleaseHandle(const std::string& tenant, uint64_t size_bytes);
   absl::Status ReserveHostLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReserveHostLocked within the tenant's quota (options_.tenant_host_quota_bytes),
+  // evicting the tenant's own blocks first; on success the bytes are
+  // reserved in the pool and counted as the tenant's.
+  absl::Status ReserveForTenantLocked(const std::string& tenant, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `bytes` more of `tenant` stay within its host quota.
+  bool TenantFitsLocked(const std::string& tenant, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns a reservation of `tenant` (the pool's bytes are the caller's).
+  void UnreserveLocked(const std::string& tenant, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes of host copies eviction could release now (idle, visible,
   // unprotected), counted oldest first until `enough` is reached.
   uint64_t EvictableHostBytesLocked(uint64_t enough) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans moving up to `bytes` of unprotected, idle host copies out of host
-  // memory, oldest first, restricted to `scope` if set.
+  // memory, oldest first, restricted to `scope` and `tenant` if set.
   // at_most: `bytes` is a bound not to pass (whole blocks); else a goal to
   // reach.
   void PlanHostEvictionLocked(uint64_t bytes, const std::optional<ModelScope>& scope,
                               IoPlan* plan, EvictResult* result, bool include_pinned = false,
-                              bool at_most = false)
+                              bool at_most = false, const std::string* tenant = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves disk room for `bytes`, planning disk-only LRU drops as needed.
   // Returns false, having planned nothing, if even those cannot make room.
@@ -409,6 +432,8 @@ class BlockStore {
   BlockIndex index_ ABSL_GUARDED_BY(mu_);
   HostPool pool_ ABSL_GUARDED_BY(mu_);
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;        // held by uncommitted puts
+  // reserved_bytes_ by tenant (no zero entries).
+  absl::flat_hash_map<std::string, uint64_t> tenant_reserved_bytes_ ABSL_GUARDED_BY(mu_);
   uint64_t host_spilling_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // host copies being spilled
   uint64_t disk_reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // disk writes in flight
   uint64_t disk_dropping_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // disk deletes in flight
