@@ -13,58 +13,6 @@
 #include "service/net_address.h"
 
 namespace tqkv::service {
-namespace {
-
-using data_plane_internal::ErrnoText;
-
-// A listening socket on `address`; *port gets the bound port.
-absl::StatusOr<int> Listen(const std::string& address, int* port) {
-  TQ_ASSIGN_OR_RETURN(auto hp, SplitHostPort(address));
-  std::string host = hp.first;
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(hp.second);
-  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("data plane address '", address, "': ", gai_strerror(rc)));
-  std::string last_error = "no address";
-  int fd = -1;
-  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      last_error = ErrnoText("socket");
-      continue;
-    }
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
-      last_error = ErrnoText("bind/listen");
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(res);
-  if (fd < 0)
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve the data plane on ", address, ": ", last_error));
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
-    const std::string error = ErrnoText("getsockname");
-    close(fd);
-    return absl::InternalError(absl::StrCat("cannot serve the data plane on ", address, ": ", error));
-  }
-  *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return fd;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
     const DataPlaneOptions& options, KvService* service, const RpcEnv* env) {
@@ -85,7 +33,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   std::unique_ptr<DataPlaneServer> s(new DataPlaneServer());
   s->options_ = options;
   int port = 0;
-  TQ_ASSIGN_OR_RETURN(s->listen_fd_, Listen(options.listen, &port));
+  TQ_ASSIGN_OR_RETURN(s->listen_fd_, ListenTcp(options.listen, "data plane", 1024, &port));
   TQ_ASSIGN_OR_RETURN(auto hp, SplitHostPort(options.listen));
   s->address_ = absl::StrCat(hp.first, ":", port);
   if (options.tls.enabled()) {

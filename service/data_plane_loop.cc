@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <optional>
 
+#include "service/net_address.h"
+
 namespace tqkv::service {
 namespace {
 
@@ -21,24 +23,6 @@ constexpr int kMaxEvents = 64;
 
 // Tags for the non-connection epoll entries.
 char kListenTag, kWakeTag;
-
-std::string PeerName(const sockaddr_storage& a) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (a.ss_family == AF_INET) {
-    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
-    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
-    port = ntohs(v4->sin_port);
-    return absl::StrCat("ipv4:", host, ":", port);
-  }
-  if (a.ss_family == AF_INET6) {
-    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
-    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
-    port = ntohs(v6->sin6_port);
-    return absl::StrCat("ipv6:[", host, "]:", port);
-  }
-  return "unknown";
-}
 
 }  // namespace
 

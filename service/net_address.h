@@ -1,6 +1,9 @@
-// HOST:PORT parsing shared by the gRPC, data-plane and metrics listeners.
+// HOST:PORT parsing and TCP listening shared by the gRPC, data-plane and
+// metrics listeners.
 #ifndef TQKV_SERVICE_NET_ADDRESS_H_
 #define TQKV_SERVICE_NET_ADDRESS_H_
+
+#include <sys/socket.h>
 
 #include <string>
 #include <utility>
@@ -12,6 +15,16 @@ namespace tqkv::service {
 // Splits "host:port" / "[v6]:port" into (host as written, brackets kept;
 // port). INVALID_ARGUMENT if malformed or the port is outside 0..65535.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
+
+// A non-blocking, close-on-exec listening socket on `address` (port 0: a
+// free one) with a `backlog`-deep queue; *port gets the bound port. `what`
+// names the listener in errors ("data plane", "metrics"): INVALID_ARGUMENT
+// for an address that does not resolve, UNAVAILABLE when no address of it
+// can be bound.
+absl::StatusOr<int> ListenTcp(const std::string& address, const char* what, int backlog, int* port);
+
+// A peer's address as gRPC names peers: "ipv4:1.2.3.4:5", "ipv6:[::1]:5".
+std::string PeerName(const sockaddr_storage& a);
 
 }  // namespace tqkv::service
 

@@ -206,13 +206,6 @@ TEST_F(DataPlaneRawTest, PayloadsThatDoNotFitTheirTensorsChangeNothing) {
 
   // On raw sockets: a payload on a get frame is refused and the connection
   // stays usable; a payload over the frame limit closes the connection.
-  auto raw_frame = [](const v1::DataPlaneRequest& r, const std::string& payload) {
-    const std::string body = r.SerializeAsString();
-    const uint32_t n = static_cast<uint32_t>(body.size());
-    const uint64_t p = payload.size();
-    return std::string(reinterpret_cast<const char*>(&n), 4) + std::string(reinterpret_cast<const char*>(&p), 8) +
-           body + payload;
-  };
   v1::DataPlaneRequest get;
   *get.mutable_get_blocks()->mutable_model() = model_;
   for (const auto& h : chain_) get.mutable_get_blocks()->add_block_hashes(h);
@@ -220,7 +213,7 @@ TEST_F(DataPlaneRawTest, PayloadsThatDoNotFitTheirTensorsChangeNothing) {
   std::string payload;
   {
     const int fd = RawConnect(server_->data_address());
-    SendRaw(fd, "TQKVDP02" + raw_frame(get, "abc") + raw_frame(get, ""));
+    SendRaw(fd, "TQKVDP02" + RawFrame(get, "abc") + RawFrame(get, ""));
     ASSERT_TRUE(ReadReply(fd, &head, &payload));
     EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument)) << head.message();
     ASSERT_TRUE(ReadReply(fd, &head, &payload));
@@ -234,7 +227,7 @@ TEST_F(DataPlaneRawTest, PayloadsThatDoNotFitTheirTensorsChangeNothing) {
     *put.mutable_put()->mutable_header()->mutable_model() = model_;
     v1::DataPlaneRequest commit;
     commit.mutable_put()->set_commit(true);
-    SendRaw(fd, "TQKVDP02" + raw_frame(put, "abc") + raw_frame(commit, ""));
+    SendRaw(fd, "TQKVDP02" + RawFrame(put, "abc") + RawFrame(commit, ""));
     ASSERT_TRUE(ReadReply(fd, &head, &payload));
     EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kInvalidArgument)) << head.message();
     ASSERT_TRUE(ReadReply(fd, &head, &payload));
@@ -312,15 +305,8 @@ TEST_F(DataPlaneRawTest, PutFramesTakeTheirTensorsFromThePayload) {
     if (short_payload) payload.pop_back();
     v1::DataPlaneRequest commit;
     commit.mutable_put()->set_commit(true);
-    auto framed = [](const v1::DataPlaneRequest& r, const std::string& p) {
-      const std::string body = r.SerializeAsString();
-      const uint32_t n = static_cast<uint32_t>(body.size());
-      const uint64_t np = p.size();
-      return std::string(reinterpret_cast<const char*>(&n), 4) + std::string(reinterpret_cast<const char*>(&np), 8) +
-             body + p;
-    };
     const int fd = RawConnect(server_->data_address());
-    SendRaw(fd, "TQKVDP02" + framed(header, "") + framed(frame, payload) + framed(commit, ""));
+    SendRaw(fd, "TQKVDP02" + RawFrame(header, "") + RawFrame(frame, payload) + RawFrame(commit, ""));
     std::vector<uint32_t> codes;
     v1::DataPlaneReply head;
     for (int i = 0; i < 3 && ReadReply(fd, &head); ++i) codes.push_back(head.code());

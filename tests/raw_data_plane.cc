@@ -34,6 +34,14 @@ std::string Frame(const v1::DataPlaneRequest& r) {
   return std::string(reinterpret_cast<const char*>(&n), 4) + body;
 }
 
+std::string RawFrame(const v1::DataPlaneRequest& r, const std::string& payload) {
+  const std::string body = r.SerializeAsString();
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  const uint64_t p = payload.size();
+  return std::string(reinterpret_cast<const char*>(&n), 4) + std::string(reinterpret_cast<const char*>(&p), 8) +
+         body + payload;
+}
+
 bool ReadReply(int fd, v1::DataPlaneReply* head, std::string* payload) {
   auto read_n = [&](char* p, size_t n) {
     while (n > 0) {

@@ -15,6 +15,9 @@ int RawConnect(const std::string& address);
 void SendRaw(int fd, const std::string& bytes);
 // `r` framed as the data plane reads it: its 4-byte length, then its bytes.
 std::string Frame(const v1::DataPlaneRequest& r);
+// `r` with a raw payload, framed as a connection that opened with
+// "TQKVDP02" sends it: u32 N, u64 P, the request, the payload.
+std::string RawFrame(const v1::DataPlaneRequest& r, const std::string& payload);
 // Reads one reply: its head, and its payload into *payload (dropped when
 // null); false if the connection closed or timed out first.
 bool ReadReply(int fd, v1::DataPlaneReply* head, std::string* payload = nullptr);
