@@ -1,5 +1,5 @@
 // Prometheus metrics of the data plane, read from DataPlaneServer::GetStats()
-// on every scrape (server.cc registers the collector on the exposer):
+// on every scrape (server.cc registers the collector with the metrics listener):
 //   tqkv_data_plane_connections                   open connections
 //   tqkv_data_plane_buffered_bytes                bytes of incomplete request
 //       frames charged to --data_max_buffered_bytes
@@ -24,7 +24,7 @@ namespace tqkv::service {
 class DataPlaneCollector : public prometheus::Collectable {
  public:
   // `data_plane` is not owned and must outlive the collector (unregister it
-  // from the exposer, or destroy the exposer, first).
+  // from the metrics listener, or stop the listener, first).
   explicit DataPlaneCollector(const DataPlaneServer* data_plane) : data_plane_(data_plane) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
