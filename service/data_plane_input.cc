@@ -111,7 +111,7 @@ void DataPlaneServer::Loop::Process(Conn* c) {
       break;
     }
     c->in_off += frame;
-    Serve(c, &req, {reinterpret_cast<const uint8_t*>(p + prefix + n), payload});
+    Serve(c, &req, {reinterpret_cast<const uint8_t*>(p + prefix + n), payload}, frame);
     Uncharge(c);  // only the frame at in_off can be charged: this one
   }
   if (c->in_off == c->in.size()) {

@@ -146,8 +146,9 @@ class DataPlaneServer::Loop {
   // data_plane_serve.cc
 
   // Serves one request frame (with its raw payload, empty on a connection
-  // without them): queues its reply and records the call.
-  void Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> payload);
+  // without them; `frame_bytes` on the wire in all): queues its reply and
+  // records the call with the bytes received and sent.
+  void Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> payload, uint64_t frame_bytes);
   // One frame of a put stream (see the proto's "Puts") with its raw
   // payload; fills *head on a commit. A frame whose identity fails fails
   // its stream (its blocks would be missing from the commit otherwise).

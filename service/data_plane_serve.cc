@@ -7,7 +7,8 @@
 
 namespace tqkv::service {
 
-void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> raw_in) {
+void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> raw_in,
+                                  uint64_t frame_bytes) {
   const v1::DataPlaneRequest& req = *request;
   const auto start = std::chrono::steady_clock::now();
   const bool attend = req.op_case() == v1::DataPlaneRequest::kAttend;
@@ -97,7 +98,8 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
   c->out.back().blocks = std::move(plan.blocks);
   c->out.back().owned = std::move(owned);
   RecordCall(*env_, attend ? "DataAttend" : append ? "DataAppend" : put ? "DataPutBlocks" : "DataGetBlocks", c->peer, status,
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), frame_bytes,
+             c->out.back().head_bytes + payload_bytes);
 }
 
 absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Identity>& id, v1::DataPlanePut* put,

@@ -5,7 +5,8 @@
 // not match its tensors, or rides on a frame that takes none, is
 // INVALID_ARGUMENT and changes nothing; a payload over the frame limit
 // closes the connection; put frames take their blocks' tensors from the
-// payload. Against the real server.
+// payload; the byte counters count frames and replies. Against the real
+// server.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -247,6 +248,33 @@ TEST_F(DataPlaneRawTest, PayloadsThatDoNotFitTheirTensorsChangeNothing) {
   }
   auto ok = RawAttend(at);  // the client's connection is unaffected
   EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+// The RPC byte counters count a data-plane call's frame (prefix, request
+// and raw payload) and its reply.
+TEST_F(DataPlaneRawTest, ByteCountersCountFramesAndReplies) {
+  auto counter = [&](const std::string& name) -> uint64_t {
+    auto text = HttpGet(server_->metrics_address(), "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    const std::string key = name + "{method=\"DataAttend\"} ";
+    const size_t at = text.ok() ? text->find(key) : std::string::npos;
+    return at == std::string::npos ? 0 : std::stoull(text->substr(at + key.size()));
+  };
+  const uint64_t in0 = counter("tqkv_rpc_received_bytes_total"), out0 = counter("tqkv_rpc_sent_bytes_total");
+  v1::AttendRequest at;
+  at.set_layer(0);
+  *at.add_items() = Step(NewSequence(), 3);
+  std::vector<std::string> bytes;
+  v1::DataPlaneRequest frame;
+  *frame.mutable_attend() = Strip(at, &bytes);
+  size_t payload = 0;
+  for (const std::string& b : bytes) payload += b.size();
+  auto out = RawAttend(at);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(counter("tqkv_rpc_received_bytes_total") - in0, 12 + frame.ByteSizeLong() + payload);
+  const uint64_t sent = counter("tqkv_rpc_sent_bytes_total") - out0;
+  EXPECT_GT(sent, 12 + out->size());  // prefix, the reply's header, the outputs
+  EXPECT_LT(sent, 12 + out->size() + 256);
 }
 
 // A client without raw payloads (TQKVDP01 frames, for servers that predate
