@@ -395,7 +395,9 @@ TEST(CudaBackend, DeviceConversionsEqualTheHosts) {
     ASSERT_EQ(LaunchToFloat(d16.get(), gdt, d32.as<float>(), static_cast<int64_t>(all.size()), nullptr), cudaSuccess);
     got = testing_util::ToHost<float>(d32, all.size());
     for (size_t i = 0; i < all.size(); ++i)
-      if (!std::isnan(want[i])) ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << "value " << i;
+      if (!std::isnan(want[i])) {
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << "value " << i;
+      }
     std::vector<float> f = RandomRows(64, 1024, 3);
     for (size_t i = 0; i < f.size(); i += 7) f[i] *= std::ldexp(1.0f, static_cast<int>(i % 60) - 30);
     const float edges[] = {0.0f, -0.0f, 65504.0f, 65520.0f, 1e-8f, -6.0e-8f, 3.0e38f, INFINITY, -INFINITY, 1.0009765625f};
