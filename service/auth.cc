@@ -108,13 +108,23 @@ absl::StatusOr<AuthTable> Authenticator::ReadFile(const std::string& path) {
 }
 
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromFile(const std::string& path) {
+  auto a = std::make_unique<Authenticator>();
+  a->path_ = path;
+  const FileStamp stamp = a->Stamp();
   absl::StatusOr<AuthTable> t = ReadFile(path);
   if (!t.ok()) return t.status();
-  auto a = std::make_unique<Authenticator>();
   a->enabled_ = true;
-  a->path_ = path;
+  absl::MutexLock l(&a->mu_);
   a->table_ = std::make_shared<const AuthTable>(*std::move(t));
+  a->stamp_ = stamp;
   return a;
+}
+
+Authenticator::FileStamp Authenticator::Stamp() const {
+  struct stat st {};
+  if (path_.empty() || stat(path_.c_str(), &st) != 0) return {};
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
+          st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec, st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec};
 }
 
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromString(const std::string& contents) {
@@ -138,14 +148,24 @@ bool Authenticator::uses_certificates() const {
 
 absl::StatusOr<std::string> Authenticator::Reload() {
   if (path_.empty()) return absl::FailedPreconditionError("no auth tokens file to reload");
+  const FileStamp stamp = Stamp();  // before the read: a change during it is seen next time
   absl::StatusOr<AuthTable> t = ReadFile(path_);
+  absl::MutexLock l(&mu_);
+  stamp_ = stamp;
   if (!t.ok()) return t.status();
   std::string summary =
       absl::StrCat(t->tokens(), " tokens, ", t->certificates(), " certificate identities");
-  auto fresh = std::make_shared<const AuthTable>(*std::move(t));
-  absl::MutexLock l(&mu_);
-  table_ = std::move(fresh);
+  table_ = std::make_shared<const AuthTable>(*std::move(t));
   return summary;
+}
+
+std::optional<absl::StatusOr<std::string>> Authenticator::ReloadIfChanged() {
+  if (path_.empty()) return std::nullopt;
+  {
+    absl::MutexLock l(&mu_);
+    if (Stamp() == stamp_) return std::nullopt;
+  }
+  return Reload();
 }
 
 absl::StatusOr<Identity> Authenticator::Authenticate(const std::string& authorization,

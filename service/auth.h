@@ -27,7 +27,9 @@
 #ifndef TQKV_SERVICE_AUTH_H_
 #define TQKV_SERVICE_AUTH_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +100,11 @@ class Authenticator {
   // the previous table stays in force. On success returns "N tokens, M
   // certificate identities".
   absl::StatusOr<std::string> Reload();
+  // Reload, when the file changed on disk since it was last read or tried
+  // (another inode, size, mtime or ctime: an edit, a chmod, an atomic
+  // rename, a Kubernetes Secret update); nullopt when it did not (or there
+  // is no file). A file that fails is not tried again until it changes.
+  std::optional<absl::StatusOr<std::string>> ReloadIfChanged();
 
   // `authorization` is the metadata value (empty if absent); `peer` the
   // verified client certificate, or null. UNAUTHENTICATED when auth is on
@@ -120,10 +127,20 @@ class Authenticator {
                                     const PeerCertificate* peer) const;
   std::shared_ptr<const AuthTable> table() const;
 
+  // What identifies a version of the file (stat of its path).
+  struct FileStamp {
+    uint64_t dev = 0, ino = 0, size = 0;
+    int64_t mtime_ns = 0, ctime_ns = 0;
+    bool operator==(const FileStamp&) const = default;
+  };
+  // The file's stamp now; a zero stamp when it cannot be stat'ed.
+  FileStamp Stamp() const;
+
   bool enabled_ = false;
   std::string path_;  // empty: FromString
   mutable absl::Mutex mu_;
   std::shared_ptr<const AuthTable> table_ ABSL_GUARDED_BY(mu_);
+  FileStamp stamp_ ABSL_GUARDED_BY(mu_);  // of the last read or try
 };
 
 }  // namespace tqkv::service

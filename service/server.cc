@@ -207,9 +207,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 }
 
 absl::Status Server::ReloadAuth() {
-  absl::StatusOr<std::string> r =
-      auth_->enabled() ? auth_->Reload()
-                       : absl::FailedPreconditionError("no --auth_tokens_file: nothing to reload");
+  return LogAuthReload(auth_->enabled() ? auth_->Reload()
+                                        : absl::FailedPreconditionError("no --auth_tokens_file: nothing to reload"));
+}
+
+absl::Status Server::LogAuthReload(const absl::StatusOr<std::string>& r) {
   if (log_) {
     log_->Write(r.ok() ? absl::StrCat("tqkv-server: auth file ", options_.auth_tokens_file,
                                       " reloaded: ", *r)
@@ -220,8 +222,10 @@ absl::Status Server::ReloadAuth() {
 }
 
 void Server::MaintenanceLoop() {
-  while (!stop_maintenance_.WaitForNotificationWithTimeout(options_.maintenance_interval))
+  while (!stop_maintenance_.WaitForNotificationWithTimeout(options_.maintenance_interval)) {
     service_->Maintain();
+    if (auto r = auth_->ReloadIfChanged()) LogAuthReload(*r).IgnoreError();  // an edited auth file
+  }
 }
 
 absl::Status Server::Shutdown() {

@@ -161,7 +161,8 @@ class Server {
 
   // Re-reads the auth file (Authenticator::Reload) and logs the outcome;
   // on failure the previous tokens stay in force. Errors: Reload's;
-  // FAILED_PRECONDITION when auth is off. Thread-safe.
+  // FAILED_PRECONDITION when auth is off. Thread-safe. (The server also
+  // re-reads the file by itself within a maintenance interval of a change.)
   absl::Status ReloadAuth();
   const std::string& backend_note() const { return backend_note_; }
 
@@ -175,6 +176,8 @@ class Server {
  private:
   explicit Server(const ServerOptions& options);
   void MaintenanceLoop();
+  // Logs an auth reload's outcome; returns its status.
+  absl::Status LogAuthReload(const absl::StatusOr<std::string>& r);
 
   const ServerOptions options_;
   std::unique_ptr<storage::Clock> owned_clock_;

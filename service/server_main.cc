@@ -6,7 +6,8 @@
 //   tqkv-server data plane listening on HOST:PORT   (unless --data_listen=off)
 //   tqkv-server metrics listening on HOST:PORT      (unless metrics are off)
 // with the ports actually bound (useful with port 0). SIGHUP re-reads the
-// auth file (a bad file is logged and the previous tokens stay). SIGTERM or
+// auth file, as a change of the file does (a bad file is logged and the
+// previous tokens stay). SIGTERM or
 // SIGINT shut it down gracefully (see Server::Shutdown) and it exits 0.
 #include <signal.h>
 
@@ -84,7 +85,8 @@ ABSL_FLAG(int, max_models_per_tenant, 256,
           "models one tenant may register; one more gets RESOURCE_EXHAUSTED (models on disk always load)");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "file of `credential tenant [admin|metrics]` lines (credential: a bearer token, x509-uri:URI "
-          "or x509-cn:NAME); mode 0600 or stricter; re-read on SIGHUP; empty: auth off, every "
+          "or x509-cn:NAME); mode 0600 or stricter; re-read on SIGHUP and when it changes (write a "
+          "new file and rename it over); empty: auth off, every "
           "caller is tenant \"default\" with admin rights");
 ABSL_FLAG(int, threads, -1, "CPU backend worker threads (-1: cores - 1)");
 ABSL_FLAG(int, gpu_device, 0, "CUDA device ordinal of the cuda backend");
