@@ -48,10 +48,12 @@ absl::Status DataPlaneClient::Broken(const absl::Status& s) {
   tls_.reset();
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+  write_failed_ = false;
   return s;
 }
 
 absl::Status DataPlaneClient::EnsureConnected() {
+  if (write_failed_) Broken(absl::OkStatus()).IgnoreError();  // its replies were read or given up
   if (fd_ >= 0) return absl::OkStatus();
   const std::string& t = options_.target;
   const size_t colon = t.rfind(':');
@@ -101,6 +103,18 @@ absl::Status DataPlaneClient::NeedsRaw() const {
   return absl::FailedPreconditionError("raw tensors need DataPlaneClientOptions::raw_payloads");
 }
 
+absl::Status DataPlaneClient::SendFailed(ssize_t w) {
+  if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+    // The server closed the connection; replies it sent first may still
+    // be waiting to be read: keep the socket for reading.
+    const absl::Status s = Errno(absl::StatusCode::kUnavailable, "data plane send");
+    shutdown(fd_, SHUT_WR);
+    write_failed_ = true;
+    return s;
+  }
+  return Failed(w, "send");
+}
+
 absl::Status DataPlaneClient::Failed(ssize_t r, const char* op) {
   if (r == 0) return Broken(absl::UnavailableError("data plane connection closed by the server"));
   if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -118,7 +132,7 @@ absl::Status DataPlaneClient::SendAll(const char* p, size_t n) {
   while (n > 0) {
     const ssize_t w = send(fd_, p, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return Failed(w, "send");
+    if (w < 0) return SendFailed(w);
     p += w;
     n -= static_cast<size_t>(w);
   }
@@ -222,7 +236,16 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
   auto frame = [&](v1::DataPlaneRequest* dr, int keep) -> absl::Status {
     if (fd_ != stream_fd) return first_error.ok() ? lost() : first_error;
     const std::vector<std::span<const char>> parts(payload.begin(), payload.end());
-    if (absl::Status s = SendFrame(dr, 0, nullptr, parts); !s.ok()) return first_error.ok() ? s : first_error;
+    if (absl::Status s = SendFrame(dr, 0, nullptr, parts); !s.ok()) {
+      // A server that refused an earlier frame answers it, then closes:
+      // its reply says why this send failed.
+      for (; write_failed_ && in_flight > 0 && first_error.ok(); --in_flight) {
+        absl::Status r = ReceiveBare(&reply);
+        if (!r.ok() && fd_ == stream_fd) first_error = r;
+      }
+      Broken(absl::OkStatus()).IgnoreError();
+      return first_error.ok() ? s : first_error;
+    }
     ++in_flight;
     dr->Clear();
     payload.clear();
@@ -310,7 +333,7 @@ absl::Status DataPlaneClient::SendParts(std::span<std::span<const char>> parts) 
     msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
     ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return Failed(w, "send");
+    if (w < 0) return SendFailed(w);
     for (auto left = static_cast<size_t>(w); left > 0 && first < iov.size();) {
       const size_t step = std::min(left, iov[first].iov_len);
       iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + step;

@@ -147,6 +147,9 @@ class DataPlaneClient {
   absl::Status Recv(char* p, size_t cap, size_t want, size_t* have, int flags);
   // The status of a send/recv that returned r <= 0 (errno set if r < 0).
   absl::Status Failed(ssize_t r, const char* op);
+  // Failed for a send; a connection the server closed stays open for
+  // reading its last replies (write_failed_) until the next call.
+  absl::Status SendFailed(ssize_t w);
   // Closes the socket and returns `s` (an I/O failure leaves the stream in
   // an unknown state).
   absl::Status Broken(const absl::Status& s);
@@ -154,6 +157,7 @@ class DataPlaneClient {
   const DataPlaneClientOptions options_;
   int fd_ = -1;
   std::unique_ptr<TlsStream> tls_;  // over fd_ when options_.tls is set
+  bool write_failed_ = false;       // the server closed fd_; only reading is left
   std::string frame_;  // request scratch
   std::string head_;   // reply prefix + header (+ the payload's first bytes)
   DataPlaneBlocks scratch_;  // replies without payload (Attend, Append)
