@@ -100,6 +100,11 @@ struct ServerOptions {
   std::string backend = "auto";
   // Host-memory budget for block payloads. Default: 1 GiB.
   uint64_t host_budget_bytes = uint64_t{1} << 30;
+  // Host bytes one tenant's blocks may hold (storage's
+  // tenant_host_quota_bytes): a tenant at it evicts its own blocks, never
+  // another tenant's; a put that cannot make room among its own is
+  // RESOURCE_EXHAUSTED naming the tenant. 0: no per-tenant limit. Default: 0.
+  uint64_t tenant_host_quota_bytes = 0;
   // Disk budget for spilled/durable payloads. Default: 64 GiB.
   uint64_t disk_budget_bytes = uint64_t{64} << 30;
   // Models one tenant may register. Default: 256.

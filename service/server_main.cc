@@ -79,6 +79,9 @@ ABSL_FLAG(std::string, at_rest_key_file, "",
 ABSL_FLAG(std::string, backend, "auto",
           "compute backend: auto (cuda if built in and a GPU is usable, else cpu), cpu, cuda");
 ABSL_FLAG(uint64_t, host_budget_bytes, uint64_t{1} << 30, "host-memory budget for block payloads");
+ABSL_FLAG(uint64_t, tenant_host_quota_bytes, 0,
+          "host bytes one tenant's blocks may hold: at it a tenant evicts its own blocks, never another "
+          "tenant's; a put that cannot make room is RESOURCE_EXHAUSTED naming the tenant (0: no limit)");
 ABSL_FLAG(uint64_t, disk_budget_bytes, uint64_t{64} << 30, "disk budget for spilled/durable blocks");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message received or sent");
 ABSL_FLAG(int, max_models_per_tenant, 256,
@@ -164,6 +167,7 @@ int main(int argc, char** argv) {
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes);
+  o.tenant_host_quota_bytes = absl::GetFlag(FLAGS_tenant_host_quota_bytes);
   o.disk_budget_bytes = absl::GetFlag(FLAGS_disk_budget_bytes);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.max_models_per_tenant = absl::GetFlag(FLAGS_max_models_per_tenant);

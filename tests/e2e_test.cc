@@ -2,7 +2,7 @@
 // put 1,000 blocks → lookup → get packed and dense (checked byte for byte
 // against a local CPU encode/decode) → layer-range puts → sequences,
 // append and attend (checked against fp64 reference attention over the
-// dequantized stored data).
+// dequantized stored data); a per-tenant host quota through the flag.
 #include <cmath>
 #include <cstring>
 
@@ -338,6 +338,39 @@ TEST_F(E2eTest, SequencesAppendAndAttendMatchReference) {
   ASSERT_TRUE(client_->DropSequence(drop).ok());
   auto gone = client_->Attend(at1);
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+}
+
+// --tenant_host_quota_bytes of 3 blocks: a stream of 4 blocks cannot fit
+// its own reservations and is RESOURCE_EXHAUSTED naming the tenant, storing
+// nothing; later streams evict (spill) the tenant's own oldest blocks to
+// stay within it in host memory.
+class TenantQuotaTest : public ServerTest {};
+
+TEST_F(TenantQuotaTest, APutOverTheQuotaEvictsTheTenantsOwnBlocksOrFails) {
+  const uint64_t block = SmallCodec()->block_bytes();
+  StartServer({"--tenant_host_quota_bytes=" + std::to_string(3 * block)});
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> big = client::HashChain(91, 4), first = client::HashChain(92, 2),
+                                 second = client::HashChain(93, 2);
+  const v1::ModelLayout layout = client::SmallModel("x").layout();
+  v1::PutHeader h;
+  *h.mutable_model() = model;
+  std::vector<v1::PutBlock> blocks;
+  for (size_t i = 0; i < big.size(); ++i) blocks.push_back(client::DenseBlock(layout, big[i], i ? big[i - 1] : "", i));
+  auto r = client_->PutBlocks(h, blocks);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("default"), std::string::npos) << r.status();
+  EXPECT_EQ(Blocks(model), 0u);
+  PutDense(model, first, 10);
+  PutDense(model, second, 20);  // spills the oldest of `first`
+  EXPECT_EQ(Blocks(model, v1::TIER_HOST), 3u);
+  EXPECT_EQ(Blocks(model, v1::TIER_DISK), 1u);
+  v1::LookupRequest lr;
+  *lr.mutable_model() = model;
+  for (const auto& hash : second) lr.add_block_hashes(hash);
+  auto look = client_->Lookup(lr);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->hits(), 2u);
 }
 
 TEST_F(E2eTest, HealthAndStatsReportTheBackend) {
