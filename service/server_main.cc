@@ -19,8 +19,11 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/stubs/logging.h"
 #include "gpu/cuda_backend.h"
+#include "service/rpc_scope.h"
 #include "service/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -105,7 +108,19 @@ ABSL_FLAG(int, shutdown_grace_ms, 10000,
 ABSL_FLAG(int, sequence_ttl_ms, 300000, "idle expiry of decode sequences that ask for ttl 0");
 ABSL_FLAG(bool, log_rpc_errors, true, "log failed RPCs (except NOT_FOUND) to stderr");
 
+namespace {
+
+// protobuf's own messages (e.g. a request string field that is not UTF-8,
+// from any caller, authenticated or not) at the rate-limited log's pace.
+void LogProtobuf(google::protobuf::LogLevel, const char*, int, const std::string& message) {
+  static tqkv::service::LineLog log(&std::cerr);
+  log.WriteLimited(absl::StrCat("tqkv-server: protobuf: ", message));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  google::protobuf::SetLogHandler(&LogProtobuf);
   absl::SetProgramUsageMessage(
       "tqkv-server: GPU-resident KV-cache store with TurboQuant compression.\n"
       "Prints `tqkv-server listening on HOST:PORT` (and the data-plane and metrics addresses)\n"

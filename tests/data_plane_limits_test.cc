@@ -164,5 +164,36 @@ TEST_F(DataPlaneLimitsTest, ABudgetBelowOneFrameIsRefusedAtStart) {
   EXPECT_TRUE(exact.ok()) << exact.status();
 }
 
+// Requests whose string fields are not UTF-8 (no token needed) make
+// protobuf complain; those lines go through the server's rate-limited log,
+// so a client sending them in a loop cannot flood it.
+TEST(ProtobufLogTest, MalformedStringsCannotFloodTheLog) {
+  const std::string dir = MakeTempDir("tqkv-data");
+  ServerLaunch launch;
+  launch.stderr_path = dir + "/stderr";
+  auto p = ServerProcess::Start(dir, {}, launch);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::string body = "\x0a\x02\xff\xfe";  // authorization = two bytes that are not UTF-8
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  const std::string frame = "TQKVDP01" + std::string(reinterpret_cast<const char*>(&n), 4) + body;
+  const absl::Time start = absl::Now();
+  int sent = 0;
+  for (; sent < 300 && absl::Now() - start < absl::Milliseconds(900); ++sent) {
+    const int fd = RawConnect((*p)->data_address());
+    SendRaw(fd, frame);
+    v1::DataPlaneReply head;
+    ASSERT_TRUE(ReadReply(fd, &head));
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+    close(fd);
+  }
+  EXPECT_EQ(p.value()->Stop(), 0);
+  const std::string err = ReadFileOrEmpty(launch.stderr_path);
+  size_t lines = 0;
+  for (size_t at = err.find("protobuf: "); at != std::string::npos; at = err.find("protobuf: ", at + 1)) ++lines;
+  EXPECT_GE(lines, 1u) << err;
+  EXPECT_LE(lines, 2 * 20u + 2) << sent << " bad frames; stderr:\n" << err.substr(0, 2000);
+  EXPECT_GT(sent, 60) << "too few frames to show the limit";
+}
+
 }  // namespace
 }  // namespace tqkv::testing
