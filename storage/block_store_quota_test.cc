@@ -125,7 +125,9 @@ TEST_F(TenantQuotaTest, WithADiskTierTheTenantsOwnBlocksSpill) {
   // Reads do not promote the tenant's disk blocks past its quota.
   EXPECT_LE((*s)->Stats().host_used_bytes, 8 * kSize);
   for (const TierUsage& u : (*s)->Stats().usage) {
-    if (u.tenant == "hog" && u.tier == Tier::kHost) EXPECT_LE(u.payload_bytes, 4 * kSize);
+    if (u.tenant == "hog" && u.tier == Tier::kHost) {
+      EXPECT_LE(u.payload_bytes, 4 * kSize);
+    }
   }
 }
 
