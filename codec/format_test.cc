@@ -63,7 +63,7 @@ TEST(Format, RejectsUnknownNames) {
     EXPECT_NE(f.status().message().find("unknown cache format"), std::string::npos);
   }
   // Names are exact: no spaces, signs, leading zeros or bytes after the name.
-  for (const std::string bad : {std::string("k 4v 4"), std::string("k0004v2"), std::string("k+4v4"),
+  for (const std::string& bad : {std::string("k 4v 4"), std::string("k0004v2"), std::string("k+4v4"),
                                 std::string("k4v4\0junk", 9), std::string("k4v2 "), std::string("tq 4"),
                                 std::string("tq04"), std::string("k4v02"), std::string("tq4\0", 4)}) {
     EXPECT_EQ(ParseFormat(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
