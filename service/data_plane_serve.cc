@@ -39,7 +39,7 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
     status = bad_payload;
   } else if (attend) {
     // A frame with a payload gets its outputs as the reply's payload.
-    RawTensors raw{raw_in};
+    RawTensors raw{TensorPayload(raw_in)};
     absl::StatusOr<v1::AttendResponse> r = service_->Attend(*id, req.attend(), raw_in.empty() ? nullptr : &raw);
     if (r.ok()) {
       *head.mutable_attend() = std::move(*r);
@@ -50,7 +50,7 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
       status = r.status();
     }
   } else if (append) {
-    RawTensors raw{raw_in};
+    RawTensors raw{TensorPayload(raw_in)};
     absl::StatusOr<v1::AppendResponse> r = service_->Append(*id, req.append(), raw_in.empty() ? nullptr : &raw);
     if (r.ok()) {
       *head.mutable_append() = std::move(*r);

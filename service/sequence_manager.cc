@@ -382,9 +382,7 @@ absl::StatusOr<v1::AppendResponse> SequenceManager::Append(const std::string& te
   if (req.layer() >= static_cast<uint32_t>(s.num_layers))
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", req.layer(), " outside [0, ", s.num_layers, ")"));
-  std::optional<TensorPayload> payload;
-  if (raw != nullptr) payload.emplace(raw->in);
-  TensorPayload* in = payload ? &*payload : nullptr;
+  TensorPayload* in = raw != nullptr ? &raw->in : nullptr;
   TQ_ASSIGN_OR_RETURN(TensorView k, ViewTensor(req.k(), "k", in));
   TQ_ASSIGN_OR_RETURN(TensorView v, ViewTensor(req.v(), "v", in));
   if (in != nullptr) TQ_RETURN_IF_ERROR(in->Finish());
@@ -425,9 +423,7 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
     std::optional<TensorView> k, v;  // new tokens
   };
   std::vector<Item> items(req.items_size());
-  std::optional<TensorPayload> payload;
-  if (raw != nullptr) payload.emplace(raw->in);
-  TensorPayload* in = payload ? &*payload : nullptr;
+  TensorPayload* in = raw != nullptr ? &raw->in : nullptr;
   int64_t total_queries = 0;
   size_t out_bytes = 0;
   std::vector<Sequence*> appending;

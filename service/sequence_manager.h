@@ -35,9 +35,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "absl/types/span.h"
 #include "codec/backend.h"
 #include "proto/tqkv/v1/tqkv.pb.h"
+#include "service/convert.h"
 #include "service/model_registry.h"
 #include "storage/block_store.h"
 #include "storage/clock.h"
@@ -52,7 +52,7 @@ namespace tqkv::service {
 // (`out_bytes` in all); the response's output tensors then carry their
 // dtype and shape only.
 struct RawTensors {
-  absl::Span<const uint8_t> in;
+  TensorPayload in;
   std::unique_ptr<uint8_t[]> out;
   size_t out_bytes = 0;
 };
