@@ -161,9 +161,10 @@ absl::StatusOr<std::string> Authenticator::Reload() {
 
 std::optional<absl::StatusOr<std::string>> Authenticator::ReloadIfChanged() {
   if (path_.empty()) return std::nullopt;
+  const FileStamp now = Stamp();  // the stat outside the lock Authenticate takes
   {
     absl::MutexLock l(&mu_);
-    if (Stamp() == stamp_) return std::nullopt;
+    if (now == stamp_) return std::nullopt;
   }
   return Reload();
 }
