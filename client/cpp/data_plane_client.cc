@@ -173,6 +173,7 @@ absl::StatusOr<v1::AttendResponse> DataPlaneClient::Attend(const v1::AttendReque
 absl::StatusOr<v1::AttendResponse> DataPlaneClient::Attend(const v1::AttendRequest& req,
                                                             std::span<const std::span<const char>> inputs,
                                                             std::span<char> out) {
+  if (absl::Status s = NeedsRaw(); !s.ok()) return s;
   // The outputs have their queries' dtypes and shapes.
   uint64_t want = 0;
   for (const v1::AttendItem& item : req.items()) {
@@ -180,7 +181,6 @@ absl::StatusOr<v1::AttendResponse> DataPlaneClient::Attend(const v1::AttendReque
     for (int64_t d : item.q().shape()) n *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
     want += n;
   }
-  if (absl::Status s = NeedsRaw(); !s.ok()) return s;
   if (out.size() != want)
     return absl::InvalidArgumentError(
         absl::StrCat("the outputs take ", want, " bytes, `out` has ", out.size()));
@@ -260,16 +260,18 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
   v1::DataPlaneRequest dr;
   *dr.mutable_put()->mutable_header() = header;
   size_t bytes = 0;
+  auto take = [&](std::string* data) {
+    if (data->empty()) return;
+    payload.push_back(std::move(*data));
+    data->clear();
+  };
   for (v1::PutBlock& b : blocks) {
     bytes += b.ByteSizeLong();
-    auto take = [&](std::string* data) {
-      if (data->empty() || !options_.raw_payloads) return;
-      payload.push_back(std::move(*data));
-      data->clear();
-    };
-    if (b.has_k()) take(b.mutable_k()->mutable_data());
-    if (b.has_v()) take(b.mutable_v()->mutable_data());
-    take(b.mutable_payload());
+    if (options_.raw_payloads) {
+      if (b.has_k()) take(b.mutable_k()->mutable_data());
+      if (b.has_v()) take(b.mutable_v()->mutable_data());
+      take(b.mutable_payload());
+    }
     dr.mutable_put()->add_blocks()->Swap(&b);
     if (bytes < frame_bytes) continue;
     bytes = 0;
