@@ -528,15 +528,28 @@ def _as_block(x):
                     "(hash, payload) tuples")
 
 
-def _block_proto(b, packed, dtype):
+def _raw_block(b, packed, dtype):
+    """(PutBlock without its data, [its data as memoryviews: the packed
+    payload, or k then v]) of a Block; the data plane sends the views as the
+    frame's raw payload."""
     if (b.payload is not None) != packed:
         raise ValueError("a put stream must be all packed or all dense blocks")
     msg = pb.PutBlock(block_hash=_hash_bytes(b.hash), parent_hash=_hash_bytes(b.parent or b""))
     if packed:
-        msg.payload = bytes(b.payload)
+        return msg, [memoryview(b.payload)]
+    if b.k is None or b.v is None:
+        raise ValueError("a dense block needs both k and v")
+    (tk, dk), (tv, dv) = tensors.to_raw(b.k, dtype), tensors.to_raw(b.v, dtype)
+    msg.k.CopyFrom(tk)
+    msg.v.CopyFrom(tv)
+    return msg, [dk, dv]
+
+
+def _block_proto(b, packed, dtype):
+    """The PutBlock of a Block with its data inside (gRPC)."""
+    msg, data = _raw_block(b, packed, dtype)
+    if packed:
+        msg.payload = bytes(data[0])
     else:
-        if b.k is None or b.v is None:
-            raise ValueError("a dense block needs both k and v")
-        msg.k.CopyFrom(tensors.to_proto(b.k, dtype))
-        msg.v.CopyFrom(tensors.to_proto(b.v, dtype))
+        msg.k.data, msg.v.data = bytes(data[0]), bytes(data[1])
     return msg

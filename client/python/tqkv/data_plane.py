@@ -30,7 +30,7 @@ import numpy as np
 from . import errors
 from ._proto import pb
 from . import tensors
-from .client import Client, _as_block, _hash_bytes, _hashes, _seq_id
+from .client import Client, _as_block, _hashes, _raw_block, _seq_id
 from .types import TIER_NAMES, BlockData, Format, PutResult
 
 _PREFACE = b"TQKVDP02"
@@ -51,21 +51,6 @@ def data_plane_tls(ca_file=None, cert_file=None, key_file=None):
     if cert_file is not None:
         ctx.load_cert_chain(cert_file, key_file)
     return ctx
-
-
-def _raw_block(b, packed, dtype):
-    """(PutBlock without its data, [its data as memoryviews]) of a Block."""
-    if (b.payload is not None) != packed:
-        raise ValueError("a put stream must be all packed or all dense blocks")
-    msg = pb.PutBlock(block_hash=_hash_bytes(b.hash), parent_hash=_hash_bytes(b.parent or b""))
-    if packed:
-        return msg, [memoryview(b.payload).cast("B")]
-    if b.k is None or b.v is None:
-        raise ValueError("a dense block needs both k and v")
-    (tk, dk), (tv, dv) = tensors.to_raw(b.k, dtype), tensors.to_raw(b.v, dtype)
-    msg.k.CopyFrom(tk)
-    msg.v.CopyFrom(tv)
-    return msg, [dk, dv]
 
 
 class DataPlane:
@@ -277,7 +262,8 @@ class DataPlane:
                 t, data = tensors.to_raw(x)
                 getattr(msg, field).CopyFrom(t)
                 payload.append(data)
-            out_bytes += payload[-1 if len(item) < 5 else -3].nbytes
+                if field == "q":  # the output has q's dtype and shape
+                    out_bytes += data.nbytes
             req.items.append(msg)
             torch_out.append(tensors.is_torch(q))
         out = np.empty(out_bytes, dtype=np.uint8)
