@@ -6,10 +6,8 @@
 // listener speaks HTTPS only, and under mutual TLS a
 // client certificate mapped to a `metrics` line is a credential of its own.
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <csignal>
-#include <cstdio>
 #include <fstream>
 
 #include "absl/strings/match.h"
@@ -20,17 +18,6 @@
 
 namespace tqkv::testing {
 namespace {
-
-// Exit code and stdout (stderr dropped) of a shell command.
-int RunShell(const std::string& command, std::string* output) {
-  FILE* f = popen((command + " 2>/dev/null").c_str(), "r");
-  char chunk[4096];
-  size_t n;
-  output->clear();
-  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) output->append(chunk, n);
-  const int status = pclose(f);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 struct Scrape {
   int curl_exit = -1;
@@ -43,7 +30,7 @@ Scrape Get(const std::string& url, const std::string& args = "") {
   Scrape s;
   std::string out;
   s.curl_exit = RunShell(absl::StrCat("curl -sS --max-time 20 -o - -w '\\n%{http_code}' ", args,
-                                      " '", url, "'"),
+                                      " '", url, "' 2>/dev/null"),
                          &out);
   const size_t nl = out.rfind('\n');
   if (nl != std::string::npos) {
@@ -62,7 +49,7 @@ class MetricsAuthTest : public ::testing::Test {
   static void SetUpTestSuite() {
     certs_ = new std::string(MakeTempDir("tqkv-certs"));
     std::string out;
-    ASSERT_EQ(RunShell(Runfile("tests/make_test_certs.sh") + " " + *certs_, &out), 0) << out;
+    ASSERT_EQ(RunShell(Runfile("tests/make_test_certs.sh") + " " + *certs_ + " 2>/dev/null", &out), 0) << out;
   }
   static void TearDownTestSuite() { delete certs_; }
   static std::string Cert(const std::string& name) { return *certs_ + "/" + name; }

@@ -179,15 +179,22 @@ absl::StatusOr<std::string> HttpGet(const std::string& address, const std::strin
   return resp.substr(body + 4);
 }
 
+int RunShell(const std::string& command, std::string* output) {
+  output->clear();
+  FILE* f = popen(command.c_str(), "r");
+  if (f == nullptr) return -1;
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) output->append(chunk, n);
+  const int status = pclose(f);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 std::string PromtoolCheck(const std::string& text, bool* ok) {
   const std::string file = MakeTempDir("promtool") + "/metrics.txt";
   std::ofstream(file) << text;
-  FILE* f = popen(absl::StrCat("promtool check metrics < ", file, " 2>&1").c_str(), "r");
   std::string out;
-  char chunk[1024];
-  size_t n;
-  while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) out.append(chunk, n);
-  *ok = pclose(f) == 0;
+  *ok = RunShell(absl::StrCat("promtool check metrics < ", file, " 2>&1"), &out) == 0;
   return out;
 }
 

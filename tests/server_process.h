@@ -71,6 +71,10 @@ std::string ReadFileOrEmpty(const std::string& path);
 // Body of GET http://address/path (HTTP/1.0), or an error (for a status
 // other than 200, INTERNAL with the status line and the body's start).
 absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);
+// Runs `command` with sh; *output gets what it writes to stdout (add
+// "2>&1" to the command for stderr too). Returns its exit code, -1 when it
+// did not exit.
+int RunShell(const std::string& command, std::string* output);
 // Runs `promtool check metrics` on `text`; returns its combined output and
 // sets *ok to whether it exited 0.
 std::string PromtoolCheck(const std::string& text, bool* ok);

@@ -7,7 +7,6 @@
 // must agree with the token; a renewed server certificate is served without
 // a restart; bad TLS files stop the server at start.
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdio>
@@ -22,23 +21,12 @@
 namespace tqkv::testing {
 namespace {
 
-// Exit code and combined output of a shell command.
-int RunShell(const std::string& command, std::string* output) {
-  FILE* f = popen((command + " 2>&1").c_str(), "r");
-  char chunk[1024];
-  size_t n;
-  output->clear();
-  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) output->append(chunk, n);
-  const int status = pclose(f);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     certs_ = new std::string(MakeTempDir("tqkv-certs"));
     std::string out;
-    ASSERT_EQ(RunShell(Runfile("tests/make_test_certs.sh") + " " + *certs_, &out), 0) << out;
+    ASSERT_EQ(RunShell(Runfile("tests/make_test_certs.sh") + " " + *certs_ + " 2>&1", &out), 0) << out;
   }
   static void TearDownTestSuite() { delete certs_; }
 
@@ -164,10 +152,10 @@ TEST_F(TlsTest, CliSpeaksMutualTls) {
   std::string out;
   const std::string base = absl::StrCat(cli, " status --server ", server_->address(),
                                         " --timeout_ms 10000 --tls_ca ", Cert("ca.pem"));
-  EXPECT_EQ(RunShell(base + " --tls_cert " + Cert("alpha.pem") + " --tls_key " + Cert("alpha.key"), &out), 0)
+  EXPECT_EQ(RunShell(base + " --tls_cert " + Cert("alpha.pem") + " --tls_key " + Cert("alpha.key") + " 2>&1", &out), 0)
       << out;
   EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
-  EXPECT_NE(RunShell(base, &out), 0) << out;
+  EXPECT_NE(RunShell(base + " 2>&1", &out), 0) << out;
   EXPECT_NE(out.find("UNAVAILABLE"), std::string::npos) << out;
 }
 
