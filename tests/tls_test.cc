@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
