@@ -166,13 +166,14 @@ void BlockStore::UnreserveLocked(const std::string& tenant, uint64_t bytes) {
   if (it->second == 0) tenant_reserved_bytes_.erase(it);
 }
 
+uint64_t BlockStore::TenantHostBytesLocked(const std::string& tenant) {
+  auto it = tenant_reserved_bytes_.find(tenant);
+  return index_.tenant_host_bytes(tenant) + (it == tenant_reserved_bytes_.end() ? 0 : it->second);
+}
+
 bool BlockStore::TenantFitsLocked(const std::string& tenant, uint64_t bytes) {
   const uint64_t quota = options_.tenant_host_quota_bytes;
-  if (quota == 0) return true;
-  auto it = tenant_reserved_bytes_.find(tenant);
-  return index_.tenant_host_bytes(tenant) + (it == tenant_reserved_bytes_.end() ? 0 : it->second) +
-             bytes <=
-         quota;
+  return quota == 0 || TenantHostBytesLocked(tenant) + bytes <= quota;
 }
 
 absl::Status BlockStore::ReserveForTenantLocked(const std::string& tenant, uint64_t bytes) {
@@ -187,34 +188,21 @@ absl::Status BlockStore::ReserveForTenantLocked(const std::string& tenant, uint6
         "block of ", bytes, " bytes exceeds tenant '", tenant, "''s host quota of ", quota,
         " bytes"));
   }
-  auto held = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = tenant_reserved_bytes_.find(tenant);
-    return index_.tenant_host_bytes(tenant) +
-           (it == tenant_reserved_bytes_.end() ? 0 : it->second);
-  };
-  if (TenantFitsLocked(tenant, bytes)) {
-    TQ_RETURN_IF_ERROR(ReserveHostLocked(bytes));  // may release mu_ while it spills
-    if (TenantFitsLocked(tenant, bytes)) {
-      reserved_bytes_ += bytes;
-      tenant_reserved_bytes_[tenant] += bytes;
-      return absl::OkStatus();
-    }
-    pool_.Release(bytes);  // the tenant's other puts came first
-  }
   for (int round = 0; round < kMaxAdmissionRounds; ++round) {
-    if (held() + bytes > quota) {
+    if (!TenantFitsLocked(tenant, bytes)) {
       // Make room among the tenant's own blocks, oldest first.
       IoPlan plan;
-      const uint64_t before = held();
+      const uint64_t before = TenantHostBytesLocked(tenant);
       PlanHostEvictionLocked(before + bytes - quota, std::nullopt, &plan, nullptr,
                              /*include_pinned=*/false, /*at_most=*/false, &tenant);
-      if (plan.empty() && held() == before) break;  // (drops and detaches happen in planning)
+      // Drops and detaches happen in planning: no plan can still have made room.
+      if (plan.empty() && TenantHostBytesLocked(tenant) == before) break;
       absl::Status spilled = RunPlanLocked(&plan);
       if (!spilled.ok() && !absl::IsResourceExhausted(spilled)) return spilled;
       continue;
     }
     TQ_RETURN_IF_ERROR(ReserveHostLocked(bytes));  // may release mu_ while it spills
-    if (held() + bytes > quota) {  // the tenant's other puts came first
+    if (!TenantFitsLocked(tenant, bytes)) {  // the tenant's other puts came first
       pool_.Release(bytes);
       continue;
     }
@@ -223,7 +211,7 @@ absl::Status BlockStore::ReserveForTenantLocked(const std::string& tenant, uint6
     return absl::OkStatus();
   }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "tenant '", tenant, "' holds ", held(), " of its host quota of ", quota,
+      "tenant '", tenant, "' holds ", TenantHostBytesLocked(tenant), " of its host quota of ", quota,
       " bytes in blocks that cannot be evicted (pinned, leased or in flight); cannot admit ",
       bytes));
 }

@@ -396,6 +396,8 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `bytes` more of `tenant` stay within its host quota.
   bool TenantFitsLocked(const std::string& tenant, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A tenant's host copies plus its uncommitted reservations.
+  uint64_t TenantHostBytesLocked(const std::string& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns a reservation of `tenant` (the pool's bytes are the caller's).
   void UnreserveLocked(const std::string& tenant, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes of host copies eviction could release now (idle, visible,
