@@ -43,6 +43,20 @@ absl::Status Damaged(absl::string_view path, const rocksdb::Status& s) {
       " (or move the directory away to start with an empty disk tier)"));
 }
 
+// The store's column families (payloads uncompressed), for Open and Repair.
+std::vector<rocksdb::ColumnFamilyDescriptor> ColumnFamilies(const SpillStoreOptions& options) {
+  rocksdb::ColumnFamilyOptions data_options;
+  data_options.compression = rocksdb::kNoCompression;
+  data_options.bottommost_compression = rocksdb::kNoCompression;
+  data_options.write_buffer_size = options.data_write_buffer_bytes;
+  return {
+      {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+      {kMetaCf, rocksdb::ColumnFamilyOptions()},
+      {kDataCf, data_options},
+      {kModelsCf, rocksdb::ColumnFamilyOptions()},
+  };
+}
+
 rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
@@ -152,19 +166,7 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
                                      ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
                                      : rocksdb::WALRecoveryMode::kPointInTimeRecovery;
 
-  rocksdb::ColumnFamilyOptions meta_options;
-  rocksdb::ColumnFamilyOptions data_options;
-  data_options.compression = rocksdb::kNoCompression;
-  data_options.bottommost_compression = rocksdb::kNoCompression;
-  data_options.write_buffer_size = options.data_write_buffer_bytes;
-  rocksdb::ColumnFamilyOptions models_options;
-
-  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
-      {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
-      {kMetaCf, meta_options},
-      {kDataCf, data_options},
-      {kModelsCf, models_options},
-  };
+  const std::vector<rocksdb::ColumnFamilyDescriptor> cfs = ColumnFamilies(options);
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, cfs, &handles, &raw);
@@ -190,17 +192,8 @@ absl::StatusOr<SpillStore::RepairReport> SpillStore::Repair(const SpillStoreOpti
     rocksdb::DBOptions db_options;
     db_options.info_log = RocksDbLog::Open(options.path + "/LOG");
     if (options.env != nullptr) db_options.env = options.env;
-    rocksdb::ColumnFamilyOptions data_options;
-    data_options.compression = rocksdb::kNoCompression;
-    data_options.bottommost_compression = rocksdb::kNoCompression;
-    const std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
-        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
-        {kMetaCf, rocksdb::ColumnFamilyOptions()},
-        {kDataCf, data_options},
-        {kModelsCf, rocksdb::ColumnFamilyOptions()},
-    };
     report.rebuilt = true;
-    return FromRocks(rocksdb::RepairDB(options.path, db_options, cfs),
+    return FromRocks(rocksdb::RepairDB(options.path, db_options, ColumnFamilies(options)),
                      absl::StrCat("rebuilding RocksDB at ", options.path));
   };
 
