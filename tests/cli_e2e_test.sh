@@ -27,39 +27,39 @@ DATA=$(sed -n 's/^tqkv-server data plane listening on //p' "$TMP/out")
 S=(--server "$ADDR")
 
 out=$("$TQKV" status "${S[@]}")
-echo "$out" | grep -q "SERVING, backend cpu, tenant default, data plane $DATA" || fail "status: $out"
+grep -q "SERVING, backend cpu, tenant default, data plane $DATA" <<<"$out" || fail "status: $out"
 
 out=$("$TQKV" put "${S[@]}" --blocks 40 --seed 3)
-echo "$out" | grep -q '^committed 40 already_present 0 ' || fail "put: $out"
+grep -q '^committed 40 already_present 0 ' <<<"$out" || fail "put: $out"
 out=$("$TQKV" put "${S[@]}" --blocks 40 --seed 3)
-echo "$out" | grep -q '^committed 0 already_present 40 ' || fail "re-put: $out"
+grep -q '^committed 0 already_present 40 ' <<<"$out" || fail "re-put: $out"
 
 out=$("$TQKV" lookup "${S[@]}" --blocks 45 --seed 3)
 [ "$out" = "hits 40/45 host=40" ] || fail "lookup: $out"
 out=$("$TQKV" get "${S[@]}" --blocks 40 --seed 3)
-echo "$out" | grep -q '^blocks 40 bytes 184320 (packed)' || fail "get: $out"
+grep -q '^blocks 40 bytes 184320 (packed)' <<<"$out" || fail "get: $out"
 out=$("$TQKV" get "${S[@]}" --blocks 40 --seed 3 --data "$DATA")
-echo "$out" | grep -q '^blocks 40 bytes 184320 (packed, data plane)' || fail "get over the data plane: $out"
+grep -q '^blocks 40 bytes 184320 (packed, data plane)' <<<"$out" || fail "get over the data plane: $out"
 "$TQKV" get "${S[@]}" --blocks 41 --seed 3 --data "$DATA" >/dev/null 2>"$TMP/dp_err" && fail "data-plane get of a missing block must fail"
 grep -q 'NOT_FOUND' "$TMP/dp_err" || fail "data-plane missing block message: $(cat "$TMP/dp_err")"
 out=$("$TQKV" get "${S[@]}" --blocks 2 --seed 3 --dense)
-echo "$out" | grep -q '^blocks 2 bytes 32768 (dense fp16)' || fail "get dense: $out"
+grep -q '^blocks 2 bytes 32768 (dense fp16)' <<<"$out" || fail "get dense: $out"
 out=$("$TQKV" get "${S[@]}" --blocks 2 --seed 3 --dense --data "$DATA")
-echo "$out" | grep -q '^blocks 2 bytes 32768 (dense fp16, data plane)' || fail "get dense over the data plane: $out"
+grep -q '^blocks 2 bytes 32768 (dense fp16, data plane)' <<<"$out" || fail "get dense over the data plane: $out"
 "$TQKV" get "${S[@]}" --blocks 41 --seed 3 >/dev/null 2>"$TMP/get_err" && fail "get of a missing block must fail"
 grep -q 'NOT_FOUND' "$TMP/get_err" || fail "missing block message: $(cat "$TMP/get_err")"
 
 out=$("$TQKV" stats "${S[@]}")
-echo "$out" | grep -q 'model synthetic (id [0-9]*), compression 3.56x' || fail "stats: $out"
-echo "$out" | grep -q 'host: blocks=40 bytes=184320 dense_equivalent=655360' || fail "stats tiers: $out"
+grep -q 'model synthetic (id [0-9]*), compression 3.56x' <<<"$out" || fail "stats: $out"
+grep -q 'host: blocks=40 bytes=184320 dense_equivalent=655360' <<<"$out" || fail "stats tiers: $out"
 
 out=$("$TQKV" bench "${S[@]}" --blocks 200 --threads 2 --rounds 1 --seed 9 --data "$DATA")
-echo "$out" | grep -q '^put .* MB/s dense fp16 in (data plane); 200 committed, 0 already present' || fail "bench: $out"
-echo "$out" | grep -q '^lookup .* hashes/s' || fail "bench: $out"
-echo "$out" | grep -q "^get .* MB/s packed out (data plane)" || fail "bench data plane: $out"
+grep -q '^put .* MB/s dense fp16 in (data plane); 200 committed, 0 already present' <<<"$out" || fail "bench: $out"
+grep -q '^lookup .* hashes/s' <<<"$out" || fail "bench: $out"
+grep -q "^get .* MB/s packed out (data plane)" <<<"$out" || fail "bench data plane: $out"
 
 out=$("$TQKV" put "${S[@]}" --blocks 300 --seed 5 --data "$DATA" 2>"$TMP/put_progress")
-echo "$out" | grep -q '^committed 300 already_present 0 ' || fail "put over the data plane: $out"
+grep -q '^committed 300 already_present 0 ' <<<"$out" || fail "put over the data plane: $out"
 grep -q '^put: 256/300 blocks (85%), ' "$TMP/put_progress" || fail "put progress: $(cat "$TMP/put_progress")"
 grep -q '^put: 300/300 blocks (100%), ' "$TMP/put_progress" || fail "put progress: $(cat "$TMP/put_progress")"
 out=$("$TQKV" lookup "${S[@]}" --blocks 300 --seed 5)

@@ -33,15 +33,15 @@ out=$("$TQKV" status "${S[@]}")
 [ "$(echo "$out" | grep -c ': SERVING$')" = 3 ] || fail "status: $out"
 
 out=$("$TQKV" put "${S[@]}" --chains 60 --blocks 3 --seed 5)
-echo "$out" | grep -q '^committed 180 already_present 0$' || fail "put: $out"
+grep -q '^committed 180 already_present 0$' <<<"$out" || fail "put: $out"
 for a in "${ADDRS[@]}"; do
-  echo "$out" | grep -q "^shard $a: [0-9]* chains$" || fail "no chains on $a: $out"
+  grep -q "^shard $a: [0-9]* chains$" <<<"$out" || fail "no chains on $a: $out"
 done
 
 out=$("$TQKV" lookup "${S[@]}" --chains 60 --blocks 3 --seed 5)
-echo "$out" | grep -q '^hits 180/180$' || fail "lookup: $out"
+grep -q '^hits 180/180$' <<<"$out" || fail "lookup: $out"
 out=$("$TQKV" get "${S[@]}" --chains 60 --blocks 3 --seed 5)
-echo "$out" | grep -q '^blocks 180 bytes [0-9]* (packed)$' || fail "get: $out"
+grep -q '^blocks 180 bytes [0-9]* (packed)$' <<<"$out" || fail "get: $out"
 out=$("$TQKV" stats "${S[@]}")
 [ "$(echo "$out" | grep -c 'model synthetic blocks')" = 3 ] || fail "stats: $out"
 
@@ -49,9 +49,9 @@ kill -9 "${PIDS[1]}"
 wait "${PIDS[1]}" 2>/dev/null || true
 dead="${ADDRS[1]}"
 out=$("$TQKV" lookup "${S[@]}" --chains 60 --blocks 3 --seed 5) || fail "lookup with a dead shard must succeed"
-echo "$out" | grep -q "^shard $dead: hits 0/[1-9][0-9]*$" || fail "dead shard's chains should miss: $out"
+grep -q "^shard $dead: hits 0/[1-9][0-9]*$" <<<"$out" || fail "dead shard's chains should miss: $out"
 for a in "${ADDRS[0]}" "${ADDRS[2]}"; do
-  echo "$out" | grep -Eq "^shard $a: hits ([0-9]+)/\\1$" || fail "live shard $a should hit everything: $out"
+  grep -Eq "^shard $a: hits ([0-9]+)/\\1$" <<<"$out" || fail "live shard $a should hit everything: $out"
 done
 rc=0
 "$TQKV" get "${S[@]}" --chains 60 --blocks 3 --seed 5 >/dev/null 2>"$TMP/get_err" || rc=$?

@@ -30,14 +30,14 @@ TLS=(--tls_ca "$C/ca.pem" --tls_cert "$C/alpha.pem" --tls_key "$C/alpha.key")
 S=(--server "$ADDR" --timeout_ms 10000)
 
 out=$("$TQKV" put "${S[@]}" "${TLS[@]}" --blocks 30 --seed 4 --data "$DATA" 2>/dev/null) || fail "put --data: $out"
-echo "$out" | grep -q '^committed 30 already_present 0 ' || fail "put --data: $out"
+grep -q '^committed 30 already_present 0 ' <<<"$out" || fail "put --data: $out"
 out=$("$TQKV" get "${S[@]}" "${TLS[@]}" --blocks 30 --seed 4 --data "$DATA") || fail "get --data: $out"
-echo "$out" | grep -q '^blocks 30 bytes [0-9]* (packed, data plane)$' || fail "get --data: $out"
+grep -q '^blocks 30 bytes [0-9]* (packed, data plane)$' <<<"$out" || fail "get --data: $out"
 out=$("$TQKV" get "${S[@]}" "${TLS[@]}" --blocks 2 --seed 4 --dense --data "$DATA") || fail "dense get --data: $out"
-echo "$out" | grep -q '^blocks 2 bytes [0-9]* (dense fp16, data plane)$' || fail "dense get --data: $out"
+grep -q '^blocks 2 bytes [0-9]* (dense fp16, data plane)$' <<<"$out" || fail "dense get --data: $out"
 out=$("$TQKV" bench "${S[@]}" "${TLS[@]}" --blocks 40 --threads 1 --rounds 1 --seed 9 --data "$DATA") ||
   fail "bench --data: $out"
-echo "$out" | grep -q 'MB/s packed out (data plane)' || fail "bench --data: $out"
+grep -q 'MB/s packed out (data plane)' <<<"$out" || fail "bench --data: $out"
 
 # The data-plane client checks the server's certificate against --tls_ca.
 "$TQKV" get "${S[@]}" --tls_ca "$C/ca2.pem" --tls_cert "$C/alpha.pem" --tls_key "$C/alpha.key" \

@@ -57,16 +57,16 @@ chown 0:10001 "$TMP/fsgroup"
 chmod 2775 "$TMP/fsgroup"
 start "$TMP/fsgroup" --data_advertise_host=127.0.0.9 || fail "did not start on an fsGroup volume: $(cat "$TMP/err")"
 out=$("$TQKV" put --server "$ADDR" --blocks 8 --seed 1 --durable) || fail "put: $out"
-echo "$out" | grep -q '^committed 8 ' || fail "put: $out"
+grep -q '^committed 8 ' <<<"$out" || fail "put: $out"
 DATA=$(sed -n 's/^tqkv-server data plane listening on //p' "$TMP/out")
 out=$("$TQKV" status --server "$ADDR")
-echo "$out" | grep -q "data plane 127.0.0.9:${DATA##*:}\$" || fail "advertised data plane (bound $DATA): $out"
+grep -q "data plane 127.0.0.9:${DATA##*:}\$" <<<"$out" || fail "advertised data plane (bound $DATA): $out"
 stop
 [ "$(stat -c %u "$TMP/fsgroup/rocksdb")" = 10001 ] || fail "rocksdb/ not owned by 10001: $(ls -ln "$TMP/fsgroup")"
 # The blocks are there after a restart as the same user.
 start "$TMP/fsgroup" || fail "did not restart: $(cat "$TMP/err")"
 out=$("$TQKV" lookup --server "$ADDR" --blocks 8 --seed 1)
-echo "$out" | grep -q '^hits 8/8 ' || fail "lookup after restart: $out"
+grep -q '^hits 8/8 ' <<<"$out" || fail "lookup after restart: $out"
 stop
 echo "ok: uid 10001 serves from an fsGroup volume and advertises its data plane at the given host"
 
@@ -77,6 +77,6 @@ if start "$TMP/rootonly"; then fail "started on a root-owned volume"; fi
 err=$(cat "$TMP/err")
 for want in "--data_dir $TMP/rootonly is not writable" "owned by 0:0 with mode 0755" \
             "uid 10001 gid 10001 groups [10001]" "securityContext.fsGroup"; do
-  echo "$err" | grep -qF -- "$want" || fail "refusal lacks '$want': $err"
+  grep -qF -- "$want" <<<"$err" || fail "refusal lacks '$want': $err"
 done
 echo "ok: a root-owned volume is refused: $(echo "$err" | tail -1)"

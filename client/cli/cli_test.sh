@@ -7,8 +7,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 out=$("$TQKV" codebook --dim 128 --bits 2)
 [ "$(echo "$out" | wc -l)" = 5 ] || fail "codebook 2 bits should print 4 centroids + d_mse: $out"
-echo "$out" | head -1 | grep -q '^-0.1330415' || fail "first centroid: $out"
-echo "$out" | tail -1 | grep -q '^d_mse=0.1160000' || fail "d_mse line: $out"
+head -1 <<<"$out" | grep -q '^-0.1330415' || fail "first centroid: $out"
+tail -1 <<<"$out" | grep -q '^d_mse=0.1160000' || fail "d_mse line: $out"
 # At least 10 significant digits per centroid.
 echo "$out" | head -4 | while read -r c; do
   digits=$(echo "$c" | tr -d -- '-.' | sed 's/^0*//' | sed 's/e.*//')
@@ -19,13 +19,13 @@ echo "$out" | head -4 | sort -g -c || fail "centroids not ascending"
 
 "$TQKV" codebook --dim 4 --bits 2 >/dev/null 2>&1 && fail "dim 4 must be rejected"
 msg=$("$TQKV" codebook --dim 128 --bits 7 2>&1) && fail "bits 7 must be rejected"
-echo "$msg" | grep -q "unsupported codebook bits 7" || fail "bits 7 message: $msg"
+grep -q "unsupported codebook bits 7" <<<"$msg" || fail "bits 7 message: $msg"
 
 fmt=$("$TQKV" formats --dim 128)
-echo "$fmt" | grep -E '^k4v4 +68 +68 +3.76x' >/dev/null || fail "k4v4 row: $fmt"
-echo "$fmt" | grep -E '^k4v2 +68 +36 +4.92x' >/dev/null || fail "k4v2 row: $fmt"
-echo "$fmt" | grep -E '^turboquant25 +44 +44 +5.82x +needs metadata' >/dev/null || fail "tq25 row: $fmt"
-echo "$fmt" | grep -E '^turboquant35 +64 +64 +4.00x' >/dev/null || fail "tq35 row: $fmt"
+grep -qE '^k4v4 +68 +68 +3.76x' <<<"$fmt" || fail "k4v4 row: $fmt"
+grep -qE '^k4v2 +68 +36 +4.92x' <<<"$fmt" || fail "k4v2 row: $fmt"
+grep -qE '^turboquant25 +44 +44 +5.82x +needs metadata' <<<"$fmt" || fail "tq25 row: $fmt"
+grep -qE '^turboquant35 +64 +64 +4.00x' <<<"$fmt" || fail "tq35 row: $fmt"
 
 # calibrate → verify on a synthetic capture: 2 layers × (K, V) × 10 tokens ×
 # 2 kv heads × d 64 fp32, where channels 3 (K) and 5 (V) carry the energy.
@@ -45,11 +45,11 @@ open(sys.argv[1], "wb").write(struct.pack("<%df" % len(vals), *vals))
 PY
 out=$("$TQKV" calibrate --input "$tmp/capture.f32" --recipe turboquant35 --layers 2 --kv-heads 2 \
   --dim 64 --out "$tmp/meta.json" --model-name synthetic 2>/dev/null) || fail "calibrate: $out"
-echo "$out" | grep -q "wrote .*meta.json (2 layers, 10 tokens observed)" || fail "calibrate output: $out"
+grep -q "wrote .*meta.json (2 layers, 10 tokens observed)" <<<"$out" || fail "calibrate output: $out"
 grep -q '"recipe": "turboquant35"' "$tmp/meta.json" || fail "metadata recipe"
 out=$("$TQKV" verify --metadata "$tmp/meta.json" --format turboquant35 --dim 64 --kv-heads 2 --layers 2) \
   || fail "verify: $out"
-echo "$out" | grep -q "^OK: .* row bytes K 36 V 36" || fail "verify output: $out"
+grep -q "^OK: .* row bytes K 36 V 36" <<<"$out" || fail "verify output: $out"
 # The high-energy channels were found for every layer, kv head and component.
 /usr/bin/python3 - "$tmp/meta.json" <<'PY' || fail "calibrated channels"
 import json, sys
@@ -62,7 +62,7 @@ for name, layer in m["layers"].items():
 PY
 msg=$("$TQKV" verify --metadata "$tmp/meta.json" --format turboquant35 --dim 128 --kv-heads 2 --layers 2 2>&1) \
   && fail "verify must reject a head-dim mismatch"
-echo "$msg" | grep -q "^FAIL: " || fail "verify mismatch message: $msg"
+grep -q "^FAIL: " <<<"$msg" || fail "verify mismatch message: $msg"
 printf 'garbage' > "$tmp/short.f32"
 "$TQKV" calibrate --input "$tmp/short.f32" --recipe turboquant35 --layers 2 --kv-heads 2 --dim 64 \
   --out "$tmp/x.json" >/dev/null 2>&1 && fail "calibrate must reject a capture of the wrong size"
