@@ -21,6 +21,12 @@
 namespace tqkv::gpu {
 namespace {
 
+// Calls whose staging and outputs each fit in kMappedIoBytes skip the bulk
+// copies: kernels read and write the pinned staging through its device
+// mapping (the scatter kernel reads it in chunks of kMappedChunkBytes, one
+// block each, so the reads across the bus are in flight together).
+constexpr size_t kMappedIoBytes = size_t{64} << 10;
+constexpr size_t kMappedChunkBytes = size_t{4} << 10;
 constexpr size_t kMaxSeqTables = 16384;  // keyed sequences' tables kept (beyond: dropped, rebuilt on demand)
 
 // The dtype every K and V view of a batch has, or fp32 where they differ
@@ -252,6 +258,14 @@ class CudaBackend : public ComputeBackend {
     const size_t pieces_off = st.Add(up.pieces.size() * sizeof(ScatterPiece));
     packs.AddInputs(st);
     const size_t in_bytes = st.size();
+    // A small call moves through the pinned staging's device mapping: the
+    // scatter kernel reads the staging from host memory (no host-to-device
+    // copy before it) and the outputs are written to host memory (no
+    // download after them).
+    const size_t out_bytes = nq * qrow * (wire.on_device ? DTypeSize(wire.dtype) : sizeof(float));
+    const bool mapped = in_bytes <= kMappedIoBytes && out_bytes <= kMappedIoBytes;
+    const size_t upload_chunks = mapped ? (in_bytes + kMappedChunkBytes - 1) / kMappedChunkBytes : 0;
+    const size_t mapped_pieces_off = st.Add(mapped ? (upload_chunks + up.pieces.size()) * sizeof(ScatterPiece) : 0);
     const size_t out_off = st.Add(nq * qrow * sizeof(float));
     const size_t q32_off = st.Add(wire.on_device ? nq * qrow * sizeof(float) : 0);    // device only
     const size_t out16_off = st.Add(wire.on_device ? nq * qrow * DTypeSize(wire.dtype) : 0);
@@ -344,7 +358,7 @@ class CudaBackend : public ComputeBackend {
     a.query_seq = one_per_seq ? nullptr : reinterpret_cast<const int32_t*>(d + qseq_off);
     a.positions = reinterpret_cast<const int64_t*>(d + pos_off);
     a.q = reinterpret_cast<const float*>(d + (wire.on_device ? q32_off : q_off));
-    a.out = reinterpret_cast<float*>(d + out_off);
+    a.out = reinterpret_cast<float*>((mapped && !wire.on_device ? h : d) + out_off);
     a.workspace = d + ws_off;
     a.workspace_bytes = ws;
     cudaStream_t sm = stream_.get();
@@ -353,10 +367,24 @@ class CudaBackend : public ComputeBackend {
           cudaMemcpyAsync(cache_->base() + static_cast<size_t>(up.blocks[u].first) * cache_->slot_bytes(),
                           h + up_off + u * codec.block_bytes(), codec.block_bytes(), cudaMemcpyHostToDevice, sm),
           "upload block");
-    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, in_bytes, cudaMemcpyHostToDevice, sm), "upload batch");
-    TQ_CUDA_RETURN_IF_ERROR(LaunchScatter(reinterpret_cast<const ScatterPiece*>(d + pieces_off),
-                                          static_cast<int>(up.pieces.size()), d, sm),
-                            "scatter layers and tail rows");
+    if (mapped) {
+      // One launch: the staging's chunks to the device buffer, the pieces
+      // to their destinations, all read from host memory.
+      auto* all = reinterpret_cast<ScatterPiece*>(h + mapped_pieces_off);
+      for (size_t c = 0; c < upload_chunks; ++c) {
+        const size_t off = c * kMappedChunkBytes;
+        all[c] = {d + off, off, Staging::Align(std::min(kMappedChunkBytes, in_bytes - off))};
+      }
+      std::memcpy(all + upload_chunks, pieces, up.pieces.size() * sizeof(ScatterPiece));
+      TQ_CUDA_RETURN_IF_ERROR(
+          LaunchScatter(all, static_cast<int>(upload_chunks + up.pieces.size()), h, sm),
+          "upload batch, scatter layers and tail rows");
+    } else {
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, in_bytes, cudaMemcpyHostToDevice, sm), "upload batch");
+      TQ_CUDA_RETURN_IF_ERROR(LaunchScatter(reinterpret_cast<const ScatterPiece*>(d + pieces_off),
+                                            static_cast<int>(up.pieces.size()), d, sm),
+                              "scatter layers and tail rows");
+    }
     if (wire.on_device)
       TQ_CUDA_RETURN_IF_ERROR(LaunchToFloat(d + q_off, wire.gpu_dtype(), reinterpret_cast<float*>(d + q32_off),
                                             nq * static_cast<int64_t>(qrow), sm),
@@ -367,12 +395,12 @@ class CudaBackend : public ComputeBackend {
     TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(attend_stop_.get(), sm), "cudaEventRecord");
     if (wire.on_device) {
       TQ_CUDA_RETURN_IF_ERROR(LaunchFromFloat(reinterpret_cast<const float*>(d + out_off), wire.gpu_dtype(),
-                                              d + out16_off, nq * static_cast<int64_t>(qrow), sm),
+                                              (mapped ? h : d) + out16_off, nq * static_cast<int64_t>(qrow), sm),
                               "outputs from fp32");
-      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out16_off, d + out16_off, nq * qrow * DTypeSize(wire.dtype),
-                                              cudaMemcpyDeviceToHost, sm),
-                              "download outputs");
-    } else {
+      if (!mapped)
+        TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out16_off, d + out16_off, out_bytes, cudaMemcpyDeviceToHost, sm),
+                                "download outputs");
+    } else if (!mapped) {
       TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out_off, d + out_off, nq * qrow * sizeof(float),
                                               cudaMemcpyDeviceToHost, sm),
                               "download outputs");

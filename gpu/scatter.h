@@ -17,9 +17,10 @@ struct ScatterPiece {
   uint64_t bytes = 0;      // a multiple of 16
 };
 
-// Copies pieces[i] (a DEVICE array of n pieces) from `src` (device) to
-// their destinations on `stream`. cudaErrorInvalidValue for n < 0; pieces
-// must not overlap.
+// Copies pieces[i] (an array of n pieces) from `src` to their destinations
+// on `stream`. `pieces` and `src` are device memory or pinned host memory
+// (read through its device mapping). cudaErrorInvalidValue for n < 0;
+// pieces must not overlap.
 cudaError_t LaunchScatter(const ScatterPiece* pieces, int n, const uint8_t* src, cudaStream_t stream);
 
 }  // namespace tqkv::gpu
