@@ -24,9 +24,13 @@
 //
 // Usage: decode_loop_bench --server HOST:PORT --data HOST:PORT
 //        [--layers 32 --kv_heads 8 --q_heads 32 --head_dim 128 --format k4v4
-//         --shapes 1x32768,64x4096,mixed64 --steps 32 --two_call_steps 4 --tensors raw]
+//         --shapes 1x32768,64x4096,mixed64 --steps 32 --two_call_steps 4 --tensors raw
+//         --reply_poll_us 0]
+// --reply_poll_us N: the client polls for each reply for up to N µs before
+// sleeping (DataPlaneClientOptions::reply_poll), the echo floor likewise.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -43,6 +47,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "bench/latency.h"
 #include "client/cli/args.h"
 #include "client/cpp/client.h"
@@ -62,10 +67,13 @@ int Fail(const absl::Status& s, const std::string& what) {
 }
 
 // A loopback TCP server that answers each `request_bytes` message with
-// `reply_bytes` bytes: the transport floor of one call, without tqkv.
+// `reply_bytes` bytes: the transport floor of one call, without tqkv. The
+// client polls for each reply for up to `reply_poll` first, as the data-plane
+// client does with the same setting.
 class EchoFloor {
  public:
-  EchoFloor(size_t request_bytes, size_t reply_bytes) : req_(request_bytes), rep_(reply_bytes) {}
+  EchoFloor(size_t request_bytes, size_t reply_bytes, absl::Duration reply_poll)
+      : req_(request_bytes), rep_(reply_bytes), poll_(reply_poll) {}
   ~EchoFloor() {
     if (thread_.joinable()) thread_.join();
     if (listen_ >= 0) close(listen_);
@@ -99,7 +107,12 @@ class EchoFloor {
     std::vector<double> us;
     for (int i = 0; i < n; ++i) {
       const auto t0 = Clock::now();
-      if (!Io(s, out.data(), req_, true) || !Io(s, in.data(), rep_, false)) break;
+      if (!Io(s, out.data(), req_, true)) break;
+      const absl::Time until = absl::Now() + poll_;
+      pollfd pfd{s, POLLIN, 0};
+      while (poll_ > absl::ZeroDuration() && poll(&pfd, 1, 0) == 0 && absl::Now() < until) {
+      }
+      if (!Io(s, in.data(), rep_, false)) break;
       us.push_back(Micros(t0, Clock::now()));
     }
     close(s);
@@ -117,6 +130,7 @@ class EchoFloor {
     return true;
   }
   const size_t req_, rep_;
+  const absl::Duration poll_;
   int listen_ = -1;
   std::thread thread_;
 };
@@ -152,14 +166,14 @@ struct Samples {
 int Run(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, 1,
                                {"server", "data", "layers", "kv_heads", "q_heads", "head_dim", "format", "shapes",
-                                "steps", "two_call_steps", "pool", "tensors"});
+                                "steps", "two_call_steps", "pool", "tensors", "reply_poll_us"});
   if (!args.ok()) return Fail(args.status(), "arguments");
   const std::string server = args->Get("server", "localhost:50051");
   const std::string data = args->Get("data", "localhost:50052");
   const int layers = *args->GetInt("layers", 32), kv = *args->GetInt("kv_heads", 8),
             qh = *args->GetInt("q_heads", 32), d = *args->GetInt("head_dim", 128),
             steps = *args->GetInt("steps", 32), two_call_steps = *args->GetInt("two_call_steps", 4),
-            pool = *args->GetInt("pool", 16);
+            pool = *args->GetInt("pool", 16), reply_poll_us = *args->GetInt("reply_poll_us", 0);
   const std::string format = args->Get("format", "k4v4");
   const std::string tensors = args->Get("tensors", "raw");
   if (tensors != "raw" && tensors != "inline")
@@ -171,7 +185,8 @@ int Run(int argc, char** argv) {
   copts.deadline = absl::Seconds(600);
   auto c = client::Client::Connect(copts);
   if (!c.ok()) return Fail(c.status(), "connect");
-  auto dp = client::DataPlaneClient::Connect({.target = data, .timeout = absl::Seconds(600)});
+  auto dp = client::DataPlaneClient::Connect(
+      {.target = data, .timeout = absl::Seconds(600), .reply_poll = absl::Microseconds(reply_poll_us)});
   if (!dp.ok()) return Fail(dp.status(), "data plane connect");
   const v1::RegisterModelRequest reg = client::ModelRegistration(
       absl::StrFormat("decode-loop-%s-%d", format, layers), layers, kv, qh, d, bs, format);
@@ -320,7 +335,7 @@ int Run(int argc, char** argv) {
 
     const size_t req_bytes = one.ByteSizeLong();
     const size_t rep_bytes = nseq * (static_cast<size_t>(qh) * d * 2 + 16) + 16;
-    EchoFloor echo(req_bytes, rep_bytes);
+    EchoFloor echo(req_bytes, rep_bytes, absl::Microseconds(reply_poll_us));
     auto floor = echo.Measure(2000);
     if (!floor.ok()) return Fail(floor.status(), "echo floor");
     int64_t tokens = 0;

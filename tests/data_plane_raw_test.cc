@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "client/cpp/data_plane_client.h"
 #include "tests/fixture.h"
 #include "tests/raw_data_plane.h"
@@ -306,6 +307,35 @@ TEST_F(DataPlaneRawTest, ClientsWithoutRawPayloadsKeepTensorsInline) {
   auto put = (*c)->PutBlocks(h, blocks);
   ASSERT_TRUE(put.ok()) << put.status();
   EXPECT_EQ(put->committed(), 2u);
+}
+
+// A client that polls for its replies (DataPlaneClientOptions::reply_poll)
+// gets the replies of one that sleeps: outputs, errors, and replies that
+// outlast a poll window of a microsecond.
+TEST_F(DataPlaneRawTest, ClientsThatPollForRepliesGetTheSameReplies) {
+  for (absl::Duration poll : {absl::Milliseconds(200), absl::Microseconds(1)}) {
+    SCOPED_TRACE(absl::StrCat("reply_poll ", absl::FormatDuration(poll)));
+    auto c = client::DataPlaneClient::Connect({.target = server_->data_address(), .reply_poll = poll});
+    ASSERT_TRUE(c.ok()) << c.status();
+    const std::string a = NewSequence(), b = NewSequence();
+    for (int step = 0; step < 3; ++step) {
+      v1::AttendRequest at;
+      at.set_layer(0);
+      *at.add_items() = Step(a, 300 + step);
+      std::vector<std::string> bytes;
+      const v1::AttendRequest stripped = Strip(at, &bytes);
+      std::string polled(OutputBytes(at), '\0');
+      auto r = (*c)->Attend(stripped, Spans(bytes), polled);
+      ASSERT_TRUE(r.ok()) << r.status();
+      at.mutable_items(0)->set_sequence_id(b);
+      auto slept = RawAttend(at);
+      ASSERT_TRUE(slept.ok()) << slept.status();
+      EXPECT_EQ(polled, *slept);
+    }
+    v1::AttendRequest missing;
+    *missing.add_items() = Step("no-such-sequence", 9);
+    EXPECT_EQ((*c)->Attend(missing).status().code(), StatusCode::kNotFound);
+  }
 }
 
 // A put frame's blocks take their tensors from the payload (here block 0

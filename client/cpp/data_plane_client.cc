@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "google/protobuf/io/coded_stream.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames are little-endian");
@@ -153,6 +155,14 @@ absl::Status DataPlaneClient::Recv(char* p, size_t cap, size_t want, size_t* hav
     *have += static_cast<size_t>(r);
   }
   return absl::OkStatus();
+}
+
+void DataPlaneClient::PollForReply() {
+  if (options_.reply_poll <= absl::ZeroDuration() || tls_ != nullptr) return;
+  const absl::Time until = absl::Now() + options_.reply_poll;
+  pollfd pfd{fd_, POLLIN, 0};
+  while (poll(&pfd, 1, 0) == 0 && absl::Now() < until) {
+  }
 }
 
 absl::Status DataPlaneClient::GetBlocks(const v1::GetBlocksRequest& req, DataPlaneBlocks* out,
@@ -380,6 +390,7 @@ absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks
   constexpr size_t kPrefix = 12, kFirstRead = 4096;
   if (head_.size() < kFirstRead) head_.resize(kFirstRead);
   size_t have = 0;
+  PollForReply();
   if (absl::Status s = Recv(head_.data(), head_.size(), kPrefix, &have, 0); !s.ok()) return s;
   uint32_t h;
   uint64_t p;
