@@ -105,6 +105,9 @@ class BlockIndex {
   // assigns it a fresh generation. REQUIRES: no record with the same key.
   BlockRecord* Insert(BlockRecord record);
 
+  // Makes room for `records` records in all (a load of a known size).
+  void Reserve(size_t records) { records_.reserve(records); }
+
   // Drops the record's copies from the sums and removes it. Pointer dies.
   void Erase(BlockRecord* record);
 

@@ -116,6 +116,8 @@ absl::Status BlockStore::LoadFromDisk() {
   absl::Time now = clock_->Now();
   std::vector<std::string> corrupt;
   absl::MutexLock l(&mu_);
+  // An estimate: a few percent over or under costs one rehash at most.
+  index_.Reserve(spill_->EstimatedBlocks());
   TQ_RETURN_IF_ERROR(spill_->ScanBlocks(
       [&](BlockKey key, DiskBlockMeta meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         BlockRecord r;

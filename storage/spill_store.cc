@@ -148,7 +148,18 @@ absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in) {
 }
 
 SpillStore::SpillStore() = default;
-SpillStore::~SpillStore() = default;
+// A clean close writes the memtables to table files, so the next Open has
+// no WAL to replay (replay rebuilds every memtable in memory and writes it
+// out before Open returns: ~80% of a 100K-block restart). Where the flush
+// fails (a full disk) the WAL still holds everything and is replayed.
+SpillStore::~SpillStore() {
+  if (db_ == nullptr) return;
+  rocksdb::FlushOptions flush;
+  flush.allow_write_stall = true;
+  const rocksdb::Status s =
+      db_->Flush(flush, {default_cf_.get(), meta_cf_.get(), data_cf_.get(), models_cf_.get()});
+  (void)s;  // nothing is lost either way: what the flush did not write stays in the WAL
+}
 
 absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOptions& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("SpillStore needs a path");
@@ -327,7 +338,12 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockK
 
 absl::Status SpillStore::ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMeta)> on_block,
                                     std::vector<std::string>* corrupt_keys) {
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_.get()));
+  // One pass in key order: large reads ahead, and the table blocks kept
+  // out of the block cache (the scan would evict what reads need).
+  rocksdb::ReadOptions scan;
+  scan.fill_cache = false;
+  scan.readahead_size = size_t{4} << 20;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan, meta_cf_.get()));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     absl::string_view raw_key(it->key().data(), it->key().size());
     absl::StatusOr<BlockKey> key = DecodeBlockKey(raw_key);
@@ -341,6 +357,11 @@ absl::Status SpillStore::ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMe
   }
   if (it->status().IsCorruption()) return Damaged(path_, it->status());
   return FromRocks(it->status(), "scanning block meta");
+}
+
+uint64_t SpillStore::EstimatedBlocks() {
+  uint64_t n = 0;
+  return db_->GetIntProperty(meta_cf_.get(), "rocksdb.estimate-num-keys", &n) ? n : 0;
 }
 
 absl::Status SpillStore::DeleteEncodedKeys(absl::Span<const std::string> encoded_keys) {

@@ -207,6 +207,10 @@ class SpillStore {
   absl::Status ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMeta)> on_block,
                           std::vector<std::string>* corrupt_keys);
 
+  // RocksDB's estimate of the blocks in block_meta (exact after a clean
+  // close; 0 when it has none).
+  uint64_t EstimatedBlocks();
+
   // Deletes meta and data under raw encoded keys (cleanup of corrupt entries).
   absl::Status DeleteEncodedKeys(absl::Span<const std::string> encoded_keys);
 

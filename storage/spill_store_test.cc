@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,6 +40,39 @@ TEST(DiskBlockMeta, RoundTripsAndDetectsCorruption) {
   }
   EXPECT_EQ(DecodeDiskBlockMeta(enc.substr(0, enc.size() - 1)).status().code(),
             absl::StatusCode::kDataLoss);
+}
+
+// Bytes of the directory's write-ahead logs (*.log).
+uint64_t WalBytes(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".log") n += e.file_size();
+  return n;
+}
+
+// A clean close writes the memtables out: the next Open replays no WAL,
+// and the blocks and their count estimate are there.
+TEST(SpillStore, ACleanCloseLeavesNoWalToReplay) {
+  TempDir dir;
+  std::vector<BlockKey> keys;
+  const std::string payload(4096, 'w');
+  const DiskBlockMeta meta = MetaFor(payload);
+  {
+    auto store = OpenOrDie(dir.path());
+    for (int i = 0; i < 256; ++i) keys.push_back({"t", 1, "block-" + std::to_string(i)});
+    std::vector<SpillStore::BlockWrite> writes;
+    for (const BlockKey& k : keys) writes.push_back({&k, &meta, payload});
+    ASSERT_TRUE(store->Apply(writes, {}, /*sync=*/true).ok());
+    ASSERT_GT(WalBytes(dir.path()), keys.size() * payload.size());  // in the WAL, not yet in tables
+  }
+  EXPECT_LT(WalBytes(dir.path()), 4096u);
+  auto store = OpenOrDie(dir.path());
+  EXPECT_EQ(store->EstimatedBlocks(), keys.size());
+  for (const BlockKey& k : {keys.front(), keys.back()}) {
+    auto got = store->ReadPayload(k);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)->view(), payload);
+  }
 }
 
 TEST(SpillStore, OpenRejectsEmptyPath) {
