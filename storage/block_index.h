@@ -100,6 +100,9 @@ class BlockIndex {
 
   // The record of `key`, or null.
   BlockRecord* Find(const BlockKey& key);
+  // Starts loading the table memory Find(key) will read, so that the probes
+  // of a chain's later keys overlap the earlier ones.
+  void Prefetch(const BlockKey& key) const { records_.prefetch(key); }
 
   // Inserts `record` (its host/on_disk fields are applied as residency) and
   // assigns it a fresh generation. REQUIRES: no record with the same key.

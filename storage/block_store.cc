@@ -42,6 +42,9 @@ constexpr int kMaxAdmissionRounds = 16;
 // of writing them for this long, then tries the disk again.
 constexpr absl::Duration kDiskFullRetryInterval = absl::Seconds(1);
 constexpr int kMaxGetAttempts = 4;
+// A Lookup prefetches the index memory of the hash this far ahead of the
+// one it probes (each probe's cache misses overlap the next ones').
+constexpr size_t kLookupAhead = 8;
 
 DiskBlockMeta MetaOf(const BlockRecord& r) {
   DiskBlockMeta m;
@@ -613,11 +616,20 @@ absl::StatusOr<LookupResult> BlockStore::Lookup(absl::string_view tenant, uint64
   LookupResult result;
   result.tiers.reserve(chain.size());
   BlockKey key{std::string(tenant), model_id, ""};
+  BlockKey ahead = key;  // kLookupAhead hashes ahead: its table memory prefetched
   absl::MutexLock l(&mu_);
   absl::Time now = clock_->Now();
   counters_.lookups++;
-  for (const std::string& h : chain) {
-    key.block_hash = h;
+  for (size_t i = 0; i < std::min(kLookupAhead, chain.size()); ++i) {
+    ahead.block_hash = chain[i];
+    index_.Prefetch(ahead);
+  }
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (i + kLookupAhead < chain.size()) {
+      ahead.block_hash = chain[i + kLookupAhead];
+      index_.Prefetch(ahead);
+    }
+    key.block_hash = chain[i];
     BlockRecord* r = index_.Find(key);
     if (r == nullptr || !r->visible) break;
     Tier tier = r->best_tier();
