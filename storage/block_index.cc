@@ -8,7 +8,7 @@ namespace tqkv::storage {
 
 BlockRecord* BlockIndex::Find(const BlockKey& key) {
   auto it = records_.find(key);
-  return it == records_.end() ? nullptr : it->second.get();
+  return it == records_.end() ? nullptr : it->get();
 }
 
 BlockRecord* BlockIndex::Insert(BlockRecord record) {
@@ -20,7 +20,7 @@ BlockRecord* BlockIndex::Insert(BlockRecord record) {
   bool on_disk = r->on_disk;
   r->host = nullptr;
   r->on_disk = false;
-  auto [it, inserted] = records_.emplace(r->key, std::move(owned));
+  auto [it, inserted] = records_.insert(std::move(owned));
   assert(inserted);
   (void)it;
   (void)inserted;
@@ -33,7 +33,7 @@ BlockRecord* BlockIndex::Insert(BlockRecord record) {
 void BlockIndex::Erase(BlockRecord* r) {
   SetHostCopy(r, nullptr);
   SetOnDisk(r, false);
-  records_.erase(r->key);  // destroys *r
+  records_.erase(records_.find(r->key));  // destroys *r
 }
 
 void BlockIndex::SetHostCopy(BlockRecord* r, std::shared_ptr<const HostBuffer> buffer) {

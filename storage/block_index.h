@@ -33,6 +33,8 @@
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/time/time.h"
 #include "storage/block_key.h"
 #include "storage/host_pool.h"
@@ -137,7 +139,7 @@ class BlockIndex {
   // insert or erase.
   template <typename Fn>
   void ForEach(Fn fn) {
-    for (auto& [key, rec] : records_) fn(rec.get());
+    for (const std::unique_ptr<BlockRecord>& rec : records_) fn(rec.get());
   }
 
   size_t size() const { return records_.size(); }
@@ -189,7 +191,22 @@ class BlockIndex {
   // if unchanged).
   void Relist(BlockRecord* r);
 
-  absl::flat_hash_map<BlockKey, std::unique_ptr<BlockRecord>> records_;
+  // The records, found by the key inside each (no second copy of it).
+  struct RecordHash {
+    using is_transparent = void;
+    size_t operator()(const BlockKey& k) const { return absl::Hash<BlockKey>()(k); }
+    size_t operator()(const std::unique_ptr<BlockRecord>& r) const { return (*this)(r->key); }
+  };
+  struct RecordEq {
+    using is_transparent = void;
+    static const BlockKey& Key(const BlockKey& k) { return k; }
+    static const BlockKey& Key(const std::unique_ptr<BlockRecord>& r) { return r->key; }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return Key(a) == Key(b);
+    }
+  };
+  absl::flat_hash_set<std::unique_ptr<BlockRecord>, RecordHash, RecordEq> records_;
   Lru host_lru_;       // oldest first
   Lru disk_only_lru_;  // oldest first
   absl::flat_hash_map<UsageKey, TierUsage> usage_;
