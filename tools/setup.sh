@@ -16,6 +16,7 @@ PKGS=(
   # tests and benchmarks
   prometheus redis-server redis-tools
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest
+  python3-pip python3-setuptools python3-wheel python3-venv  # the client's wheel and its venv test
   libhiredis-dev  # bench/service_bench (Redis baseline client)
   curl procps
   openssl  # the TLS tests make their certificates with the CLI
