@@ -92,6 +92,22 @@ def test_client_finds_the_data_plane_through_stats(client, server, rng):
         assert [b.payload for b in got] == [b.payload for b in client.get_blocks(m, hs)]
 
 
+def test_polling_for_replies_gives_the_same_replies(client, server, rng):
+    """DataPlane(reply_poll=...) polls for each reply before sleeping: the
+    same outputs and errors, also when a reply outlasts the poll window."""
+    m, hs, q = stored_model(client, rng, 3)
+    with client.create_sequence(m, hs) as seq, tqkv.DataPlane(server.data_address) as slept:
+        for poll in (0.2, 1e-6):
+            with tqkv.DataPlane(server.data_address, reply_poll=poll) as polled:
+                for layer in range(2):
+                    assert np.array_equal(polled.attend(layer, [(seq, q)])[0], slept.attend(layer, [(seq, q)])[0])
+                with pytest.raises(tqkv.NotFound):
+                    polled.attend(0, [("no-such-sequence", q)])
+    with tqkv.Client(server.address, data_address=server.data_address, data_reply_poll=0.1) as c, \
+            c.create_sequence(m, hs) as seq:
+        assert np.array_equal(c.attend(0, [(seq, q)])[0], client.attend(0, [(seq, q)])[0])
+
+
 def test_decode_step_appends_and_attends_in_one_call(client, server, rng):
     """Sequence.append_attend (gRPC), DataPlane.attend with new tokens and
     append + attend give the same bytes at every step, across a block fill."""

@@ -79,11 +79,13 @@ class Client:
     ask the server (Stats) on first use; when set, packed
     get_blocks/iter_blocks and attend go over the data plane (one connection
     per thread) instead of gRPC, with the same results and errors.
+    data_reply_poll: DataPlane's `reply_poll`.
     """
 
     def __init__(self, address, token=None, timeout=30.0, *, retries=5, backoff_s=0.05,
                  max_backoff_s=2.0, credentials=None, max_message_bytes=_DEFAULT_MAX_MESSAGE,
-                 options=(), data_address=None, data_tls=None, data_server_name=None):
+                 options=(), data_address=None, data_tls=None, data_server_name=None,
+                 data_reply_poll=0.0):
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)] + list(options)
         if credentials is not None:
@@ -101,6 +103,7 @@ class Client:
         self.data_address = data_address
         self._data_tls = data_tls
         self._data_server_name = data_server_name
+        self._data_reply_poll = data_reply_poll
         self._token = token
         self._dp = threading.local()
 
@@ -142,7 +145,8 @@ class Client:
                     self.data_address = self._discover_data_plane()
                 dp = self._dp.conn = DataPlane(self.data_address, token=self._token,
                                                timeout=self.timeout, tls=self._data_tls,
-                                               server_name=self._data_server_name)
+                                               server_name=self._data_server_name,
+                                               reply_poll=self._data_reply_poll)
             try:
                 return fn(dp)
             except errors.Unavailable:
