@@ -11,19 +11,9 @@ TQKV="$RUNFILES/client/cli/tqkv"
 TMP="$(mktemp -d "${TEST_TMPDIR:-/tmp}/cli.XXXXXX")"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-"$SERVER" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --data_dir="$TMP/data" \
-  --threads=1 --backend=cpu >"$TMP/out" 2>"$TMP/err" &
-PID=$!
-trap 'kill -9 $PID 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  grep -q '^tqkv-server listening on ' "$TMP/out" && break
-  kill -0 $PID 2>/dev/null || fail "server died: $(cat "$TMP/err")"
-  sleep 0.1
-done
-ADDR=$(sed -n 's/^tqkv-server listening on //p' "$TMP/out")
-[ -n "$ADDR" ] || fail "no listening line"
-DATA=$(sed -n 's/^tqkv-server data plane listening on //p' "$TMP/out")
-[ -n "$DATA" ] || fail "no data plane line"
+source "$RUNFILES/tests/start_server.sh"
+start_server "$TMP/out" "$TMP/err" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --data_dir="$TMP/data" \
+  --threads=1 --backend=cpu
 S=(--server "$ADDR")
 
 out=$("$TQKV" status "${S[@]}")

@@ -12,20 +12,10 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 "$RUNFILES/tests/make_test_certs.sh" "$TMP/certs" >/dev/null 2>&1 || fail "make_test_certs.sh"
 C="$TMP/certs"
-"$SERVER" --listen=127.0.0.1:0 --data_listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+source "$RUNFILES/tests/start_server.sh"
+start_server "$TMP/out" "$TMP/err" --listen=127.0.0.1:0 --data_listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
   --data_dir="$TMP/data" --threads=1 --backend=cpu \
-  --tls_cert_file="$C/server.pem" --tls_key_file="$C/server.key" --tls_client_ca_file="$C/ca.pem" \
-  >"$TMP/out" 2>"$TMP/err" &
-PID=$!
-trap 'kill -9 $PID 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  grep -q '^tqkv-server data plane listening on ' "$TMP/out" && break
-  kill -0 $PID 2>/dev/null || fail "server died: $(cat "$TMP/err")"
-  sleep 0.1
-done
-ADDR=$(sed -n 's/^tqkv-server listening on //p' "$TMP/out")
-DATA=$(sed -n 's/^tqkv-server data plane listening on //p' "$TMP/out")
-[ -n "$ADDR" ] && [ -n "$DATA" ] || fail "no listening lines: $(cat "$TMP/out")"
+  --tls_cert_file="$C/server.pem" --tls_key_file="$C/server.key" --tls_client_ca_file="$C/ca.pem"
 TLS=(--tls_ca "$C/ca.pem" --tls_cert "$C/alpha.pem" --tls_key "$C/alpha.key")
 S=(--server "$ADDR" --timeout_ms 10000)
 

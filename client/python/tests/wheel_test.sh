@@ -20,20 +20,13 @@ whl="$RUNFILES/client/python/tqkv-$version-py3-none-any.whl"
 /usr/bin/python3 -m venv --system-site-packages "$TMP/venv"
 "$TMP/venv/bin/pip" install --quiet --no-index --no-deps --no-cache-dir "$whl" || fail "pip install $whl"
 
-"$RUNFILES/service/tqkv-server" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --data_dir="$TMP/data" \
-  --backend=cpu --threads=1 >"$TMP/out" 2>"$TMP/err" &
-pid=$!
-trap 'kill -9 $pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  grep -q '^tqkv-server listening on ' "$TMP/out" && break
-  kill -0 $pid 2>/dev/null || fail "server died: $(cat "$TMP/err")"
-  sleep 0.1
-done
-addr=$(sed -n 's/^tqkv-server listening on //p' "$TMP/out")
-[ -n "$addr" ] || fail "no listening line"
+SERVER="$RUNFILES/service/tqkv-server"
+source "$RUNFILES/tests/start_server.sh"
+start_server "$TMP/out" "$TMP/err" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --data_dir="$TMP/data" \
+  --backend=cpu --threads=1 --data_listen=off
 
 mkdir "$TMP/empty" && cd "$TMP/empty"
-"$TMP/venv/bin/python" - "$RUNFILES/README.md" "$addr" "$TMP/venv" "$version" <<'PY' || fail "README example"
+"$TMP/venv/bin/python" - "$RUNFILES/README.md" "$ADDR" "$TMP/venv" "$version" <<'PY' || fail "README example"
 import importlib.metadata, os, sys
 readme, addr, venv, version = sys.argv[1:]
 import tqkv
