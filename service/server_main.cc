@@ -21,8 +21,10 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/byte_size.h"
 #include "google/protobuf/stubs/logging.h"
 #include "gpu/cuda_backend.h"
+#include "service/build_info.h"
 #include "service/rpc_scope.h"
 #include "service/server.h"
 
@@ -41,7 +43,7 @@ ABSL_FLAG(int, data_idle_timeout_s, 600,
           "close data-plane connections idle this many seconds (an open put stream on one commits nothing)");
 ABSL_FLAG(int, data_max_connections, 4096,
           "most data-plane connections at once; one more gets RESOURCE_EXHAUSTED");
-ABSL_FLAG(uint64_t, data_max_buffered_bytes, uint64_t{1} << 30,
+ABSL_FLAG(tqkv::ByteSize, data_max_buffered_bytes, tqkv::ByteSize{uint64_t{1} << 30},
           "budget of bytes held for incomplete data-plane request frames, all connections together: a frame is "
           "charged its declared length when its 4-byte prefix arrives, before its body is buffered; one that would "
           "exceed the budget gets RESOURCE_EXHAUSTED and its connection is closed (clients retry with backoff). "
@@ -81,11 +83,11 @@ ABSL_FLAG(std::string, at_rest_key_file, "",
           "highest id; older ids still open older records; empty: payloads stored in clear");
 ABSL_FLAG(std::string, backend, "auto",
           "compute backend: auto (cuda if built in and a GPU is usable, else cpu), cpu, cuda");
-ABSL_FLAG(uint64_t, host_budget_bytes, uint64_t{1} << 30, "host-memory budget for block payloads");
-ABSL_FLAG(uint64_t, tenant_host_quota_bytes, 0,
+ABSL_FLAG(tqkv::ByteSize, host_budget_bytes, tqkv::ByteSize{uint64_t{1} << 30}, "host-memory budget for block payloads");
+ABSL_FLAG(tqkv::ByteSize, tenant_host_quota_bytes, tqkv::ByteSize{0},
           "host bytes one tenant's blocks may hold: at it a tenant evicts its own blocks, never another "
           "tenant's; a put that cannot make room is RESOURCE_EXHAUSTED naming the tenant (0: no limit)");
-ABSL_FLAG(uint64_t, disk_budget_bytes, uint64_t{64} << 30, "disk budget for spilled/durable blocks");
+ABSL_FLAG(tqkv::ByteSize, disk_budget_bytes, tqkv::ByteSize{uint64_t{64} << 30}, "disk budget for spilled/durable blocks");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message received or sent");
 ABSL_FLAG(int, max_models_per_tenant, 256,
           "models one tenant may register; one more gets RESOURCE_EXHAUSTED (models on disk always load)");
@@ -96,7 +98,7 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "caller is tenant \"default\" with admin rights");
 ABSL_FLAG(int, threads, -1, "CPU backend worker threads (-1: cores - 1)");
 ABSL_FLAG(int, gpu_device, 0, "CUDA device ordinal of the cuda backend");
-ABSL_FLAG(uint64_t, gpu_arena_bytes, 0,
+ABSL_FLAG(tqkv::ByteSize, gpu_arena_bytes, tqkv::ByteSize{0},
           "device memory the cuda backend reserves for resident blocks (GPU tier); 0: 60% of "
           "the device memory free at start");
 ABSL_FLAG(bool, spill_on_shutdown, true,
@@ -126,7 +128,7 @@ int main(int argc, char** argv) {
       "Prints `tqkv-server listening on HOST:PORT` (and the data-plane and metrics addresses)\n"
       "once serving;\n"
       "SIGHUP re-reads the auth file; SIGTERM/SIGINT drain in-flight RPCs, spill host blocks\n"
-      "to disk and exit 0.");
+      "to disk and exit 0. Byte counts take units: 64GiB, 512MiB, 10GB (or plain bytes).");
   absl::FlagsUsageConfig usage;
   // --help lists this file's flags (absl's default looks for a file named
   // after the binary).
@@ -134,6 +136,10 @@ int main(int argc, char** argv) {
     return path.find("service/server_main.cc") != absl::string_view::npos;
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] {
+    const tqkv::service::BuildInfo b = tqkv::service::CurrentBuildInfo();
+    return absl::StrCat("tqkv-server ", b.version, " (commit ", b.commit.empty() ? "unknown" : b.commit, ")\n");
+  };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   // Debian's Abseil is built without NDEBUG, so every absl::Mutex
@@ -177,13 +183,13 @@ int main(int argc, char** argv) {
   o.data_threads = absl::GetFlag(FLAGS_data_threads);
   o.data_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_idle_timeout_s));
   o.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);
-  o.data_max_buffered_bytes = absl::GetFlag(FLAGS_data_max_buffered_bytes);
+  o.data_max_buffered_bytes = absl::GetFlag(FLAGS_data_max_buffered_bytes).bytes;
   o.data_frame_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_frame_timeout_s));
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
-  o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes);
-  o.tenant_host_quota_bytes = absl::GetFlag(FLAGS_tenant_host_quota_bytes);
-  o.disk_budget_bytes = absl::GetFlag(FLAGS_disk_budget_bytes);
+  o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes).bytes;
+  o.tenant_host_quota_bytes = absl::GetFlag(FLAGS_tenant_host_quota_bytes).bytes;
+  o.disk_budget_bytes = absl::GetFlag(FLAGS_disk_budget_bytes).bytes;
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.max_models_per_tenant = absl::GetFlag(FLAGS_max_models_per_tenant);
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
@@ -199,7 +205,7 @@ int main(int argc, char** argv) {
   // UNAVAILABLE where there is no usable GPU (then auto falls back to cpu).
   tqkv::gpu::CudaBackendOptions gpu;
   gpu.device = absl::GetFlag(FLAGS_gpu_device);
-  gpu.arena_bytes = absl::GetFlag(FLAGS_gpu_arena_bytes);
+  gpu.arena_bytes = absl::GetFlag(FLAGS_gpu_arena_bytes).bytes;
   tqkv::service::CudaBackendFactory cuda = [gpu] { return tqkv::gpu::CreateCudaBackend(gpu); };
   absl::StatusOr<std::unique_ptr<tqkv::service::Server>> server =
       tqkv::service::Server::Start(o, cuda);
