@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The `tqkv` CLI's server commands against the real tqkv-server: status,
+# The `tqkv` CLI's server commands against the real tqkv-server (whose
+# --version and byte-count units are checked first): status,
 # put (over gRPC and the data plane, with progress), lookup, get (packed
 # and dense, over gRPC and the data plane), stats and bench (with its
 # data-plane reads), then a graceful
@@ -11,10 +12,20 @@ TQKV="$RUNFILES/client/cli/tqkv"
 TMP="$(mktemp -d "${TEST_TMPDIR:-/tmp}/cli.XXXXXX")"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# The server's version line, and byte counts with units (a wrong unit is
+# refused, naming it).
+grep -q '^tqkv-server [0-9][0-9.]* (commit ' <<<"$("$SERVER" --version)" || fail "--version: $("$SERVER" --version)"
+rc=0
+"$SERVER" --host_budget_bytes=64mib --data_dir="$TMP/never" >/dev/null 2>"$TMP/unit_err" || rc=$?
+[ "$rc" != 0 ] && grep -q "unknown unit 'mib'" "$TMP/unit_err" || fail "a wrong unit: exit $rc, $(cat "$TMP/unit_err")"
+
 source "$RUNFILES/tests/start_server.sh"
 start_server "$TMP/out" "$TMP/err" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --data_dir="$TMP/data" \
-  --threads=1 --backend=cpu
+  --threads=1 --backend=cpu --host_budget_bytes=64MiB
 S=(--server "$ADDR")
+METRICS=$(sed -n 's/^tqkv-server metrics listening on //p' "$TMP/out")
+grep -q '^tqkv_host_capacity_bytes 67108864$' <<<"$(curl -sf "http://$METRICS/metrics")" ||
+  fail "--host_budget_bytes=64MiB is not a 67108864-byte budget"
 
 out=$("$TQKV" status "${S[@]}")
 grep -q "SERVING, backend cpu, tenant default, data plane $DATA" <<<"$out" || fail "status: $out"
