@@ -52,7 +52,13 @@ grep -q 'NOT_FOUND' "$TMP/get_err" || fail "missing block message: $(cat "$TMP/g
 
 out=$("$TQKV" stats "${S[@]}")
 grep -q 'model synthetic (id [0-9]*), compression 3.56x' <<<"$out" || fail "stats: $out"
-grep -q 'host: blocks=40 bytes=184320 dense_equivalent=655360' <<<"$out" || fail "stats tiers: $out"
+grep -q '^  host: 40 blocks, 180 KiB (fp16: 640 KiB); K ' <<<"$out" || fail "stats tiers: $out"
+out=$("$TQKV" stats "${S[@]}" --bytes)
+grep -q 'host: blocks=40 bytes=184320 dense_equivalent=655360' <<<"$out" || fail "stats --bytes: $out"
+# Each command's --help names what it does and its own flags.
+grep -q '^usage: tqkv stats \[--model_id ID\] \[--bytes\]' <<<"$("$TQKV" stats --help)" || fail "stats --help"
+out=$("$TQKV" put --help)
+grep -q -- '--durable' <<<"$out" && grep -q '^Model flags:' <<<"$out" || fail "put --help: $out"
 
 out=$("$TQKV" bench "${S[@]}" --blocks 200 --threads 2 --rounds 1 --seed 9 --data "$DATA")
 grep -q '^put .* MB/s dense fp16 in (data plane); 200 committed, 0 already present' <<<"$out" || fail "bench: $out"

@@ -6,7 +6,7 @@
 // apply to the data plane (--data HOST:PORT of put, get and bench).
 //
 //   status                        health and backend; exit 1 unless SERVING
-//   stats  [--model_id ID]        per-model blocks and bytes by tier
+//   stats  [--model_id ID] [--bytes]  per-model blocks and bytes by tier
 //   put    [model flags] --blocks N [--seed S] [--durable]
 //                                 registers the model and puts N synthetic
 //                                 dense fp16 blocks (a hash chain from S)
@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/byte_size.h"
 #include "client/cli/args.h"
 #include "client/cpp/client.h"
 #include "client/cpp/data_plane_client.h"
@@ -170,15 +171,24 @@ int Stats(const Args& a, Ctx& c) {
   req.set_model_id(static_cast<uint64_t>(*id));
   auto s = c.client->Stats(req);
   if (!s.ok()) return Fail(c.err, s.status());
+  const bool exact = a.Has("bytes");
   c.out << "tenant " << s->tenant() << ", backend " << s->backend() << "\n";
   for (const v1::ModelStats& m : s->models()) {
     c.out << "model " << m.model_name() << " (id " << m.model_id() << "), compression "
           << std::fixed << std::setprecision(2) << m.compression_ratio() << "x\n";
-    for (const v1::TierBytes& t : m.tiers())
-      c.out << "  " << TierName(t.tier()) << ": blocks=" << t.blocks() << " bytes=" << t.bytes()
-            << " dense_equivalent=" << t.dense_equivalent_bytes() << " packed_k=" << t.packed_k_bytes()
-            << " packed_v=" << t.packed_v_bytes() << " norms=" << t.norms_metadata_bytes()
-            << " dense_window=" << t.dense_window_bytes() << "\n";
+    for (const v1::TierBytes& t : m.tiers()) {
+      if (exact) {
+        c.out << "  " << TierName(t.tier()) << ": blocks=" << t.blocks() << " bytes=" << t.bytes()
+              << " dense_equivalent=" << t.dense_equivalent_bytes() << " packed_k=" << t.packed_k_bytes()
+              << " packed_v=" << t.packed_v_bytes() << " norms=" << t.norms_metadata_bytes()
+              << " dense_window=" << t.dense_window_bytes() << "\n";
+      } else {
+        c.out << "  " << TierName(t.tier()) << ": " << t.blocks() << " blocks, " << HumanBytes(t.bytes())
+              << " (fp16: " << HumanBytes(t.dense_equivalent_bytes()) << "); K " << HumanBytes(t.packed_k_bytes())
+              << ", V " << HumanBytes(t.packed_v_bytes()) << ", norms " << HumanBytes(t.norms_metadata_bytes())
+              << ", dense window " << HumanBytes(t.dense_window_bytes()) << "\n";
+      }
+    }
   }
   return 0;
 }
@@ -384,13 +394,54 @@ int Bench(const Args& a, Ctx& c) {
   return 0;
 }
 
+// What each command does and its own flags, for `tqkv CMD --help`.
+struct CommandHelp {
+  const char* name;
+  const char* synopsis;
+  const char* summary;
+  const char* flags;  // one "  --flag ARG   meaning (default)" line each
+  bool model;
+};
+constexpr CommandHelp kHelp[] = {
+    {"status", "", "Health, backend, tenant and data-plane address of the server; exit 1 unless SERVING.", "",
+     false},
+    {"stats", "[--model_id ID] [--bytes]",
+     "This tenant's models: blocks and bytes per tier, compression against fp16.",
+     "  --model_id ID     one model (default: every model)\n"
+     "  --bytes           exact byte counts (default: KiB, MiB, GiB)\n",
+     false},
+    {"put", "[--durable] [--data HOST:PORT]",
+     "Registers the model and puts --blocks synthetic dense fp16 blocks (a hash chain from --seed), with progress.",
+     "  --durable         write them to disk (synced) before the put returns\n"
+     "  --data HOST:PORT  over the data plane (blocks encoded in batches)\n",
+     true},
+    {"lookup", "", "Counts the chain's consecutive leading hits.", "", true},
+    {"get", "[--dense] [--data HOST:PORT]", "Reads the chain's blocks back: packed, or dense fp16 decoded by the server.",
+     "  --dense           dense fp16 (default: packed)\n"
+     "  --data HOST:PORT  over the data plane\n",
+     true},
+    {"bench", "[--threads T] [--rounds R] [--data HOST:PORT]",
+     "Put, get and lookup throughput of the chain from T threads.",
+     "  --threads T       client threads (default 4)\n"
+     "  --rounds R        passes over the chain (default 3)\n"
+     "  --data HOST:PORT  also reads over the data plane\n",
+     true},
+};
+
 void Usage(const std::string& cmd, std::ostream& out) {
-  out << "usage: tqkv " << cmd
-      << " [--server HOST:PORT] [--token T] [--timeout_ms MS]"
-         " [--tls_ca FILE|system [--tls_cert FILE --tls_key FILE] [--tls_server_name NAME]]"
-         " [--model NAME --layers L --kv_heads H --q_heads Q --head_dim D --block_size B"
-         " --format F] [--blocks N --seed S] [--durable] [--dense] [--threads T --rounds R]"
-         " [--model_id ID] [--data HOST:PORT (put, get, bench: over the data plane, TLS flags as gRPC)]\n";
+  for (const CommandHelp& h : kHelp) {
+    if (cmd != h.name) continue;
+    out << "usage: tqkv " << h.name << (*h.synopsis ? " " : "") << h.synopsis
+        << (h.model ? " [model flags]" : "") << " [connection flags]\n"
+        << h.summary << "\n"
+        << h.flags;
+    if (h.model)
+      out << "Model flags: --model NAME (default synthetic) --layers L (2) --kv_heads H (2) --q_heads Q (4)\n"
+             "  --head_dim D (64) --block_size B (16) --format F (k4v4); the chain: --blocks N (16) --seed S (1)\n";
+    out << "Connection flags: --server HOST:PORT (default localhost:50051) --token T --timeout_ms MS (30000)\n"
+           "  --tls_ca FILE|system [--tls_cert FILE --tls_key FILE] [--tls_server_name NAME]\n"
+           "  (the data plane takes the same token and TLS flags)\n";
+  }
 }
 
 }  // namespace
@@ -400,7 +451,7 @@ int ServiceCommand(const std::string& cmd, int argc, char** argv, std::ostream& 
   using Fn = int (*)(const Args&, Ctx&);
   const std::map<std::string, std::pair<Fn, std::set<std::string>>> commands = {
           {"status", {&Status, Flags(false)}},
-          {"stats", {&Stats, Flags(false, {"model_id"})}},
+          {"stats", {&Stats, Flags(false, {"model_id", "bytes"})}},
           {"put", {&Put, Flags(true, {"durable", "data"})}},
           {"lookup", {&Lookup, Flags(true)}},
           {"get", {&Get, Flags(true, {"dense", "data"})}},
@@ -412,7 +463,7 @@ int ServiceCommand(const std::string& cmd, int argc, char** argv, std::ostream& 
   // `--help` to `--x=1` so the value parser accepts them.
   std::vector<std::string> words(argv, argv + argc);
   for (std::string& w : words)
-    if (w == "--durable" || w == "--dense" || w == "--help") w += "=1";
+    if (w == "--durable" || w == "--dense" || w == "--help" || w == "--bytes") w += "=1";
   std::vector<char*> ptrs;
   for (std::string& w : words) ptrs.push_back(w.data());
   auto args = Args::Parse(static_cast<int>(ptrs.size()), ptrs.data(), 2, it->second.second);
