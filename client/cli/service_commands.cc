@@ -424,7 +424,7 @@ constexpr CommandHelp kHelp[] = {
      "Put, get and lookup throughput of the chain from T threads.",
      "  --threads T       client threads (default 4)\n"
      "  --rounds R        passes over the chain (default 3)\n"
-     "  --data HOST:PORT  also reads over the data plane\n",
+     "  --data HOST:PORT  puts over the data plane, and reads over it too\n",
      true},
 };
 
