@@ -9,11 +9,16 @@
 // the index or with what was looked up). Then the store is closed and
 // reopened on the same directory: the time to reopen and to the first
 // Lookup hit, the process's RSS after the reopen, and the rate of Gets of
-// random disk blocks.
+// random disk blocks, read cold (the store's files are dropped from the
+// page cache first). Baselines in the same run, on the same file system:
+// a file of the fill's bytes written in 1 MiB writes and fdatasync'd (the
+// fill's spill rate compares with it), and as many random block-sized reads
+// of it, cold, as the Gets make.
 //
 // Usage: disk_tier_bench [--sizes 10000,1000000] [--block_bytes 1024]
 //                        [--host_blocks 4096] [--lookups 300] [--spills 20000]
 //                        [--dir /tmp]
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +54,45 @@ std::string Hash(int64_t i) {
 struct Result {
   double fill_per_s = 0, spill_per_s = 0, lookup_p50 = 0, lookup_p99 = 0;
 };
+
+// Drops every file under `dir` from the page cache (after syncing it), so
+// the next reads come from the device.
+void DropFromPageCache(const std::string& dir) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = open(e.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+}
+
+// The device under `dir`: MB/s of writing `bytes` in 1 MiB writes and
+// fdatasync, then of `reads` cold random reads of `block` bytes.
+std::pair<double, double> RawDevice(const std::string& dir, uint64_t bytes, int64_t block, int64_t reads) {
+  const std::string path = dir + "/raw_device_baseline";
+  const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0600);
+  if (fd < 0) return {0, 0};
+  std::string chunk(1 << 20, 'r');
+  auto t0 = Clock::now();
+  for (uint64_t done = 0; done < bytes; done += chunk.size())
+    if (write(fd, chunk.data(), chunk.size()) != static_cast<ssize_t>(chunk.size())) break;
+  fdatasync(fd);
+  const double write_mb_s = bytes / (Micros(t0, Clock::now()) / 1e6) / 1e6;
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  std::mt19937_64 rng(11);
+  std::string buf(block, '\0');
+  const uint64_t slots = std::max<uint64_t>(1, bytes / block);
+  t0 = Clock::now();
+  for (int64_t i = 0; i < reads; ++i) {
+    if (pread(fd, buf.data(), block, static_cast<off_t>(rng() % slots) * block) != block) break;
+  }
+  const double read_mb_s = reads * block / (Micros(t0, Clock::now()) / 1e6) / 1e6;
+  close(fd);
+  std::filesystem::remove(path);
+  return {write_mb_s, read_mb_s};
+}
 
 // This process's resident set (VmRSS), in bytes; 0 if unreadable.
 double RssBytes() {
@@ -147,6 +191,7 @@ int Run(int argc, char** argv) {
                 r.spill_per_s, r.spill_per_s / results[0].spill_per_s, (long long)sizes[0]);
     std::fflush(stdout);
     store->reset();
+    DropFromPageCache(dir);
 
     // Restart on the same directory.
     const double rss_closed = RssBytes();
@@ -178,11 +223,15 @@ int Run(int argc, char** argv) {
       got_bytes += b->payload->size();
     }
     const double get_s = Micros(t0, Clock::now()) / 1e6;
-    std::printf("  restart: open %.2f s, first Lookup hit and Get %.2f s; RSS %.0f MB closed, %.0f MB reopened "
-                "(%.0f bytes a block indexed)\n"
-                "  Gets of random disk blocks after the restart: %.0f /s (%.1f MB/s)\n",
-                open_s, first_hit_s, rss_closed / 1e6, rss_open / 1e6, (rss_open - rss_closed) / (n + spills),
-                gets / get_s, got_bytes / get_s / 1e6);
+    const auto [raw_write, raw_read] = RawDevice(args->Get("dir", "/tmp"), static_cast<uint64_t>(n) * block, block, gets);
+    std::printf("  restart: open %.2f s, first Lookup hit and Get %.2f s; RSS %.0f MB closed, %.0f MB reopened\n"
+                "  Gets of random disk blocks after the restart, cold: %.0f /s (%.1f MB/s; the device's random "
+                "%lld-byte reads: %.1f MB/s, %.2fx)\n"
+                "  fill (every put spills one block): %.1f MB/s; the device's sequential write with fdatasync: "
+                "%.1f MB/s, %.2fx\n",
+                open_s, first_hit_s, rss_closed / 1e6, rss_open / 1e6, gets / get_s, got_bytes / get_s / 1e6,
+                (long long)block, raw_read, raw_read > 0 ? got_bytes / get_s / 1e6 / raw_read : 0.0,
+                r.fill_per_s * block / 1e6, raw_write, raw_write > 0 ? r.fill_per_s * block / 1e6 / raw_write : 0.0);
     std::fflush(stdout);
     store->reset();
   }
