@@ -32,7 +32,7 @@ import numpy as np
 from . import errors
 from ._proto import pb
 from . import tensors
-from .client import Client, _as_block, _hashes, _raw_block, _seq_id
+from ._requests import _as_block, _hashes, _raw_block, _seq_id, model_ref
 from .types import TIER_NAMES, BlockData, Format, PutResult
 
 _PREFACE = b"TQKVDP02"
@@ -193,7 +193,7 @@ class DataPlane:
         """
         wire_dtype = tensors.parse_dtype(dtype) if dense else 0
         req = pb.DataPlaneRequest(
-            get_blocks=pb.GetBlocksRequest(model=Client._ref(model), block_hashes=_hashes(hashes),
+            get_blocks=pb.GetBlocksRequest(model=model_ref(model), block_hashes=_hashes(hashes),
                                            first_layer=first_layer, last_layer=last_layer,
                                            dense=dense, dense_dtype=wire_dtype),
             with_format=with_format)
@@ -227,7 +227,7 @@ class DataPlane:
         first = next(it, None)
         first = None if first is None else _as_block(first)
         packed = first is not None and first.payload is not None
-        frame = pb.DataPlanePut(header=pb.PutHeader(model=Client._ref(model), first_layer=first_layer,
+        frame = pb.DataPlanePut(header=pb.PutHeader(model=model_ref(model), first_layer=first_layer,
                                                     last_layer=last_layer, packed=packed, durable=durable))
         failure = None
         payload = []  # the frame's tensors (or packed payloads), sent from their memory
