@@ -62,8 +62,12 @@ grep -q -- '--durable' <<<"$out" && grep -q '^Model flags:' <<<"$out" || fail "p
 
 out=$("$TQKV" bench "${S[@]}" --blocks 200 --threads 2 --rounds 1 --seed 9 --data "$DATA")
 grep -q '^put .* MB/s dense fp16 in (data plane); 200 committed, 0 already present' <<<"$out" || fail "bench: $out"
-grep -q '^lookup .* hashes/s' <<<"$out" || fail "bench: $out"
-grep -q "^get .* MB/s packed out (data plane)" <<<"$out" || fail "bench data plane: $out"
+grep -q '^lookup .* hashes/s (2 threads); per call of 16 p50 [0-9.]* ms, p99 [0-9.]* ms$' <<<"$out" || fail "bench: $out"
+grep -q "^get .* MB/s packed out (data plane); per call of 16 p50 " <<<"$out" || fail "bench data plane: $out"
+# The same blocks again: nothing new to put, and the put rate says so.
+out=$("$TQKV" bench "${S[@]}" --blocks 200 --threads 2 --rounds 1 --seed 9 --batch 50)
+grep -q '^put    0.0 blocks/s, 0.0 MB/s dense fp16 in; 0 committed, 200 already present (not counted); per call of 50 ' \
+  <<<"$out" || fail "bench re-put: $out"
 
 out=$("$TQKV" put "${S[@]}" --blocks 300 --seed 5 --data "$DATA" 2>"$TMP/put_progress")
 grep -q '^committed 300 already_present 0 ' <<<"$out" || fail "put over the data plane: $out"

@@ -12,18 +12,22 @@
 //                                 dense fp16 blocks (a hash chain from S)
 //   lookup [model flags] --blocks N [--seed S]
 //   get    [model flags] --blocks N [--seed S] [--dense]
-//   bench  [model flags] --blocks N [--threads T] [--rounds R]
+//   bench  [model flags] --blocks N [--threads T] [--rounds R] [--batch N]
 //                                 put/get/lookup throughput
 // Model flags: --model NAME (default "synthetic"), --layers 2, --kv_heads 2,
 // --q_heads 4, --head_dim 64, --block_size 16, --format k4v4.
 #include "client/cli/service_commands.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <iomanip>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -286,8 +290,9 @@ int Bench(const Args& a, Ctx& c) {
   if (!chain.ok()) return Fail(c.err, chain.status());
   auto threads = a.GetInt("threads", 4);
   auto rounds = a.GetInt("rounds", 3);
-  if (!threads.ok() || !rounds.ok() || *threads < 1 || *rounds < 1)
-    return Fail(c.err, absl::InvalidArgumentError("--threads and --rounds must be >= 1"));
+  auto batch = a.GetInt("batch", 16);
+  if (!threads.ok() || !rounds.ok() || !batch.ok() || *threads < 1 || *rounds < 1 || *batch < 1)
+    return Fail(c.err, absl::InvalidArgumentError("--threads, --rounds and --batch must be >= 1"));
   const v1::ModelRef ref = m->first;
   // Same bytes as `tqkv put` for the same --seed: a hash never gets two
   // different blocks.
@@ -298,53 +303,80 @@ int Bench(const Args& a, Ctx& c) {
   auto seconds = [](Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
-  // Each thread has its own connection and a disjoint slice of the chain.
-  auto run = [&](const std::function<absl::Status(client::Client&, size_t, size_t)>& op) {
+  // Each thread has its own connections and a disjoint slice of the chain,
+  // which it walks `passes` times in calls of --batch blocks; every call's
+  // latency is kept for the percentiles.
+  struct Phase {
+    double seconds = 0;
+    std::vector<double> call_ms;
+  };
+  auto run = [&](int passes, const std::function<absl::Status(client::Client&, client::DataPlaneClient*, size_t,
+                                                              size_t)>& op) -> std::optional<Phase> {
     std::atomic<bool> ok{true};
     std::mutex mu;
+    Phase phase;
     std::vector<std::thread> ts;
     const size_t n = chain->size(), per = (n + *threads - 1) / *threads;
+    const auto t0 = Clock::now();
     for (int t = 0; t < *threads; ++t) {
       ts.emplace_back([&, t] {
+        std::vector<double> ms;
         auto cl = MakeClient(a);
         absl::Status s = cl.status();
-        const size_t b = std::min(n, t * per), e = std::min(n, b + per);
-        for (int r = 0; s.ok() && r < *rounds && b < e; ++r) s = op(**cl, b, e);
-        if (!s.ok() && ok.exchange(false)) {
-          std::lock_guard<std::mutex> l(mu);
-          c.err << "tqkv bench: " << s << "\n";
+        std::unique_ptr<client::DataPlaneClient> dp;
+        if (s.ok() && a.Has("data")) {
+          auto d = MakeDataClient(a);
+          s = d.status();
+          if (d.ok()) dp = std::move(*d);
         }
+        const size_t b = std::min(n, t * per), e = std::min(n, b + per);
+        for (int r = 0; s.ok() && r < passes; ++r)
+          for (size_t i = b; s.ok() && i < e; i += static_cast<size_t>(*batch)) {
+            const auto c0 = Clock::now();
+            s = op(**cl, dp.get(), i, std::min(e, i + static_cast<size_t>(*batch)));
+            ms.push_back(1e3 * seconds(c0));
+          }
+        std::lock_guard<std::mutex> l(mu);
+        phase.call_ms.insert(phase.call_ms.end(), ms.begin(), ms.end());
+        if (!s.ok() && ok.exchange(false)) c.err << "tqkv bench: " << s << "\n";
       });
     }
     for (auto& th : ts) th.join();
-    return ok.load();
+    phase.seconds = seconds(t0);
+    if (!ok.load()) return std::nullopt;
+    return phase;
   };
-  // Puts (over the data plane with --data); rounds after the first find the
-  // blocks present, so only the first round's committed blocks are new.
-  std::atomic<uint64_t> committed{0}, present{0};
-  auto t0 = Clock::now();
-  bool ok = run([&](client::Client& cl, size_t b, size_t e) {
+  auto pct = [](std::vector<double> v, double q) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+  };
+  auto latency = [&](const Phase& p) {
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(2) << "; per call of " << *batch << " p50 " << pct(p.call_ms, 0.5)
+      << " ms, p99 " << pct(p.call_ms, 0.99) << " ms";
+    return o.str();
+  };
+  // Puts: one pass (over the data plane with --data). Blocks the server
+  // already held are counted apart and left out of the rates.
+  std::atomic<uint64_t> committed{0}, present{0}, put_bytes{0};
+  const uint64_t block_dense = blocks.empty() ? 0 : dense_bytes / blocks.size();
+  auto put = run(1, [&](client::Client& cl, client::DataPlaneClient* dp, size_t b, size_t e) {
     v1::PutHeader h;
     *h.mutable_model() = ref;
     std::vector<v1::PutBlock> part(blocks.begin() + b, blocks.begin() + e);
-    absl::StatusOr<v1::PutBlocksResponse> r;
-    if (a.Has("data")) {
-      auto dp = MakeDataClient(a);
-      if (!dp.ok()) return dp.status();
-      r = (*dp)->PutBlocks(h, std::move(part));
-    } else {
-      r = cl.PutBlocks(h, part);
-    }
+    absl::StatusOr<v1::PutBlocksResponse> r = dp != nullptr ? dp->PutBlocks(h, std::move(part)) : cl.PutBlocks(h, part);
     if (r.ok()) {
       committed += r->committed();
       present += r->already_present();
+      put_bytes += r->committed() * block_dense;
     }
     return r.status();
   });
-  const double put_s = seconds(t0);
-  t0 = Clock::now();
-  std::atomic<uint64_t> got_bytes{0};
-  ok = ok && run([&](client::Client& cl, size_t b, size_t e) {
+  if (!put) return Fail(c.err, absl::InternalError("some bench puts failed"));
+  // Reads and lookups: --rounds passes.
+  std::atomic<uint64_t> got_bytes{0}, dp_bytes{0};
+  auto get = run(*rounds, [&](client::Client& cl, client::DataPlaneClient*, size_t b, size_t e) {
     v1::GetBlocksRequest req;
     *req.mutable_model() = ref;
     for (size_t i = b; i < e; ++i) req.add_block_hashes((*chain)[i]);
@@ -352,45 +384,35 @@ int Bench(const Args& a, Ctx& c) {
     if (r.ok()) for (const auto& x : *r) got_bytes += x.payload().size();
     return r.status();
   });
-  const double get_s = seconds(t0);
-  // The same reads over the data plane (--data), one connection per thread.
-  double dp_get_s = 0;
-  std::atomic<uint64_t> dp_bytes{0};
-  if (ok && a.Has("data")) {
-    t0 = Clock::now();
-    ok = run([&](client::Client&, size_t b, size_t e) {
-      auto dp = MakeDataClient(a);
-      if (!dp.ok()) return dp.status();
+  std::optional<Phase> dp_get;
+  if (get && a.Has("data"))
+    dp_get = run(*rounds, [&](client::Client&, client::DataPlaneClient* dp, size_t b, size_t e) {
       v1::GetBlocksRequest req;
       *req.mutable_model() = ref;
       for (size_t i = b; i < e; ++i) req.add_block_hashes((*chain)[i]);
       client::DataPlaneBlocks out;
-      absl::Status s = (*dp)->GetBlocks(req, &out);
+      absl::Status s = dp->GetBlocks(req, &out);
       dp_bytes += out.payload_bytes();
       return s;
     });
-    dp_get_s = seconds(t0);
-  }
-  t0 = Clock::now();
-  ok = ok && run([&](client::Client& cl, size_t b, size_t e) {
+  auto look = run(*rounds, [&](client::Client& cl, client::DataPlaneClient*, size_t b, size_t e) {
     v1::LookupRequest req;
     *req.mutable_model() = ref;
     for (size_t i = b; i < e; ++i) req.add_block_hashes((*chain)[i]);
     return cl.Lookup(req).status();
   });
-  const double look_s = seconds(t0);
-  if (!ok) return Fail(c.err, absl::InternalError("some bench calls failed"));
+  if (!get || !look || (a.Has("data") && !dp_get)) return Fail(c.err, absl::InternalError("some bench calls failed"));
   const double n = static_cast<double>(chain->size()) * *rounds;
-  c.out << std::fixed << std::setprecision(1) << "put    " << n / put_s << " blocks/s, "
-        << dense_bytes * *rounds / put_s / 1e6 << " MB/s dense fp16 in" << (a.Has("data") ? " (data plane)" : "")
-        << "; " << committed.load() << " committed, " << present.load() << " already present\n"
-        << "get    " << n / get_s << " blocks/s, " << got_bytes / get_s / 1e6 << " MB/s packed out\n";
-  if (dp_get_s > 0)
-    c.out << "get    " << n / dp_get_s << " blocks/s, " << dp_bytes / dp_get_s / 1e6
-          << " MB/s packed out (data plane)\n";
-  c.out
-        << "lookup " << n / look_s << " hashes/s (" << *threads << " threads, chains of "
-        << chain->size() / *threads << ")\n";
+  c.out << std::fixed << std::setprecision(1) << "put    " << committed.load() / put->seconds << " blocks/s, "
+        << put_bytes.load() / put->seconds / 1e6 << " MB/s dense fp16 in" << (a.Has("data") ? " (data plane)" : "")
+        << "; " << committed.load() << " committed, " << present.load() << " already present (not counted)"
+        << latency(*put) << "\n"
+        << "get    " << n / get->seconds << " blocks/s, " << got_bytes / get->seconds / 1e6 << " MB/s packed out"
+        << latency(*get) << "\n";
+  if (dp_get)
+    c.out << "get    " << n / dp_get->seconds << " blocks/s, " << dp_bytes / dp_get->seconds / 1e6
+          << " MB/s packed out (data plane)" << latency(*dp_get) << "\n";
+  c.out << "lookup " << n / look->seconds << " hashes/s (" << *threads << " threads)" << latency(*look) << "\n";
   return 0;
 }
 
@@ -420,10 +442,12 @@ constexpr CommandHelp kHelp[] = {
      "  --dense           dense fp16 (default: packed)\n"
      "  --data HOST:PORT  over the data plane\n",
      true},
-    {"bench", "[--threads T] [--rounds R] [--data HOST:PORT]",
-     "Put, get and lookup throughput of the chain from T threads.",
+    {"bench", "[--threads T] [--rounds R] [--batch N] [--data HOST:PORT]",
+     "Put (once; blocks already stored are not counted), then get and lookup (R passes) of the chain from T\n"
+     "threads: throughput and each call's latency percentiles.",
      "  --threads T       client threads (default 4)\n"
-     "  --rounds R        passes over the chain (default 3)\n"
+     "  --rounds R        passes of gets and lookups over the chain (default 3)\n"
+     "  --batch N         blocks a call (default 16)\n"
      "  --data HOST:PORT  puts over the data plane, and reads over it too\n",
      true},
 };
@@ -455,7 +479,7 @@ int ServiceCommand(const std::string& cmd, int argc, char** argv, std::ostream& 
           {"put", {&Put, Flags(true, {"durable", "data"})}},
           {"lookup", {&Lookup, Flags(true)}},
           {"get", {&Get, Flags(true, {"dense", "data"})}},
-          {"bench", {&Bench, Flags(true, {"threads", "rounds", "data"})}},
+          {"bench", {&Bench, Flags(true, {"threads", "rounds", "batch", "data"})}},
       };
   auto it = commands.find(cmd);
   if (it == commands.end()) return -1;
