@@ -50,6 +50,9 @@ struct Conn {
   // error reply, so that a client still sending it can read the reply.
   bool failed = false;
   uint64_t skip = 0;
+  // A failed connection still skipping is closed at this time regardless
+  // (kFailedLinger after the failure).
+  std::chrono::steady_clock::time_point linger_until;
   bool half_closed = false;  // shutdown(SHUT_WR) sent while skipping
   // The incomplete frame at in_off is charged `charged` bytes (all of it, prefix included)
   // to the server's buffered-bytes budget since `frame_start`; 0: none.

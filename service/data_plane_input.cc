@@ -96,8 +96,9 @@ void DataPlaneServer::Loop::Process(Conn* c) {
            absl::ResourceExhaustedError(absl::StrCat("request frame of ", n + payload,
                                                      " bytes is over the data plane's limit of ",
                                                      options_.max_request_bytes)),
-           // A payload beyond the limit cannot be skipped sensibly: the connection just closes.
-           payload > options_.max_request_bytes ? 0 : prefix + n + payload - avail);
+           // The whole frame is skipped (for at most kFailedLinger), so that a
+           // client still sending it reads the reply instead of a reset.
+           prefix + n + payload - avail);
       break;
     }
     const size_t frame = prefix + n + payload;
@@ -164,6 +165,7 @@ void DataPlaneServer::Loop::Fail(Conn* c, const absl::Status& s, uint64_t skip) 
   c->closing = true;
   c->failed = true;
   c->skip = skip;
+  c->linger_until = std::chrono::steady_clock::now() + kFailedLinger;
   c->in.clear();
   c->in.shrink_to_fit();
   c->in_off = 0;

@@ -199,7 +199,7 @@ void DataPlaneServer::Loop::CloseIdle(std::chrono::steady_clock::time_point now)
   const auto frame_limit = absl::ToChronoNanoseconds(options_.frame_timeout);
   std::vector<Conn*> idle, slow;
   for (auto& [fd, c] : conns_) {
-    if (now - c->last_active > limit) {
+    if (now - c->last_active > limit || (c->failed && c->skip > 0 && now >= c->linger_until)) {
       idle.push_back(c.get());
     } else if (c->charged > 0 && now - c->frame_start > frame_limit) {
       slow.push_back(c.get());

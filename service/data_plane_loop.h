@@ -188,6 +188,11 @@ class DataPlaneServer::Loop {
   // Accepting pauses for kAcceptBackoff when the process is out of
   // descriptors (or memory).
   static constexpr std::chrono::milliseconds kAcceptBackoff{100};
+  // How long a connection that failed (its error reply queued) may go on
+  // sending the rest of its frame, read and dropped, before it is closed:
+  // closing at once, with its bytes unread, would reset the connection and
+  // could destroy the reply before the client reads it.
+  static constexpr std::chrono::seconds kFailedLinger{2};
   bool accept_paused_ = false;
   std::chrono::steady_clock::time_point accept_resume_;
   std::chrono::steady_clock::time_point next_sweep_ = std::chrono::steady_clock::now();
