@@ -120,7 +120,7 @@ std::shared_ptr<SSL_CTX> DataPlaneTlsContext::Current() {
   if (!ctx.ok()) {
     if (log_ != nullptr)
       log_->Write(absl::StrCat("tqkv-server: data plane TLS reload failed, the previous certificate stays: ",
-                               ctx.status().ToString()));
+                               ctx.status().ToString()), LogLevel::kError);
     return ctx_;
   }
   ctx_ = *std::move(ctx);

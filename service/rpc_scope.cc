@@ -1,6 +1,8 @@
 #include "service/rpc_scope.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "service/grpc_status.h"
 #include "service/tls.h"
 
@@ -21,9 +23,16 @@ absl::StatusOr<Identity> Authenticate(const Authenticator& auth, grpc::CallbackS
 
 }  // namespace
 
-void LineLog::Write(const std::string& line) {
-  std::lock_guard<std::mutex> l(mu_);
+void LineLog::Put(const std::string& line, LogLevel level) {
+  if (stamp_)
+    *out_ << absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ ", absl::Now(), absl::UTCTimeZone()) << static_cast<char>(level)
+          << ' ';
   *out_ << line << '\n' << std::flush;
+}
+
+void LineLog::Write(const std::string& line, LogLevel level) {
+  std::lock_guard<std::mutex> l(mu_);
+  Put(line, level);
 }
 
 void LineLog::WriteLimited(const std::string& line, std::chrono::steady_clock::time_point now) {
@@ -38,11 +47,12 @@ void LineLog::WriteLimited(const std::string& line, std::chrono::steady_clock::t
   }
   ++written_;
   if (dropped_ > 0) {
-    *out_ << "tqkv-server: " << dropped_ << " log lines of failed calls dropped (more than " << per_second_
-          << " a second)\n";
+    Put(absl::StrCat("tqkv-server: ", dropped_, " log lines of failed calls dropped (more than ", per_second_,
+                     " a second)"),
+        LogLevel::kWarning);
     dropped_ = 0;
   }
-  *out_ << line << '\n' << std::flush;
+  Put(line, LogLevel::kWarning);
 }
 
 RpcScope::RpcScope(const RpcEnv& env, const char* method, grpc::CallbackServerContext* ctx)

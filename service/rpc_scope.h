@@ -26,21 +26,28 @@
 namespace tqkv::service {
 
 // Whole-line logging to a stream shared by many threads. Thread-safe.
+// Each line starts with the UTC time and a level letter:
+//   2026-12-02T21:08:00.123Z I tqkv-server: auth file ... reloaded: ...
+enum class LogLevel : char { kInfo = 'I', kWarning = 'W', kError = 'E' };
 class LineLog {
  public:
   // WriteLimited writes at most `per_second` lines in any one-second window
-  // (0: no limit).
-  explicit LineLog(std::ostream* out, int per_second = 20) : out_(out), per_second_(per_second) {}
-  void Write(const std::string& line);  // appends '\n' and flushes
-  // As Write while this second's allowance lasts; later lines are counted
-  // instead, and the next line written says how many were dropped (so a
-  // client sending bad requests in a loop cannot flood the log).
+  // (0: no limit). stamp=false leaves out the time and level (tests).
+  explicit LineLog(std::ostream* out, int per_second = 20, bool stamp = true)
+      : out_(out), per_second_(per_second), stamp_(stamp) {}
+  void Write(const std::string& line, LogLevel level = LogLevel::kInfo);  // appends '\n' and flushes
+  // As Write (at warning level: failed calls) while this second's allowance
+  // lasts; later lines are counted instead, and the next line written says
+  // how many were dropped (so a client sending bad requests in a loop cannot
+  // flood the log).
   void WriteLimited(const std::string& line,
                     std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
  private:
+  void Put(const std::string& line, LogLevel level);  // REQUIRES: mu_ held
   std::ostream* const out_;
   const int per_second_;
+  const bool stamp_;
   std::mutex mu_;
   std::chrono::steady_clock::time_point window_;  // start of the current second
   int written_ = 0;                               // limited lines written in it

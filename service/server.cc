@@ -217,7 +217,8 @@ absl::Status Server::LogAuthReload(const absl::StatusOr<std::string>& r) {
     log_->Write(r.ok() ? absl::StrCat("tqkv-server: auth file ", options_.auth_tokens_file,
                                       " reloaded: ", *r)
                        : absl::StrCat("tqkv-server: auth file reload failed, the previous "
-                                      "tokens stay in force: ", r.status().ToString()));
+                                      "tokens stay in force: ", r.status().ToString()),
+                r.ok() ? LogLevel::kInfo : LogLevel::kError);
   }
   return r.status();
 }
@@ -253,13 +254,13 @@ absl::Status Server::Shutdown() {
     all.deadline = clock_->Now() + options_.shutdown_spill_deadline;
     absl::StatusOr<storage::EvictResult> r = store_->Evict(all);
     if (!r.ok()) status.Update(r.status());
-    if (r.ok() && options_.log != nullptr) {
-      *options_.log << "tqkv-server: shutdown moved " << r->blocks << " blocks (" << r->bytes
-                    << " bytes) out of host memory (to disk; dropped where the disk budget is full)";
+    if (r.ok() && log_) {
+      std::string line = absl::StrCat("tqkv-server: shutdown moved ", r->blocks, " blocks (", r->bytes,
+                                      " bytes) out of host memory (to disk; dropped where the disk budget is full)");
       if (r->left_blocks > 0)
-        *options_.log << "; " << r->left_blocks << " blocks (" << r->left_bytes
-                      << " bytes) were not spilled by the deadline and are lost with the process";
-      *options_.log << std::endl;
+        absl::StrAppend(&line, "; ", r->left_blocks, " blocks (", r->left_bytes,
+                        " bytes) were not spilled by the deadline and are lost with the process");
+      log_->Write(line, r->left_blocks > 0 ? LogLevel::kWarning : LogLevel::kInfo);
     }
   }
   if (store_) status.Update(store_->Sync());

@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
   };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
+  tqkv::service::LineLog log(&std::cerr);
   // Debian's Abseil is built without NDEBUG, so every absl::Mutex
   // acquisition (ours and gRPC's) would update a lock graph for deadlock
   // detection; that costs a measurable share of small-RPC throughput.
@@ -167,8 +168,8 @@ int main(int argc, char** argv) {
   } else if (labels == "false") {
     o.metrics_tenant_labels = tqkv::service::ServerOptions::TenantLabels::kOff;
   } else {
-    std::cerr << "tqkv-server: --metrics_tenant_labels must be auto, true or false, not '" << labels
-              << "'\n";
+    log.Write(absl::StrCat("tqkv-server: --metrics_tenant_labels must be auto, true or false, not '", labels, "'"),
+              tqkv::service::LogLevel::kError);
     return 1;
   }
   o.insecure_listen_any = absl::GetFlag(FLAGS_insecure_listen_any);
@@ -210,7 +211,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<tqkv::service::Server>> server =
       tqkv::service::Server::Start(o, cuda);
   if (!server.ok()) {
-    std::cerr << "tqkv-server: " << server.status() << "\n";
+    log.Write(absl::StrCat("tqkv-server: ", server.status().ToString()), tqkv::service::LogLevel::kError);
     return 1;
   }
   std::cout << "tqkv-server listening on " << (*server)->address() << std::endl;
@@ -218,20 +219,20 @@ int main(int argc, char** argv) {
     std::cout << "tqkv-server data plane listening on " << (*server)->data_address() << std::endl;
   if (!(*server)->metrics_address().empty())
     std::cout << "tqkv-server metrics listening on " << (*server)->metrics_address() << std::endl;
-  std::cerr << "tqkv-server: backend " << (*server)->backend_name() << ", data_dir '" << o.data_dir
-            << "'" << std::endl;
+  log.Write(absl::StrCat("tqkv-server: ", tqkv::service::CurrentBuildInfo().version, ", backend ",
+                         (*server)->backend_name(), ", data_dir '", o.data_dir, "'"));
 
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
     (*server)->ReloadAuth().IgnoreError();  // logs its outcome
   }
-  std::cerr << "tqkv-server: signal " << sig << ", shutting down" << std::endl;
+  log.Write(absl::StrCat("tqkv-server: signal ", sig, ", shutting down"));
   absl::Status s = (*server)->Shutdown();
   server->reset();
   if (!s.ok()) {
-    std::cerr << "tqkv-server: shutdown: " << s << "\n";
+    log.Write(absl::StrCat("tqkv-server: shutdown: ", s.ToString()), tqkv::service::LogLevel::kError);
     return 1;
   }
-  std::cerr << "tqkv-server: stopped" << std::endl;
+  log.Write("tqkv-server: stopped");
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -29,7 +30,7 @@ namespace {
 // full second says how many were dropped.
 TEST(LineLogTest, RateLimitedLinesAreCountedOnceTheSecondsAllowanceIsSpent) {
   std::ostringstream out;
-  LineLog log(&out, 3);
+  LineLog log(&out, 3, /*stamp=*/false);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 8; ++i) log.WriteLimited("line " + std::to_string(i), t0 + std::chrono::milliseconds(i));
   EXPECT_EQ(out.str(), "line 0\nline 1\nline 2\n");
@@ -38,6 +39,21 @@ TEST(LineLogTest, RateLimitedLinesAreCountedOnceTheSecondsAllowanceIsSpent) {
   EXPECT_EQ(out.str(),
             "line 0\nline 1\nline 2\nunlimited\n"
             "tqkv-server: 5 log lines of failed calls dropped (more than 3 a second)\nlate\n");
+}
+
+// Lines start with the UTC time (milliseconds) and their level.
+TEST(LineLogTest, LinesCarryTheTimeAndTheirLevel) {
+  std::ostringstream out;
+  LineLog log(&out);
+  log.Write("tqkv-server: started");
+  log.Write("tqkv-server: stopped badly", LogLevel::kError);
+  log.WriteLimited("tqkv-server: Lookup from peer -> INVALID_ARGUMENT");
+  const std::string text = out.str();
+  const std::string stamped = R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z [IWE] tqkv-server: [^\n]*\n)";
+  EXPECT_TRUE(std::regex_match(text, std::regex("(" + stamped + "){3}"))) << text;
+  EXPECT_NE(text.find("Z I tqkv-server: started\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Z E tqkv-server: stopped badly\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Z W tqkv-server: Lookup from peer"), std::string::npos) << text;
 }
 
 TEST(AuthTest, ParsesTokenFilesAndAuthenticates) {
