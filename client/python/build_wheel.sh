@@ -30,5 +30,5 @@ grep -q '^from tqkv._stubs import tqkv_pb2 ' "$stage/tqkv/_stubs/tqkv_pb2_grpc.p
   { echo "build_wheel: the gRPC stub's import of tqkv_pb2 was not found" >&2; exit 1; }
 echo '"""Generated protobuf and gRPC stubs of tqkv.v1 (proto/tqkv/v1/tqkv.proto)."""' > "$stage/tqkv/_stubs/__init__.py"
 mkdir -p "$out"
-"$PYTHON" -m pip wheel --quiet --no-build-isolation --no-index --no-deps -w "$out" "$stage"
+"$PYTHON" -m pip wheel --quiet --no-cache-dir --no-build-isolation --no-index --no-deps -w "$out" "$stage"
 ls "$out"/tqkv-*.whl
