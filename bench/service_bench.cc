@@ -17,11 +17,15 @@
 // Usage: service_bench --tqkv HOST:PORT --tqkv_data HOST:PORT --redis HOST:PORT
 //        [--mode all|get|put|lookup]
 //        [--threads 8] [--seconds 3] [--batch 8] [--put_gib 2] [--put_frame_mib 8,32]
+//        [--paths "packed, data plane;get dense"]  (put/get paths whose name
+//        contains one of the ';'-separated parts; default: all)
+//        [--server_pid PID]  (CPU ns per byte of client and server)
 // bench/service_bench.sh starts both servers and runs this.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
@@ -40,6 +45,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cpp/data_plane_client.h"
@@ -60,6 +66,12 @@ struct Flags {
   int batch = 8;
   double put_gib = 2.0;
   std::vector<int> put_frame_mib = {8, 32};  // data-plane put frame sizes to time
+  // Put and get paths to time: those whose name contains one of these
+  // (e.g. "packed, data plane"); empty: all.
+  std::vector<std::string> paths;
+  // The server's process id (same machine): put and get lines then say the
+  // CPU time the client and the server spent per byte. 0: not reported.
+  int server_pid = 0;
 };
 
 [[noreturn]] void Die(const std::string& msg) {
@@ -349,6 +361,40 @@ void BenchGet(const Flags& f, const Layout& l, const std::string& label) {
 }
 
 // ---- put -------------------------------------------------------------------
+// CPU seconds used so far by this process and by the server (0 without
+// --server_pid; its utime + stime, in clock ticks).
+struct CpuSeconds {
+  double client = 0, server = 0;
+  CpuSeconds operator-(const CpuSeconds& o) const { return {client - o.client, server - o.server}; }
+  CpuSeconds& operator+=(const CpuSeconds& o) {
+    client += o.client;
+    server += o.server;
+    return *this;
+  }
+};
+
+CpuSeconds CpuNow(int server_pid) {
+  CpuSeconds c;
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  c.client = u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  if (server_pid > 0) {
+    std::ifstream in("/proc/" + std::to_string(server_pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // Fields after the command's closing parenthesis: state is field 3,
+    // utime and stime fields 14 and 15.
+    std::vector<std::string> fs = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
+    if (fs.size() > 12) c.server = (std::stod(fs[11]) + std::stod(fs[12])) / sysconf(_SC_CLK_TCK);
+  }
+  return c;
+}
+
+// ", CPU ns/B: client C, server S" (empty without --server_pid).
+std::string CpuPerByte(const Flags& f, const CpuSeconds& c, double bytes) {
+  if (f.server_pid <= 0) return "";
+  return absl::StrFormat(", CPU ns/B: client %.3f, server %.3f", c.client * 1e9 / bytes, c.server * 1e9 / bytes);
+}
+
 // Bytes/s of a loopback TCP stream of `bytes` in writes of `chunk` (one
 // writer, one reader thread): the transport floor of a put, without tqkv.
 double RawTcpStream(size_t bytes, size_t chunk) {
@@ -395,11 +441,22 @@ double RawTcpStream(size_t bytes, size_t chunk) {
 // per round, over enough rounds to move `gib` of input.
 struct PutPath {
   const char* name;
-  // Puts `hashes` as one stream on stream slot `s`; returns the response.
-  std::function<v1::PutBlocksResponse(int s, const std::vector<std::string>& hashes)> put;
+  // The blocks of one stream, under `hashes` (built before the clock starts:
+  // the rate is the put's, not the building of its messages).
+  std::function<std::vector<v1::PutBlock>(const std::vector<std::string>& hashes)> blocks;
+  // Puts `blocks` as one stream on stream slot `s`; returns the response.
+  std::function<v1::PutBlocksResponse(int s, std::vector<v1::PutBlock> blocks)> put;
   size_t block_input_bytes;  // bytes of input a block carries
   int frame_mib;             // data plane: frame size; 0: gRPC
 };
+
+// Whether `name` is one of f.paths (or f.paths is empty).
+bool Selected(const Flags& f, const std::string& name) {
+  if (f.paths.empty()) return true;
+  for (const std::string& p : f.paths)
+    if (name.find(p) != std::string::npos) return true;
+  return false;
+}
 
 void BenchPut(const Flags& f) {
   // Llama-3-8B-like block: 32 layers, 8 kv heads, d 128, 16 tokens = 2 MiB fp16 K+V.
@@ -416,12 +473,14 @@ void BenchPut(const Flags& f) {
     v.push_back(RandomHalfBytes(elems, 400 + i));
   }
   std::vector<std::unique_ptr<v1::KvStore::Stub>> stubs;
+  for (int s = 0; s < streams; ++s) stubs.push_back(NewStub(f.tqkv));
   // Data-plane clients sending tensors as raw payloads (dps) and inside the
-  // messages (inline_dps).
+  // messages (inline_dps). The server deals connections out to its loops
+  // round-robin: each kind's streams are connected one after another, so
+  // that they land on different loops.
   std::vector<std::unique_ptr<tqkv::client::DataPlaneClient>> dps, inline_dps;
-  for (int s = 0; s < streams; ++s) {
-    stubs.push_back(NewStub(f.tqkv));
-    for (bool raw : {true, false}) {
+  for (bool raw : {true, false}) {
+    for (int s = 0; s < streams; ++s) {
       auto dp = tqkv::client::DataPlaneClient::Connect({.target = f.tqkv_data, .raw_payloads = raw});
       if (!dp.ok()) Die("data plane connect: " + std::string(dp.status().message()));
       (raw ? dps : inline_dps).push_back(std::move(*dp));
@@ -483,19 +542,19 @@ void BenchPut(const Flags& f) {
   };
   const size_t packed_bytes = packed_payloads[0].size();
   std::vector<PutPath> paths = {
-      {"dense, gRPC", [&](int s, const auto& hs) { return grpc_put(s, dense_header, dense_blocks(hs)); },
+      {"dense, gRPC", dense_blocks, [&](int s, auto bs) { return grpc_put(s, dense_header, std::move(bs)); },
        l.dense_bytes(), 0},
-      {"packed, gRPC", [&](int s, const auto& hs) { return grpc_put(s, packed_header, packed_blocks(hs)); },
+      {"packed, gRPC", packed_blocks, [&](int s, auto bs) { return grpc_put(s, packed_header, std::move(bs)); },
        packed_bytes, 0},
   };
   for (int mib : f.put_frame_mib) {
-    paths.push_back({"dense, data plane", [&](int s, const auto& hs) { return dp_put(s, dense_header, dense_blocks(hs)); },
-                     l.dense_bytes(), mib});
-    paths.push_back({"packed, data plane", [&](int s, const auto& hs) { return dp_put(s, packed_header, packed_blocks(hs)); },
-                     packed_bytes, mib});
-    paths.push_back({"dense, data plane, inline tensors",
-                     [&](int s, const auto& hs) { return dp_put(s, dense_header, dense_blocks(hs), false); },
-                     l.dense_bytes(), mib});
+    paths.push_back({"dense, data plane", dense_blocks,
+                     [&](int s, auto bs) { return dp_put(s, dense_header, std::move(bs)); }, l.dense_bytes(), mib});
+    paths.push_back({"packed, data plane", packed_blocks,
+                     [&](int s, auto bs) { return dp_put(s, packed_header, std::move(bs)); }, packed_bytes, mib});
+    paths.push_back({"dense, data plane, inline tensors", dense_blocks,
+                     [&](int s, auto bs) { return dp_put(s, dense_header, std::move(bs), false); }, l.dense_bytes(),
+                     mib});
   }
 
 
@@ -520,11 +579,15 @@ void BenchPut(const Flags& f) {
               tcp_bps / 1e9);
 
   for (const PutPath& path : paths) {
+    const std::string name =
+        path.frame_mib > 0 ? absl::StrCat(path.name, ", ", path.frame_mib, " MiB frames") : std::string(path.name);
+    if (!Selected(f, "put " + name)) continue;
     frame_bytes = size_t(std::max(path.frame_mib, 1)) << 20;
     const size_t per_round = size_t{streams} * kBlocksPerStream * path.block_input_bytes;
     const size_t dense_per_round = size_t{streams} * kBlocksPerStream * l.dense_bytes();
     const int rounds = std::max<int>(1, input_target / dense_per_round);
     double put_s = 0;
+    CpuSeconds cpu;
     uint64_t committed = 0;
     for (int round = 0; round < rounds; ++round) {
       std::vector<std::vector<std::string>> hs(streams);
@@ -532,11 +595,15 @@ void BenchPut(const Flags& f) {
         for (int i = 0; i < kBlocksPerStream; ++i)
           hs[s].push_back(Hash(std::string(path.name) + std::to_string(path.frame_mib) + "r" + std::to_string(round) + "." + std::to_string(s), i));
       std::vector<v1::PutBlocksResponse> resp(streams);
+      std::vector<std::vector<v1::PutBlock>> blocks(streams);
+      for (int s = 0; s < streams; ++s) blocks[s] = path.blocks(hs[s]);
+      const CpuSeconds cpu0 = CpuNow(f.server_pid);
       t0 = Clock::now();
       std::vector<std::thread> ts;
-      for (int s = 0; s < streams; ++s) ts.emplace_back([&, s] { resp[s] = path.put(s, hs[s]); });
+      for (int s = 0; s < streams; ++s) ts.emplace_back([&, s] { resp[s] = path.put(s, std::move(blocks[s])); });
       for (auto& t : ts) t.join();
       put_s += Seconds(Clock::now() - t0);
+      cpu += CpuNow(f.server_pid) - cpu0;
       for (int s = 0; s < streams; ++s) {
         committed += resp[s].committed();
         Delete(stub.get(), model, hs[s]);  // keep memory flat; not timed
@@ -544,12 +611,10 @@ void BenchPut(const Flags& f) {
     }
     if (committed != uint64_t(rounds) * streams * kBlocksPerStream) Die("PutBlocks: not all committed");
     const double bps = double(rounds) * per_round / put_s;
-    const std::string name =
-        path.frame_mib > 0 ? absl::StrCat(path.name, ", ", path.frame_mib, " MiB frames") : std::string(path.name);
     std::printf("put  %-35s k4v4, %zu B of input a block, %d streams x %d blocks x %d rounds: %.3f GB/s of input "
-                "(%.3fx the TCP stream, %.3fx memcpy)\n",
+                "(%.3fx the TCP stream, %.3fx memcpy)%s\n",
                 name.c_str(), path.block_input_bytes, streams, kBlocksPerStream, rounds, bps / 1e9, bps / tcp_bps,
-                bps / memcpy_bps);
+                bps / memcpy_bps, CpuPerByte(f, cpu, double(rounds) * per_round).c_str());
     std::fflush(stdout);
   }
 
@@ -593,7 +658,9 @@ void BenchPut(const Flags& f) {
        }},
   };
   for (const GetPath& g : gets) {
+    if (!Selected(f, std::string("get ") + g.name)) continue;
     std::vector<size_t> bytes(streams, 0);
+    const CpuSeconds cpu0 = CpuNow(f.server_pid);
     t0 = Clock::now();
     std::vector<std::thread> ts;
     for (int s = 0; s < streams; ++s)
@@ -602,10 +669,11 @@ void BenchPut(const Flags& f) {
       });
     for (auto& t : ts) t.join();
     const double secs = Seconds(Clock::now() - t0);
+    const CpuSeconds cpu = CpuNow(f.server_pid) - cpu0;
     double total = 0;
     for (size_t b : bytes) total += double(b);
-    std::printf("get  %-35s %d streams x %d blocks a request: %.3f GB/s of output (%.3fx the TCP stream)\n", g.name,
-                streams, kBlocksPerStream, total / secs / 1e9, total / secs / tcp_bps);
+    std::printf("get  %-35s %d streams x %d blocks a request: %.3f GB/s of output (%.3fx the TCP stream)%s\n", g.name,
+                streams, kBlocksPerStream, total / secs / 1e9, total / secs / tcp_bps, CpuPerByte(f, cpu, total).c_str());
     std::fflush(stdout);
   }
 }
@@ -695,6 +763,8 @@ Flags ParseFlags(int argc, char** argv) {
       f.put_frame_mib.clear();
       for (absl::string_view x : absl::StrSplit(val(), ',')) f.put_frame_mib.push_back(std::stoi(std::string(x)));
     }
+    else if (name == "--server_pid") f.server_pid = std::stoi(val());
+    else if (name == "--paths") f.paths = absl::StrSplit(val(), ';', absl::SkipEmpty());
     else Die("unknown flag " + a);
   }
   return f;
