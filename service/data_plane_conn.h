@@ -9,8 +9,10 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <string>
@@ -35,10 +37,54 @@ struct Reply {
   size_t next = 0;           // first part not fully written
 };
 
+// A connection's received bytes. Unlike std::string it grows without
+// zero-filling, so that reads land in it directly instead of going through
+// a scratch buffer (a copy of every byte received).
+class InputBuffer {
+ public:
+  const char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
+  // Room for at least `n` more bytes after size(), keeping the contents
+  // (growing at least 2x when it must grow); returns where they go.
+  char* Room(size_t n) {
+    if (capacity_ - size_ < n) Reallocate(std::max(size_ + n, 2 * capacity_));
+    return data_.get() + size_;
+  }
+  // Counts `n` bytes written at Room() as received. REQUIRES: n at most
+  // the room asked for.
+  void Received(size_t n) { size_ += n; }
+  // Drops the first `n` bytes. REQUIRES: n <= size().
+  void DropFront(size_t n) {
+    std::memmove(data_.get(), data_.get() + n, size_ - n);
+    size_ -= n;
+  }
+  void Clear() { size_ = 0; }
+  // Capacity for `n` bytes in all, exactly, if it has less.
+  void Reserve(size_t n) {
+    if (capacity_ < n) Reallocate(n);
+  }
+  // Returns memory beyond size() to the allocator.
+  void ShrinkToFit() {
+    if (capacity_ > size_) Reallocate(size_);
+  }
+
+ private:
+  void Reallocate(size_t capacity) {
+    std::unique_ptr<char[]> d = capacity > 0 ? std::make_unique_for_overwrite<char[]>(capacity) : nullptr;
+    if (size_ > 0) std::memcpy(d.get(), data_.get(), size_);
+    data_ = std::move(d);
+    capacity_ = capacity;
+  }
+
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0, capacity_ = 0;
+};
+
 struct Conn {
   int fd = -1;
   std::string peer;
-  std::string in;          // received bytes; [in_off, size) not yet parsed
+  InputBuffer in;          // received bytes; [in_off, size) not yet parsed
   size_t in_off = 0;
   bool preface_ok = false;
   // Opened with kDataPlanePrefaceRaw: frames are `u32 H, u64 P`, the

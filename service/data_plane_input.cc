@@ -37,19 +37,34 @@ bool DataPlaneServer::Loop::ReadInput(Conn* c) {
   // nothing stays buffered inside OpenSSL unseen by epoll.
   const bool until_blocked = c->tls != nullptr;
   for (;;) {
-    const ssize_t n = ReadSome(c, scratch_, sizeof scratch_);
+    // Where the read lands: the rest of a charged frame goes straight
+    // into the input buffer (sized for it when it was charged), in one
+    // read; anything else into scratch_, then appended (or dropped, on a
+    // failed connection), so that connections sending small frames hold
+    // buffers of their size.
+    char* to = scratch_;
+    size_t want = sizeof scratch_;
+    const size_t rest = c->charged > 0 ? c->charged - (c->in.size() - c->in_off) : 0;
+    if (!c->failed && rest > 0) {
+      want = rest;
+      to = c->in.Room(rest);
+    }
+    const ssize_t n = ReadSome(c, to, want);
     if (n > 0 && c->failed) {
       c->skip -= std::min<uint64_t>(c->skip, static_cast<uint64_t>(n));
-      if (!until_blocked && static_cast<size_t>(n) < sizeof scratch_) return true;
+      if (!until_blocked && static_cast<size_t>(n) < want) return true;
       continue;
     }
     if (n > 0) {
-      c->in.append(scratch_, static_cast<size_t>(n));
-      // Each chunk is parsed before the next is read: a frame is charged
-      // to the budget (or refused) as soon as its length prefix is here,
-      // not after its whole body has been buffered.
+      if (to == scratch_) {
+        std::memcpy(c->in.Room(static_cast<size_t>(n)), scratch_, static_cast<size_t>(n));
+      }
+      c->in.Received(static_cast<size_t>(n));
+      // What came is parsed before more is read: a frame is charged to
+      // the budget (or refused) as soon as its length prefix is here, not
+      // after its whole body has been buffered.
       Process(c);
-      if (!until_blocked && static_cast<size_t>(n) < sizeof scratch_) return true;
+      if (!until_blocked && static_cast<size_t>(n) < want) return true;
       // Under reply backpressure plain TCP stops reading (the socket
       // holds the rest); TLS reads on, since OpenSSL may hold bytes that
       // epoll does not see.
@@ -116,15 +131,15 @@ void DataPlaneServer::Loop::Process(Conn* c) {
     Uncharge(c);  // only the frame at in_off can be charged: this one
   }
   if (c->in_off == c->in.size()) {
-    c->in.clear();
+    c->in.Clear();
     c->in_off = 0;
   } else if (c->in_off >= (64u << 10)) {
-    c->in.erase(0, c->in_off);
+    c->in.DropFront(c->in_off);
     c->in_off = 0;
   }
   // A served large frame's buffer is returned, not kept for the next one.
   if (c->charged == 0 && c->in.capacity() > kKeptInputBytes && c->in.size() <= kKeptInputBytes)
-    c->in.shrink_to_fit();
+    c->in.ShrinkToFit();
 }
 
 void DataPlaneServer::Loop::Charge(Conn* c, uint64_t bytes, size_t avail) {
@@ -144,10 +159,10 @@ void DataPlaneServer::Loop::Charge(Conn* c, uint64_t bytes, size_t avail) {
   c->charged = bytes;
   c->frame_start = std::chrono::steady_clock::now();
   if (c->in_off > 0) {
-    c->in.erase(0, c->in_off);
+    c->in.DropFront(c->in_off);
     c->in_off = 0;
   }
-  c->in.reserve(bytes);  // exactly the frame: no doubling on the way
+  c->in.Reserve(bytes);  // exactly the frame: no doubling on the way
 }
 
 void DataPlaneServer::Loop::Uncharge(Conn* c) {
@@ -166,8 +181,8 @@ void DataPlaneServer::Loop::Fail(Conn* c, const absl::Status& s, uint64_t skip) 
   c->failed = true;
   c->skip = skip;
   c->linger_until = std::chrono::steady_clock::now() + kFailedLinger;
-  c->in.clear();
-  c->in.shrink_to_fit();
+  c->in.Clear();
+  c->in.ShrinkToFit();
   c->in_off = 0;
   Uncharge(c);
 }

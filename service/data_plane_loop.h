@@ -183,7 +183,7 @@ class DataPlaneServer::Loop {
   absl::Mutex mu_;
   std::vector<std::pair<int, std::string>> adopted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
-  char scratch_[64 << 10];  // ReadInput's read buffer
+  char scratch_[64 << 10];  // ReadInput's reads outside a charged frame's body
   char record_[data_plane_internal::kTlsRecordBytes];  // WriteTls's gathered record
   // Accepting pauses for kAcceptBackoff when the process is out of
   // descriptors (or memory).
