@@ -102,4 +102,60 @@ absl::Status ValidateDecodeArgs(const ModelCodec& codec, int first, int last,
   return absl::OkStatus();
 }
 
+absl::Status ValidateDeviceKv(const ModelCodec& codec, int first, int last, const DeviceKvRef& ref) {
+  const size_t n = last > first ? static_cast<size_t>(last - first) : 0;
+  if (absl::Status st = ValidateLayers(codec, first, last, n, n); !st.ok()) return st;
+  if (ref.layers.size() != n)
+    return absl::InvalidArgumentError(absl::StrCat("device.layers has ", ref.layers.size(), " entries; layers [",
+                                                   first, ", ", last, ") take ", n));
+  if (ref.ipc_handles.empty()) return absl::InvalidArgumentError("device.ipc_handles is empty");
+  for (size_t i = 0; i < ref.ipc_handles.size(); ++i)
+    if (ref.ipc_handles[i].size() != kIpcHandleBytes)
+      return absl::InvalidArgumentError(absl::StrCat("device.ipc_handles[", i, "] has ", ref.ipc_handles[i].size(),
+                                                     " bytes; a CUDA IPC handle has ", kIpcHandleBytes));
+  const uint64_t es = DTypeSize(ref.dtype);
+  for (size_t i = 0; i < ref.layers.size(); ++i) {
+    const DeviceKvRef::Layer& l = ref.layers[i];
+    if (l.k_buffer >= ref.ipc_handles.size() || l.v_buffer >= ref.ipc_handles.size())
+      return absl::InvalidArgumentError(absl::StrCat("device.layers[", i, "] names a buffer past the ",
+                                                     ref.ipc_handles.size(), " ipc_handles"));
+    if (l.k_offset % es != 0 || l.v_offset % es != 0)
+      return absl::InvalidArgumentError(absl::StrCat("device.layers[", i, "] offsets must be multiples of ", es,
+                                                     " (the dtype's size)"));
+  }
+  const ModelShape& s = codec.shape();
+  const uint64_t head = static_cast<uint64_t>(s.head_dim) * es, bs = ref.block_stride, ts = ref.token_stride,
+                 hs = ref.head_stride, tokens = s.block_size, heads = s.num_kv_heads;
+  if (bs % es != 0 || ts % es != 0 || hs % es != 0)
+    return absl::InvalidArgumentError(absl::StrCat("device strides must be multiples of ", es, " (the dtype's size)"));
+  constexpr uint64_t kMaxStride = uint64_t{1} << 44;
+  if (bs >= kMaxStride || ts >= kMaxStride || hs >= kMaxStride)
+    return absl::InvalidArgumentError("device strides must be under 2^44 bytes");
+  // A block's heads must not overlap: tokens outside heads (NHD, vLLM's
+  // paged layout) or heads outside tokens (HND), and blocks apart.
+  const bool nhd = hs >= head && ts >= heads * hs;
+  const bool hnd = ts >= head && hs >= tokens * ts;
+  if (!nhd && !hnd)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device strides (token ", ts, ", head ", hs, ") overlap a block's rows: a head of ", head,
+        " bytes needs head_stride >= ", head, " and token_stride >= kv_heads * head_stride, or the reverse"));
+  const uint64_t span = (tokens - 1) * ts + (heads - 1) * hs + head;
+  if (bs < span)
+    return absl::InvalidArgumentError(
+        absl::StrCat("device.block_stride ", bs, " is under a block's span of ", span, " bytes"));
+  return absl::OkStatus();
+}
+
+absl::Status ComputeBackend::EncodeDeviceBlocks(const ModelCodec&, int, int, const DeviceKvRef&,
+                                                std::span<const DeviceEncodeItem>) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ", name(), " backend cannot read GPU memory of another process (CUDA IPC needs --backend cuda)"));
+}
+
+absl::Status ComputeBackend::DecodeDeviceBlocks(const ModelCodec&, int, int, std::span<const DeviceDecodeItem>,
+                                                const DeviceKvRef&) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ", name(), " backend cannot write GPU memory of another process (CUDA IPC needs --backend cuda)"));
+}
+
 }  // namespace tqkv

@@ -92,6 +92,45 @@ struct AttendBatch {
 // REQUIRES: query_offsets and shape set.
 void PointAtContiguousF32(AttendBatch& batch, const float* q, float* out);
 
+// Dense K/V in the GPU memory of another process on this host, shared by
+// CUDA IPC (proto DeviceKv): for block slot s, layer i of a call's range,
+// token t and kv head h, the head_dim elements of K start at byte
+// layers[i].k_offset + s·block_stride + t·token_stride + h·head_stride of
+// allocation ipc_handles[layers[i].k_buffer], V likewise.
+struct DeviceKvRef {
+  struct Layer {
+    uint32_t k_buffer = 0;
+    uint64_t k_offset = 0;
+    uint32_t v_buffer = 0;
+    uint64_t v_offset = 0;
+  };
+  std::vector<std::string> ipc_handles;  // cudaIpcMemHandle_t bytes (kIpcHandleBytes each)
+  std::vector<Layer> layers;             // one per layer of the range
+  DType dtype = DType::kF16;
+  uint64_t block_stride = 0, token_stride = 0, head_stride = 0;
+};
+inline constexpr size_t kIpcHandleBytes = 64;
+
+// A block of EncodeDeviceBlocks: its slot in the source, its tokens
+// (1..block_size) and where its packed layer range goes (host memory).
+struct DeviceEncodeItem {
+  uint64_t slot = 0;
+  int64_t tokens = 0;
+  uint8_t* out = nullptr;
+};
+// A block of DecodeDeviceBlocks: its packed layer range (host memory) and
+// the slot it is decoded into (block_size tokens).
+struct DeviceDecodeItem {
+  const uint8_t* payload = nullptr;
+  uint64_t slot = 0;
+};
+
+// The checks every backend applies to a device call (INVALID_ARGUMENT
+// naming the field): handles of kIpcHandleBytes, one layer entry per
+// layer of [first, last) naming a handle, strides that keep a block's
+// rows and heads apart, slots under 2^40, tokens in [1, block_size].
+absl::Status ValidateDeviceKv(const ModelCodec& codec, int first, int last, const DeviceKvRef& ref);
+
 struct BackendStats {
   uint64_t device_bytes_capacity = 0;  // GPU tier arena size (0 on CPU)
   uint64_t device_bytes_used = 0;      // packed bytes resident on the device
@@ -163,6 +202,20 @@ class ComputeBackend {
     }
     return absl::OkStatus();
   }
+
+  // EncodeBlocks of dense K/V that lie in another process's GPU memory on
+  // this host (CUDA IPC): item b's layers [first, last) from slot
+  // items[b].slot of `src`, its packed bytes into items[b].out. Every byte
+  // read must lie in the exported allocations (INVALID_ARGUMENT
+  // otherwise). FAILED_PRECONDITION where the backend cannot map the
+  // memory (default: a backend without a GPU).
+  virtual absl::Status EncodeDeviceBlocks(const ModelCodec& codec, int first, int last, const DeviceKvRef& src,
+                                          std::span<const DeviceEncodeItem> items);
+  // DecodeBlocks into another process's GPU memory: item b's layers
+  // [first, last), block_size tokens each, into slot items[b].slot of
+  // `dst`, in dst.dtype. Errors as EncodeDeviceBlocks.
+  virtual absl::Status DecodeDeviceBlocks(const ModelCodec& codec, int first, int last,
+                                          std::span<const DeviceDecodeItem> items, const DeviceKvRef& dst);
 
   // Attention over stored sequences for one layer.
   virtual absl::Status Attend(const ModelCodec& codec, const AttendBatch& batch) = 0;

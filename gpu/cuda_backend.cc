@@ -14,6 +14,7 @@
 #include "gpu/codec_tables.h"
 #include "gpu/convert.h"
 #include "gpu/cuda_util.h"
+#include "gpu/ipc_memory.h"
 #include "gpu/kernels.h"
 #include "gpu/scatter.h"
 #include "gpu/seq_tables.h"
@@ -75,7 +76,6 @@ class CudaBackend : public ComputeBackend {
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
     TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
     const ModelShape& s = codec.shape();
-    const size_t base = codec.layer_offset(first);
     const size_t out_bytes = codec.layer_range_bytes(first, last);
     const size_t n = items.size(), layers = static_cast<size_t>(last - first);
     const size_t row_elems = static_cast<size_t>(s.num_kv_heads) * s.head_dim, row = row_elems * DTypeSize(dt);
@@ -119,24 +119,34 @@ class CudaBackend : public ComputeBackend {
     for (int l = first; l < last; ++l) {
       const size_t i = l - first;
       if (tokens[i] == 0) continue;  // no rows: the layer's pages stay zero
-      EncodeLaunch a;
-      uint8_t* kp = d + pages_off + codec.layer_offset(l) - base;  // block b's layer l at + b · out_bytes
-      SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), static_cast<int64_t>(n),
-                    reinterpret_cast<const int64_t*>(d + slots_off[i]),
-                    reinterpret_cast<unsigned long long*>(d + flag_off), &a);
-      a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(out_bytes);
-      a.k = d + k_off[i];
-      a.v = d + v_off[i];
-      a.dtype = static_cast<int32_t>(dt);
-      a.tokens = tokens[i];
-      a.host_k = &tables->host(l, 0, Component::kKey);
-      a.host_v = &tables->host(l, 0, Component::kValue);
-      TQ_CUDA_RETURN_IF_ERROR(LaunchEncode(a, sm), absl::StrCat("encode layer ", l));
+      TQ_RETURN_IF_ERROR(EncodeLayer(codec, *tables, first, l, n, out_bytes, d + pages_off, d + k_off[i], d + v_off[i], dt,
+                                     tokens[i], reinterpret_cast<const int64_t*>(d + slots_off[i]),
+                                     reinterpret_cast<unsigned long long*>(d + flag_off)));
     }
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d + pages_off, n * out_bytes, cudaMemcpyDeviceToHost, sm),
                             "download pages");
     TQ_RETURN_IF_ERROR(stream_.Synchronize("encode"));
     for (size_t b = 0; b < n; ++b) std::memcpy(items[b].out, h + b * out_bytes, out_bytes);
+    return absl::OkStatus();
+  }
+
+  // Launches the encode of layer l of n blocks whose layer ranges [first,
+  // ...) lie `stride` bytes apart from `pages`: `rows` dense rows of K and
+  // V in `dt`, row r into slot slots[r] (block · block_size + token).
+  absl::Status EncodeLayer(const ModelCodec& codec, const DeviceCodecTables& tables, int first, int l, size_t n,
+                           size_t stride, uint8_t* pages, const uint8_t* k, const uint8_t* v, DType dt, int64_t rows,
+                           const int64_t* slots, unsigned long long* flag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    EncodeLaunch a;
+    uint8_t* kp = pages + codec.layer_offset(l) - codec.layer_offset(first);
+    SetLayerPages(codec, tables, l, kp, kp + codec.k_page_bytes(l), static_cast<int64_t>(n), slots, flag, &a);
+    a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(stride);
+    a.k = k;
+    a.v = v;
+    a.dtype = static_cast<int32_t>(dt);
+    a.tokens = rows;
+    a.host_k = &tables.host(l, 0, Component::kKey);
+    a.host_v = &tables.host(l, 0, Component::kValue);
+    TQ_CUDA_RETURN_IF_ERROR(LaunchEncode(a, stream_.get()), absl::StrCat("encode layer ", l));
     return absl::OkStatus();
   }
 
@@ -210,6 +220,134 @@ class CudaBackend : public ComputeBackend {
           }
         }
       }
+    }
+    return absl::OkStatus();
+  }
+
+  // Per chunk of blocks: the rows' offsets up, then per layer a gather of
+  // K and V from the worker's memory into staging and the encode launch,
+  // then one download of the chunk's pages.
+  absl::Status EncodeDeviceBlocks(const ModelCodec& codec, int first, int last, const DeviceKvRef& src,
+                                  std::span<const DeviceEncodeItem> items) override {
+    if (items.empty()) return absl::OkStatus();
+    TQ_RETURN_IF_ERROR(ValidateDeviceKv(codec, first, last, src));
+    const ModelShape& s = codec.shape();
+    for (size_t b = 0; b < items.size(); ++b)
+      if (items[b].tokens < 1 || items[b].tokens > s.block_size || items[b].out == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat("device block ", b, " has ", items[b].tokens,
+                                                       " tokens; expected [1, ", s.block_size, "]"));
+    absl::MutexLock lock(&mu_);
+    TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
+    TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
+    TQ_ASSIGN_OR_RETURN(IpcMappings maps, IpcMappings::Open(src.ipc_handles));
+    std::vector<DeviceSpan> spans;
+    for (const DeviceEncodeItem& it : items) spans.push_back({it.slot, it.tokens});
+    TQ_RETURN_IF_ERROR(CheckDeviceBounds(codec, src, maps, spans));
+    const size_t out_bytes = codec.layer_range_bytes(first, last);
+    TQ_ASSIGN_OR_RETURN(const DeviceChunk chunk, PlanDeviceChunk(codec, src.dtype, out_bytes));
+    cudaStream_t sm = stream_.get();
+    for (size_t at = 0; at < items.size(); at += chunk.blocks) {
+      const size_t n = std::min(chunk.blocks, items.size() - at);
+      uint8_t* h = host_.as<uint8_t>();
+      uint8_t* d = dev_.as<uint8_t>();
+      int64_t* offsets = reinterpret_cast<int64_t*>(h + chunk.offsets_off);
+      int64_t* slots = reinterpret_cast<int64_t*>(h + chunk.slots_off);
+      int64_t rows = 0;
+      bool aligned = true;
+      for (size_t b = 0; b < n; ++b) {
+        const DeviceEncodeItem& it = items[at + b];
+        for (int64_t t = 0; t < it.tokens; ++t, ++rows) {
+          offsets[rows] = static_cast<int64_t>(it.slot * src.block_stride + t * src.token_stride);
+          slots[rows] = static_cast<int64_t>(b) * s.block_size + t;
+          aligned = aligned && offsets[rows] % 16 == 0;
+        }
+      }
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, chunk.pages_off, cudaMemcpyHostToDevice, sm), "upload rows");
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d + chunk.pages_off, 0, n * out_bytes, sm), "zero pages");
+      for (int l = first; l < last; ++l) {
+        const DeviceKvRef::Layer& ly = src.layers[l - first];
+        for (int c = 0; c < 2; ++c) {
+          StridedHeads sh = HeadsOf(codec, src, c == 0 ? maps.base(ly.k_buffer) + ly.k_offset
+                                                       : maps.base(ly.v_buffer) + ly.v_offset,
+                                    reinterpret_cast<const int64_t*>(d + chunk.offsets_off), rows, aligned);
+          TQ_CUDA_RETURN_IF_ERROR(LaunchStridedHeads(sh, d + (c == 0 ? chunk.k_off : chunk.v_off), true, sm),
+                                  absl::StrCat("gather layer ", l));
+        }
+        TQ_RETURN_IF_ERROR(EncodeLayer(codec, *tables, first, l, n, out_bytes, d + chunk.pages_off, d + chunk.k_off,
+                                       d + chunk.v_off, src.dtype, rows,
+                                       reinterpret_cast<const int64_t*>(d + chunk.slots_off),
+                                       reinterpret_cast<unsigned long long*>(d + chunk.flag_off)));
+      }
+      TQ_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(h + chunk.pages_off, d + chunk.pages_off, n * out_bytes, cudaMemcpyDeviceToHost, sm),
+          "download pages");
+      TQ_RETURN_IF_ERROR(stream_.Synchronize("device encode"));
+      for (size_t b = 0; b < n; ++b) std::memcpy(items[at + b].out, h + chunk.pages_off + b * out_bytes, out_bytes);
+    }
+    return absl::OkStatus();
+  }
+
+  // Per chunk of blocks: the pages and row offsets up, then per layer the
+  // decode launch into staging and a scatter of K and V into the worker's
+  // memory; one synchronisation at the end of each chunk.
+  absl::Status DecodeDeviceBlocks(const ModelCodec& codec, int first, int last,
+                                  std::span<const DeviceDecodeItem> items, const DeviceKvRef& dst) override {
+    if (items.empty()) return absl::OkStatus();
+    TQ_RETURN_IF_ERROR(ValidateDeviceKv(codec, first, last, dst));
+    const ModelShape& s = codec.shape();
+    for (size_t b = 0; b < items.size(); ++b)
+      if (items[b].payload == nullptr) return absl::InvalidArgumentError(absl::StrCat("device block ", b, " has no payload"));
+    absl::MutexLock lock(&mu_);
+    TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
+    TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
+    TQ_ASSIGN_OR_RETURN(IpcMappings maps, IpcMappings::Open(dst.ipc_handles));
+    std::vector<DeviceSpan> spans;
+    for (const DeviceDecodeItem& it : items) spans.push_back({it.slot, s.block_size});
+    TQ_RETURN_IF_ERROR(CheckDeviceBounds(codec, dst, maps, spans));
+    const size_t in_bytes = codec.layer_range_bytes(first, last);
+    TQ_ASSIGN_OR_RETURN(const DeviceChunk chunk, PlanDeviceChunk(codec, dst.dtype, in_bytes));
+    cudaStream_t sm = stream_.get();
+    for (size_t at = 0; at < items.size(); at += chunk.blocks) {
+      const size_t n = std::min(chunk.blocks, items.size() - at);
+      uint8_t* h = host_.as<uint8_t>();
+      uint8_t* d = dev_.as<uint8_t>();
+      int64_t* offsets = reinterpret_cast<int64_t*>(h + chunk.offsets_off);
+      int64_t* slots = reinterpret_cast<int64_t*>(h + chunk.slots_off);
+      const int64_t rows = static_cast<int64_t>(n) * s.block_size;
+      bool aligned = true;
+      for (size_t b = 0; b < n; ++b) {
+        for (int t = 0; t < s.block_size; ++t) {
+          const int64_t r = static_cast<int64_t>(b) * s.block_size + t;
+          offsets[r] = static_cast<int64_t>(items[at + b].slot * dst.block_stride + t * dst.token_stride);
+          slots[r] = r;
+          aligned = aligned && offsets[r] % 16 == 0;
+        }
+        std::memcpy(h + chunk.pages_off + b * in_bytes, items[at + b].payload, in_bytes);
+      }
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, chunk.pages_off + n * in_bytes, cudaMemcpyHostToDevice, sm),
+                              "upload pages");
+      for (int l = first; l < last; ++l) {
+        DecodeLaunch a;
+        uint8_t* kp = d + chunk.pages_off + codec.layer_offset(l) - codec.layer_offset(first);
+        SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), static_cast<int64_t>(n),
+                      reinterpret_cast<const int64_t*>(d + chunk.slots_off),
+                      reinterpret_cast<unsigned long long*>(d + chunk.flag_off), &a);
+        a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(in_bytes);
+        a.k = d + chunk.k_off;
+        a.v = d + chunk.v_off;
+        a.dtype = static_cast<int32_t>(dst.dtype);
+        a.tokens = rows;
+        TQ_CUDA_RETURN_IF_ERROR(LaunchDecode(a, sm), absl::StrCat("decode layer ", l));
+        const DeviceKvRef::Layer& ly = dst.layers[l - first];
+        for (int c = 0; c < 2; ++c) {
+          StridedHeads sh = HeadsOf(codec, dst, c == 0 ? maps.base(ly.k_buffer) + ly.k_offset
+                                                       : maps.base(ly.v_buffer) + ly.v_offset,
+                                    reinterpret_cast<const int64_t*>(d + chunk.offsets_off), rows, aligned);
+          TQ_CUDA_RETURN_IF_ERROR(LaunchStridedHeads(sh, d + (c == 0 ? chunk.k_off : chunk.v_off), false, sm),
+                                  absl::StrCat("scatter layer ", l));
+        }
+      }
+      TQ_RETURN_IF_ERROR(stream_.Synchronize("device decode"));
     }
     return absl::OkStatus();
   }
@@ -445,6 +583,82 @@ class CudaBackend : public ComputeBackend {
   }
 
  private:
+  // Staging of one chunk of a device call: the rows' offsets into the
+  // worker's layout, their slots, one layer's dense K and V, the chunk's
+  // pages (offsets and slots first, so one upload covers them).
+  struct DeviceChunk {
+    size_t blocks = 0;
+    size_t offsets_off = 0, slots_off = 0, flag_off = 0, k_off = 0, v_off = 0, pages_off = 0;
+  };
+  // Sizes chunks to about kDeviceChunkBytes of staging and reserves it.
+  absl::StatusOr<DeviceChunk> PlanDeviceChunk(const ModelCodec& codec, DType dt, size_t block_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    constexpr size_t kDeviceChunkBytes = size_t{256} << 20;
+    const ModelShape& s = codec.shape();
+    const size_t dense = static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim * DTypeSize(dt);
+    const size_t per_block = block_bytes + 2 * dense + 2 * sizeof(int64_t) * s.block_size;
+    DeviceChunk c;
+    c.blocks = std::max<size_t>(1, kDeviceChunkBytes / per_block);
+    Staging st;
+    c.offsets_off = st.Add(sizeof(int64_t) * c.blocks * s.block_size);
+    c.slots_off = st.Add(sizeof(int64_t) * c.blocks * s.block_size);
+    c.flag_off = st.Add(sizeof(unsigned long long));
+    c.k_off = st.Add(c.blocks * dense);
+    c.v_off = st.Add(c.blocks * dense);
+    c.pages_off = st.Add(c.blocks * block_bytes);
+    TQ_RETURN_IF_ERROR(host_.Reserve(st.size()));
+    TQ_RETURN_IF_ERROR(dev_.Reserve(st.size()));
+    return c;
+  }
+
+  // Where a device call reads or writes: a block slot and its tokens.
+  struct DeviceSpan {
+    uint64_t slot = 0;
+    int64_t tokens = 0;
+  };
+  // INVALID_ARGUMENT unless every byte of every span of every layer lies
+  // inside its exported allocation.
+  static absl::Status CheckDeviceBounds(const ModelCodec& codec, const DeviceKvRef& ref, const IpcMappings& maps,
+                                        const std::vector<DeviceSpan>& spans) {
+    const ModelShape& s = codec.shape();
+    unsigned __int128 reach = 0;  // past the last byte of the furthest span, from slot 0
+    for (const DeviceSpan& sp : spans) {
+      if (sp.slot >= (uint64_t{1} << 40))
+        return absl::InvalidArgumentError(absl::StrCat("device slot ", sp.slot, " is over 2^40"));
+      const unsigned __int128 end = static_cast<unsigned __int128>(sp.slot) * ref.block_stride +
+                                    static_cast<unsigned __int128>(sp.tokens - 1) * ref.token_stride +
+                                    static_cast<unsigned __int128>(s.num_kv_heads - 1) * ref.head_stride +
+                                    static_cast<uint64_t>(s.head_dim) * DTypeSize(ref.dtype);
+      reach = std::max(reach, end);
+    }
+    for (size_t i = 0; i < ref.layers.size(); ++i) {
+      const DeviceKvRef::Layer& l = ref.layers[i];
+      for (int c = 0; c < 2; ++c) {
+        const uint32_t buf = c == 0 ? l.k_buffer : l.v_buffer;
+        const uint64_t off = c == 0 ? l.k_offset : l.v_offset;
+        if (off + reach > maps.size(buf))
+          return absl::InvalidArgumentError(absl::StrCat(
+              "device layer ", i, (c == 0 ? " K" : " V"), " reaches byte ", static_cast<uint64_t>(off + reach),
+              " of an allocation of ", maps.size(buf), " bytes (ipc_handles[", buf, "])"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static StridedHeads HeadsOf(const ModelCodec& codec, const DeviceKvRef& ref, uint8_t* base, const int64_t* offsets,
+                              int64_t rows, bool rows_aligned16) {
+    const ModelShape& s = codec.shape();
+    StridedHeads h;
+    h.strided = base;
+    h.row_offsets = offsets;
+    h.rows = rows;
+    h.heads = s.num_kv_heads;
+    h.head_stride = static_cast<int64_t>(ref.head_stride);
+    h.head_bytes = static_cast<int>(s.head_dim * DTypeSize(ref.dtype));
+    h.rows_aligned16 = rows_aligned16;
+    return h;
+  }
+
   absl::StatusOr<const DeviceCodecTables*> Tables(const ModelCodec& codec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = tables_.find(&codec);
     if (it != tables_.end()) return it->second.get();

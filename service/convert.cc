@@ -136,6 +136,18 @@ absl::Status TensorPayload::Finish() const {
                                                  " bytes, its tensors use ", used_));
 }
 
+absl::StatusOr<DeviceKvRef> DeviceKvFromProto(const v1::DeviceKv& d, const char* field) {
+  DeviceKvRef r;
+  TQ_ASSIGN_OR_RETURN(r.dtype, FromProtoDType(d.dtype(), absl::StrCat(field, ".dtype").c_str()));
+  r.ipc_handles.assign(d.ipc_handles().begin(), d.ipc_handles().end());
+  for (const v1::DeviceKv::Layer& l : d.layers())
+    r.layers.push_back({l.k_buffer(), l.k_offset(), l.v_buffer(), l.v_offset()});
+  r.block_stride = d.block_stride();
+  r.token_stride = d.token_stride();
+  r.head_stride = d.head_stride();
+  return r;
+}
+
 absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& t, const char* field) {
   return ViewTensor(t, field, nullptr);
 }

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "codec/backend.h"
 #include "codec/dtype.h"
 #include "codec/metadata.h"
 #include "codec/model_codec.h"
@@ -43,6 +44,10 @@ absl::StatusOr<CodecOptions> OptionsFromCodecConfig(const v1::CodecConfig& confi
 // The FormatDescriptor of a codec's block layout. Offsets are within the
 // whole block; a layer-range payload starts at layers[first_layer].offset.
 v1::FormatDescriptor DescribeFormat(const ModelCodec& codec);
+
+// DeviceKv → DeviceKvRef (dtype checked; the backend checks the rest:
+// ValidateDeviceKv). INVALID_ARGUMENT naming `field`.
+absl::StatusOr<DeviceKvRef> DeviceKvFromProto(const v1::DeviceKv& d, const char* field);
 
 // A validated view of a wire Tensor: dtype known, shape dims non-negative,
 // and data exactly prod(shape) · sizeof(dtype) bytes. The view aliases the

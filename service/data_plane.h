@@ -116,6 +116,9 @@ struct DataPlaneOptions {
   // timeout alone lets a client that sends a byte now and then keep it).
   // Default: 60 s (a 64 MiB frame at about 1 MiB/s).
   absl::Duration frame_timeout = absl::Seconds(60);
+  // Accept CUDA IPC frames (proto "Same-host GPU memory") from loopback
+  // connections. Default: true.
+  bool cuda_ipc = true;
   // TLS (mTLS with a client CA) from these files, reloaded every
   // tls.reload_interval; off (plain TCP) when !tls.enabled(). Default: off.
   ServerTlsOptions tls;

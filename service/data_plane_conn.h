@@ -84,6 +84,7 @@ class InputBuffer {
 struct Conn {
   int fd = -1;
   std::string peer;
+  bool local = false;      // the peer is on this host's loopback (may pass CUDA IPC handles)
   InputBuffer in;          // received bytes; [in_off, size) not yet parsed
   size_t in_off = 0;
   bool preface_ok = false;

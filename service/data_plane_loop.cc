@@ -162,6 +162,7 @@ void DataPlaneServer::Loop::Register(int fd, std::string peer) {
   auto conn = std::make_unique<Conn>();
   conn->fd = fd;
   conn->peer = std::move(peer);
+  conn->local = IsLoopbackPeer(conn->peer);
   Conn* c = conn.get();
   c->last_active = std::chrono::steady_clock::now();
   conns_[fd] = std::move(conn);

@@ -154,6 +154,10 @@ class DataPlaneServer::Loop {
   // its stream (its blocks would be missing from the commit otherwise).
   absl::Status ServePut(Conn* c, const absl::StatusOr<Identity>& id, v1::DataPlanePut* put,
                         absl::Span<const uint8_t> raw_in, v1::DataPlaneReply* head);
+  // A frame's same-host GPU memory (proto "Same-host GPU memory"):
+  // FAILED_PRECONDITION unless this server takes CUDA IPC handles and the
+  // connection is on this host's loopback; INVALID_ARGUMENT for a bad dtype.
+  absl::StatusOr<DeviceKvRef> DeviceSource(const Conn* c, const v1::DeviceKv& d, const char* field) const;
 
   // data_plane_output.cc
 

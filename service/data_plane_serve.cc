@@ -61,6 +61,18 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
     status = absl::InvalidArgumentError("DataPlaneRequest names no operation (get_blocks, attend, append, put)");
   } else if (absl::StatusOr<GetPlan> p = service_->PrepareGet(*id, req.get_blocks()); !p.ok()) {
     status = p.status();
+  } else if (p->device) {
+    // Decoded into the worker's GPU memory: the reply lists the blocks.
+    plan = std::move(*p);
+    absl::StatusOr<DeviceKvRef> out = DeviceSource(c, req.get_blocks().device_out(), "get_blocks.device_out");
+    status = out.ok() ? service_->DecodeDeviceBlocks(plan, *out) : out.status();
+    if (req.with_format()) *head.mutable_format() = plan.model->format;
+    for (size_t i = 0; status.ok() && i < plan.blocks.size(); ++i) {
+      v1::DataPlaneBlock* b = head.add_blocks();
+      b->set_block_hash(plan.hashes[i]);
+      b->set_tier(ToProtoTier(plan.blocks[i].tier));
+    }
+    plan.blocks.clear();  // nothing of them is in the reply
   } else {
     plan = std::move(*p);
     if (req.with_format()) *head.mutable_format() = plan.model->format;
@@ -102,6 +114,17 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
              c->out.back().head_bytes + payload_bytes);
 }
 
+absl::StatusOr<DeviceKvRef> DataPlaneServer::Loop::DeviceSource(const Conn* c, const v1::DeviceKv& d,
+                                                                 const char* field) const {
+  if (!options_.cuda_ipc)
+    return absl::FailedPreconditionError(
+        "this server does not take CUDA IPC handles (--data_cuda_ipc=false); send the tensors instead");
+  if (!c->local)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA IPC handles are taken only from this host's loopback, not from ", c->peer, "; send the tensors instead"));
+  return DeviceKvFromProto(d, field);
+}
+
 absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Identity>& id, v1::DataPlanePut* put,
                                              absl::Span<const uint8_t> raw_in, v1::DataPlaneReply* head) {
   if (!c->put_open) {
@@ -120,8 +143,14 @@ absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Ident
     s = c->put->OnMessage(msg);
   }
   TensorPayload payload(raw_in);
+  absl::StatusOr<DeviceKvRef> device = DeviceKvRef{};
+  if (s.ok() && put->has_device()) {
+    device = DeviceSource(c, put->device(), "put.device");
+    s = device.status();
+  }
   if (s.ok() && (put->blocks_size() > 0 || !raw_in.empty()))  // one batch: dense blocks are encoded together
-    s = c->put->OnBlocks(put->blocks(), raw_in.empty() ? nullptr : &payload);
+    s = c->put->OnBlocks(put->blocks(), raw_in.empty() ? nullptr : &payload,
+                         put->has_device() ? &*device : nullptr);
   if (s.ok() && put->commit()) {
     absl::StatusOr<v1::PutBlocksResponse> r = c->put->Finish();
     if (r.ok()) *head->mutable_put() = std::move(*r);

@@ -89,6 +89,10 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
       Done(scope_.identity().status());
       return;
     }
+    if (req->has_device_out()) {
+      Done(absl::InvalidArgumentError("device_out (CUDA IPC) is served on the data plane only"));
+      return;
+    }
     absl::StatusOr<GetPlan> plan = service->PrepareGet(*scope_.identity(), *req);
     if (!plan.ok()) {
       Done(plan.status());

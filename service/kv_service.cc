@@ -98,6 +98,16 @@ absl::StatusOr<GetPlan> KvService::PrepareGet(const Identity& id,
   if (plan.dense && req.dense_dtype() != v1::DTYPE_UNSPECIFIED) {
     TQ_ASSIGN_OR_RETURN(plan.dense_dtype, FromProtoDType(req.dense_dtype(), "dense_dtype"));
   }
+  if (req.has_device_out()) {
+    if (req.device_slots_size() != req.block_hashes_size())
+      return absl::InvalidArgumentError(absl::StrCat("device_slots has ", req.device_slots_size(),
+                                                     " entries for ", req.block_hashes_size(), " block_hashes"));
+    plan.device = true;
+    plan.dense = false;
+    plan.device_slots.assign(req.device_slots().begin(), req.device_slots().end());
+  } else if (req.device_slots_size() > 0) {
+    return absl::InvalidArgumentError("device_slots without device_out");
+  }
   plan.hashes.assign(req.block_hashes().begin(), req.block_hashes().end());
   TQ_ASSIGN_OR_RETURN(plan.blocks, FetchAll(id.tenant, *plan.model, req.block_hashes()));
   return plan;
@@ -173,6 +183,12 @@ absl::Status KvService::DecodeDenseBlocks(const GetPlan& plan, uint8_t* out) {
     TQ_RETURN_IF_ERROR(backend_->DecodeBlocks(*plan.model->codec, plan.first, plan.last, items));
   }
   return absl::OkStatus();
+}
+
+absl::Status KvService::DecodeDeviceBlocks(const GetPlan& plan, const DeviceKvRef& out) {
+  std::vector<DeviceDecodeItem> items;
+  for (size_t i = 0; i < plan.blocks.size(); ++i) items.push_back({PackedBytes(plan, i).data, plan.device_slots[i]});
+  return backend_->DecodeDeviceBlocks(*plan.model->codec, plan.first, plan.last, items, out);
 }
 
 absl::StatusOr<v1::PinResponse> KvService::Pin(const Identity& id, const v1::PinRequest& req) {

@@ -53,6 +53,10 @@ struct GetPlan {
   int first = 0, last = 0;
   bool dense = false;
   DType dense_dtype = DType::kF16;
+  // A dense get into a same-host worker's GPU memory (GetBlocksRequest.
+  // device_out, data plane only): block i to slot device_slots[i].
+  bool device = false;
+  std::vector<uint64_t> device_slots;
   std::vector<std::string> hashes;
   std::vector<storage::BlockData> blocks;
 };
@@ -87,6 +91,10 @@ class KvService {
   // Decodes every block of a dense plan into `out`: block i's K at
   // out + 2·i·DenseTensorBytes, its V right after; in backend batches.
   absl::Status DecodeDenseBlocks(const GetPlan& plan, uint8_t* out);
+  // Decodes every block of a device plan into `out` (the request's
+  // device_out, converted by the data plane): ComputeBackend::
+  // DecodeDeviceBlocks' errors.
+  absl::Status DecodeDeviceBlocks(const GetPlan& plan, const DeviceKvRef& out);
   // All-or-nothing: NOT_FOUND if any hash is not stored (pins taken by this
   // call are released again).
   absl::StatusOr<v1::PinResponse> Pin(const Identity& id, const v1::PinRequest& req);

@@ -82,4 +82,8 @@ std::string PeerName(const sockaddr_storage& a) {
   return "unknown";
 }
 
+bool IsLoopbackPeer(std::string_view p) {
+  return p.starts_with("ipv4:127.") || p.starts_with("ipv6:[::1]:") || p.starts_with("ipv6:[::ffff:127.");
+}
+
 }  // namespace tqkv::service

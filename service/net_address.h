@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -25,6 +26,10 @@ absl::StatusOr<int> ListenTcp(const std::string& address, const char* what, int 
 
 // A peer's address as gRPC names peers: "ipv4:1.2.3.4:5", "ipv6:[::1]:5".
 std::string PeerName(const sockaddr_storage& a);
+
+// Whether a PeerName is on this host's loopback (127.0.0.0/8, ::1, or
+// 127.x mapped into IPv6).
+bool IsLoopbackPeer(std::string_view peer_name);
 
 }  // namespace tqkv::service
 

@@ -57,9 +57,27 @@ absl::Status PutSession::OnHeader(const v1::PutHeader& h) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PutSession::Input> PutSession::CheckInput(const v1::PutBlock& b, TensorPayload* payload) {
+absl::StatusOr<PutSession::Input> PutSession::CheckInput(const v1::PutBlock& b, TensorPayload* payload,
+                                                         bool device) {
   const size_t bytes = model_->codec->layer_range_bytes(first_, last_);
   Input in;
+  if (device) {
+    if (packed_) return absl::InvalidArgumentError("a device put frame needs a dense stream (header.packed false)");
+    if (b.has_k() || b.has_v() || !b.payload().empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", Hex(b.block_hash()), " of a device put frame carries k, v or payload"));
+    const int block_size = model_->shape().block_size;
+    in.device = true;
+    in.slot = b.device_slot();
+    in.tokens = b.device_tokens() == 0 ? block_size : static_cast<int64_t>(b.device_tokens());
+    if (in.tokens > block_size)
+      return absl::InvalidArgumentError(absl::StrCat("block ", Hex(b.block_hash()), " has device_tokens ",
+                                                     in.tokens, "; blocks hold ", block_size));
+    return in;
+  }
+  if (b.device_slot() != 0 || b.device_tokens() != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", Hex(b.block_hash()), " names a device slot in a frame without `device`"));
   if (packed_) {
     if (b.has_k() || b.has_v())
       return absl::InvalidArgumentError("packed put: block carries dense k/v tensors");
@@ -113,7 +131,8 @@ absl::Status PutSession::Fill(const Input& in, uint8_t* out, std::vector<Compute
   return ctx_.backend->EncodeBlock(codec, first_, last_, item.k, item.v, out);
 }
 
-absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b, TensorPayload* payload, Input* in) {
+absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b, TensorPayload* payload, bool device,
+                                           Input* in) {
   absl::Status hs = storage::ValidateBlockHash(b.block_hash());
   if (!hs.ok()) return absl::InvalidArgumentError(absl::StrCat("block_hash: ", hs.message()));
   if (!b.parent_hash().empty()) {
@@ -127,7 +146,7 @@ absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b, TensorPayload*
     return absl::InvalidArgumentError(absl::StrCat("a PutBlocks stream may carry at most ",
                                                    ctx_.max_blocks_per_stream, " blocks"));
   // Check the input before reserving so a bad block evicts nothing.
-  TQ_ASSIGN_OR_RETURN(*in, CheckInput(b, payload));
+  TQ_ASSIGN_OR_RETURN(*in, CheckInput(b, payload, device));
   const ModelCodec& codec = *model_->codec;
   const uint64_t bytes = codec.layer_range_bytes(first_, last_);
   const storage::BlockAccounting acc = model_->RangeAccounting(first_, last_);
@@ -153,17 +172,19 @@ absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b, TensorPayload*
 
 absl::Status PutSession::OnBlock(const v1::PutBlock& b) {
   Input in;
-  TQ_ASSIGN_OR_RETURN(uint8_t* out, Admit(b, nullptr, &in));
+  TQ_ASSIGN_OR_RETURN(uint8_t* out, Admit(b, nullptr, false, &in));
   return Fill(in, out, nullptr);
 }
 
 absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks,
-                                  TensorPayload* payload) {
+                                  TensorPayload* payload, const DeviceKvRef* device) {
   absl::Status s = error_;
   if (s.ok() && !model_) s = absl::InvalidArgumentError(kHeaderFirst);
-  // Dense blocks are encoded in batches of about kBatchInputBytes.
+  // Dense blocks are encoded in batches of about kBatchInputBytes; a
+  // device frame's blocks in one (the backend sizes its own steps).
   constexpr size_t kBatchInputBytes = size_t{64} << 20;
   std::vector<ComputeBackend::EncodeItem> batch;
+  std::vector<DeviceEncodeItem> device_batch;
   size_t batch_bytes = 0;
   auto flush = [&] {
     absl::Status e = batch.empty() ? absl::OkStatus()
@@ -175,13 +196,19 @@ absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::P
   for (const v1::PutBlock& b : blocks) {
     if (!s.ok()) break;
     Input in;
-    absl::StatusOr<uint8_t*> out = Admit(b, payload, &in);
+    absl::StatusOr<uint8_t*> out = Admit(b, payload, device != nullptr, &in);
+    if (out.ok() && in.device) {
+      device_batch.push_back({in.slot, in.tokens, *out});
+      continue;
+    }
     s = out.ok() ? Fill(in, *out, &batch) : out.status();
     batch_bytes += in.k.bytes + in.v.bytes;
     if (s.ok() && batch_bytes >= kBatchInputBytes) s = flush();
   }
   if (s.ok() && payload != nullptr) s = payload->Finish();
   if (s.ok()) s = flush();
+  if (s.ok() && !device_batch.empty())
+    s = ctx_.backend->EncodeDeviceBlocks(*model_->codec, first_, last_, *device, device_batch);
   return Fail(s);
 }
 

@@ -69,27 +69,35 @@ class PutSession {
   // their bytes from it, in block order (k, then v; packed: the layer
   // range's bytes), and the blocks must use all of it. `blocks` and the
   // payload must stay valid until it returns.
+  // With `device`, the blocks are dense K/V in a same-host worker's GPU
+  // memory (PutBlock.device_slot / device_tokens), encoded by the backend
+  // straight from it (ComputeBackend::EncodeDeviceBlocks; its errors, e.g.
+  // FAILED_PRECONDITION where the backend cannot map the memory, fail the
+  // stream).
   absl::Status OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks,
-                        TensorPayload* payload = nullptr);
+                        TensorPayload* payload = nullptr, const DeviceKvRef* device = nullptr);
 
   // Commits the stream (see file comment). REQUIRES: called at most once.
   absl::StatusOr<v1::PutBlocksResponse> Finish();
 
  private:
   // A block's checked input: its dense K/V ([layers, tokens, kv_heads,
-  // head_dim]) or its packed layer range.
+  // head_dim]), its packed layer range, or its slot in a device source.
   struct Input {
     TensorView k, v;
     const uint8_t* packed = nullptr;
+    bool device = false;
+    uint64_t slot = 0;
+    int64_t tokens = 0;
   };
   absl::Status OnHeader(const v1::PutHeader& h);
   absl::Status OnBlock(const v1::PutBlock& b);
   // Checks the block's data (taking raw bytes from `payload` when given);
   // INVALID_ARGUMENT as listed at OnMessage.
-  absl::StatusOr<Input> CheckInput(const v1::PutBlock& b, TensorPayload* payload);
+  absl::StatusOr<Input> CheckInput(const v1::PutBlock& b, TensorPayload* payload, bool device);
   // Checks the block (hash, then *in = its input) and reserves its bytes
   // (a store reservation or a staged part); returns where they go.
-  absl::StatusOr<uint8_t*> Admit(const v1::PutBlock& b, TensorPayload* payload, Input* in);
+  absl::StatusOr<uint8_t*> Admit(const v1::PutBlock& b, TensorPayload* payload, bool device, Input* in);
   // Fills `out` (layer_range_bytes(first_, last_) bytes) from `in`. With
   // `batch`, a dense block is appended to it for a later EncodeBlocks
   // instead.

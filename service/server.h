@@ -78,6 +78,9 @@ struct ServerOptions {
   // A data-plane frame must arrive whole within this long of its length
   // prefix (DataPlaneOptions::frame_timeout). Default: 60 s.
   absl::Duration data_frame_timeout = absl::Seconds(60);
+  // Serve CUDA IPC puts and gets to loopback data-plane connections
+  // (DataPlaneOptions::cuda_ipc). Default: true.
+  bool data_cuda_ipc = true;
   // Prometheus /metrics address; port 0 picks a free port; empty disables.
   // It serves HTTPS when `tls` is on, and with an auth file only scrapes
   // that carry an admin or `metrics` credential (metrics_http.h).

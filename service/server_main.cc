@@ -52,6 +52,9 @@ ABSL_FLAG(int, data_frame_timeout_s, 60,
           "a data-plane request frame must arrive whole within this many seconds of its length prefix; a slower "
           "one gets DEADLINE_EXCEEDED and its connection is closed, returning its share of "
           "--data_max_buffered_bytes");
+ABSL_FLAG(bool, data_cuda_ipc, true,
+          "serve data-plane puts and dense gets whose K/V lie in the GPU memory of a worker on this host (CUDA "
+          "IPC handles, from loopback connections only; needs --backend cuda)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled); HTTPS "
           "with --tls_cert_file (and the client CA's mTLS); with --auth_tokens_file a scrape needs "
@@ -186,6 +189,7 @@ int main(int argc, char** argv) {
   o.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);
   o.data_max_buffered_bytes = absl::GetFlag(FLAGS_data_max_buffered_bytes).bytes;
   o.data_frame_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_frame_timeout_s));
+  o.data_cuda_ipc = absl::GetFlag(FLAGS_data_cuda_ipc);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes).bytes;

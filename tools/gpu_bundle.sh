@@ -13,6 +13,9 @@
 # only the every-format one (FORMATS_ARGS: its flags), only the
 # partial-block one, or the decode loop (SKIP_PUT_BENCH=1: its put/get
 # benchmark); E2E_ARGS: more decode_loop_bench flags, e.g. "--tensors inline").
+# Same-host GPU memory (CUDA IPC): the Python client's torch tests and the
+# prefill benchmark (bench/prefill_ipc_bench.py) run against the bundle's
+# server with the bundle's stubs (SKIP_IPC=1 leaves them out).
 # The device tool carries at most 64 MiB, and every binary holds the CUDA
 # fatbins (~10 MB), so a compressed copy is made too: carry `dist/gpu_xz`
 # and run `dist/gpu_xz/run_all.sh` (it unpacks to a temp dir and runs).
@@ -20,20 +23,31 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/bundle_lib.sh
 DEST="${1:-dist/gpu}"
-TESTS=(codec_kernels_test attention_test cuda_backend_test)
-bazel build -c opt //gpu:codec_kernels_test //gpu:attention_test //gpu:cuda_backend_test \
+TESTS=(codec_kernels_test attention_test cuda_backend_test cuda_ipc_test)
+bazel build -c opt //gpu:codec_kernels_test //gpu:attention_test //gpu:cuda_backend_test //gpu:cuda_ipc_test \
+  //gpu:cuda_ipc_exporter //proto/tqkv/v1:tqkv_py_proto \
   //gpu:libtqkv_gpu_capi.so //bench:gpu_codec_bench //service:tqkv-server //bench:decode_loop_bench \
   //bench/profiling:memory_probe //bench/profiling:decode_floor //bench:service_bench
 rm -rf "$DEST"
 mkdir -p "$DEST/lib"
 BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
-for t in "${TESTS[@]}"; do cp "$BIN/gpu/$t" "$DEST/"; done
+for t in "${TESTS[@]}" cuda_ipc_exporter; do cp "$BIN/gpu/$t" "$DEST/"; done
+# The Python client, its tests and the stubs (Debian's pure-Python protobuf
+# as a fallback for a runtime that refuses them), for the IPC step.
+mkdir -p "$DEST/py/proto/tqkv/v1" "$DEST/pyfallback/google"
+cp -r client/python/tqkv client/python/tests "$DEST/py/"
+cp bench/prefill_ipc_bench.py "$DEST/py/"
+cp "$BIN"/proto/tqkv/v1/tqkv_pb2.py "$BIN"/proto/tqkv/v1/tqkv_pb2_grpc.py "$DEST/py/proto/tqkv/v1/"
+cp -r /usr/lib/python3/dist-packages/google/protobuf "$DEST/pyfallback/google/"
+rm -rf "$DEST/pyfallback/google/protobuf/pyext"
+find "$DEST/py" "$DEST/pyfallback" -name __pycache__ -prune -exec rm -rf {} +
+chmod -R u+w "$DEST/py" "$DEST/pyfallback"
 cp "$BIN/bench/gpu_codec_bench" "$BIN/gpu/libtqkv_gpu_capi.so" "$DEST/"
 cp "$BIN/service/tqkv-server" "$BIN/bench/decode_loop_bench" "$BIN/bench/profiling/memory_probe" \
   "$BIN/bench/profiling/decode_floor" "$BIN/bench/service_bench" "$DEST/"
 cp bench/gpu_attention_bench.py bench/gpu_tail_bench.py bench/gpu_formats_bench.py "$DEST/"
 chmod u+w "$DEST"/*
-strip "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/memory_probe" \
+strip "$DEST"/*_test "$DEST/cuda_ipc_exporter" "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/memory_probe" \
   "$DEST/decode_floor" "$DEST/service_bench"
 strip --strip-unneeded "$DEST/libtqkv_gpu_capi.so"
 bundle_copy_libs "$DEST" "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/libtqkv_gpu_capi.so" \
@@ -48,7 +62,7 @@ mkdir -p "$LOGS"
 export LD_LIBRARY_PATH="$HERE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 status=0
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; } > "$LOGS/device.txt" 2>&1
-for t in ${TESTS:-codec_kernels_test attention_test cuda_backend_test}; do
+for t in ${TESTS:-codec_kernels_test attention_test cuda_backend_test cuda_ipc_test}; do
   timeout 240 "$HERE/$t" --gtest_brief=1 > "$LOGS/$t.log" 2>&1; rc=$?
   echo "$t rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1
 done
@@ -101,6 +115,17 @@ if [ -z "${SKIP_E2E:-}" ]; then
     echo "service_bench put rc=$?" | tee -a "$LOGS/summary.txt"
   fi
   kill "$spid"; wait "$spid"
+fi
+if [ -z "${SKIP_IPC:-}" ]; then
+  export TQKV_SERVER="$HERE/tqkv-server" PYTHONPATH="$HERE/py:$HERE/py/tests${PYTHONPATH:+:$PYTHONPATH}"
+  if ! python3 -c "from proto.tqkv.v1 import tqkv_pb2" 2>/dev/null; then
+    export PYTHONPATH="$HERE/pyfallback:$PYTHONPATH" PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python
+  fi
+  (cd "$HERE/py/tests" && timeout 300 python3 -m pytest -q -p no:cacheprovider test_cuda_ipc.py) \
+    > "$LOGS/test_cuda_ipc.log" 2>&1; rc=$?
+  echo "test_cuda_ipc rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1
+  timeout 400 python3 "$HERE/py/prefill_ipc_bench.py" ${IPC_ARGS:-} > "$LOGS/prefill_ipc_bench.log" 2>&1
+  echo "prefill_ipc_bench rc=$?" | tee -a "$LOGS/summary.txt"
 fi
 exit $status
 RUN

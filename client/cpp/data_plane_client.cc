@@ -224,7 +224,7 @@ absl::StatusOr<v1::AppendResponse> DataPlaneClient::Append(const v1::AppendReque
 
 absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHeader& header,
                                                                   std::vector<v1::PutBlock> blocks,
-                                                                  size_t frame_bytes) {
+                                                                  size_t frame_bytes, const v1::DeviceKv* device) {
   constexpr int kInFlight = 8;
   if (absl::Status s = EnsureConnected(); !s.ok()) return s;
   // The stream lives on this connection: if it breaks, the server drops the
@@ -269,6 +269,7 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
   };
   v1::DataPlaneRequest dr;
   *dr.mutable_put()->mutable_header() = header;
+  if (device != nullptr) *dr.mutable_put()->mutable_device() = *device;
   size_t bytes = 0;
   auto take = [&](std::string* data) {
     if (data->empty()) return;
@@ -287,6 +288,7 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
     bytes = 0;
     if (absl::Status s = frame(&dr, kInFlight - 1); !s.ok()) return s;
     if (!first_error.ok()) break;  // end the failed stream: its commit frame returns the error
+    if (device != nullptr) *dr.mutable_put()->mutable_device() = *device;
   }
   dr.mutable_put()->set_commit(true);
   if (absl::Status s = frame(&dr, 0); !s.ok()) return s;

@@ -91,8 +91,9 @@ class DataPlaneClient {
   // server's error (nothing in *out is valid then). Packed: payload(i) is
   // block i's layer range. Dense (req.dense): payload(i) is its K then its V
   // tensor, [layers, block_size, kv_heads, head_dim] of req.dense_dtype
-  // each, decoded by the server's backend. `with_format`: also fill
-  // out->reply().format().
+  // each, decoded by the server's backend. With req.device_out the blocks
+  // are decoded into that same-host GPU memory instead and payload(i) is
+  // empty. `with_format`: also fill out->reply().format().
   absl::Status GetBlocks(const v1::GetBlocksRequest& req, DataPlaneBlocks* out,
                          bool with_format = false);
   // KvStore.Attend over the data plane: same request, response and errors
@@ -119,9 +120,14 @@ class DataPlaneClient {
   // flight), then the commit. Returns the commit's response (as gRPC
   // PutBlocks'), or the first error with nothing committed. `blocks` are
   // moved into the frames, their tensors and packed payloads sent as the
-  // frames' raw payloads (no copy of them in user space).
+  // frames' raw payloads (no copy of them in user space). With `device`,
+  // every frame carries it and the blocks name slots of it
+  // (PutBlock.device_slot/device_tokens; proto "Same-host GPU memory"):
+  // the server encodes from that GPU memory, FAILED_PRECONDITION where it
+  // cannot (then send the tensors instead).
   absl::StatusOr<v1::PutBlocksResponse> PutBlocks(const v1::PutHeader& header, std::vector<v1::PutBlock> blocks,
-                                                  size_t frame_bytes = size_t{8} << 20);
+                                                  size_t frame_bytes = size_t{8} << 20,
+                                                  const v1::DeviceKv* device = nullptr);
 
  private:
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}

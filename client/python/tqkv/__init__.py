@@ -9,6 +9,7 @@
         c.get_blocks(m, [b"h0"], dense=True)[0].k           # dequantized fp16
 """
 from .client import Client, Sequence, tls_credentials
+from .cuda_ipc import DeviceKv
 from .data_plane import DataPlane, data_plane_tls
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, TqkvError,
@@ -27,4 +28,4 @@ __all__ = [
     "DeadlineExceeded", "Aborted", "bf16_to_float32", "float32_to_bf16",
     "LayerwiseLoader", "LayerwiseSaver", "tls_credentials", "data_plane_tls",
 ]
-__all__ += ["ShardedClient"]
+__all__ += ["ShardedClient", "DeviceKv"]

@@ -32,8 +32,8 @@ import numpy as np
 from . import errors
 from ._proto import pb
 from . import tensors
-from ._requests import _as_block, _hashes, _raw_block, _seq_id, model_ref
-from .types import TIER_NAMES, BlockData, Format, PutResult
+from ._requests import _as_block, _hash_bytes, _hashes, _raw_block, _seq_id, model_ref
+from .types import TIER_NAMES, Block, BlockData, Format, PutResult
 
 _PREFACE = b"TQKVDP02"
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -262,6 +262,82 @@ class DataPlane:
         frame.commit = True
         r = send(frame).put
         return PutResult(r.committed, r.already_present, r.staged, r.packed_bytes, r.dense_equivalent_bytes)
+
+    def put_blocks_device(self, model, hashes, kv, slots, *, tokens=None, parents=None, first_layer=0,
+                          last_layer=0, durable=False, fallback=True, frame_blocks=4096):
+        """put_blocks of K/V that lie in this process's GPU memory (a
+        tqkv.DeviceKv over torch CUDA tensors): block i is slot slots[i] of
+        `kv`, tokens[i] tokens (default: full blocks), parent parents[i].
+        The server encodes straight from that memory by CUDA IPC (same host,
+        loopback, CUDA backend). One two-phase stream; returns its PutResult.
+        When the server cannot map the memory (FailedPrecondition) and
+        `fallback`, the blocks are copied to the host and put over the data
+        plane instead. Waits for the device's queued work first."""
+        hashes = list(hashes)
+        tokens = [0] * len(hashes) if tokens is None else [int(t) for t in tokens]
+        parents = [b""] * len(hashes) if parents is None else list(parents)
+        if not (len(slots) == len(tokens) == len(parents) == len(hashes)):
+            raise ValueError("one slot, token count and parent per hash")
+        kv.synchronize()
+        frames = []
+        for at in range(0, max(1, len(hashes)), frame_blocks):
+            frame = pb.DataPlanePut(device=kv.proto)
+            if at == 0:
+                frame.header.CopyFrom(pb.PutHeader(model=model_ref(model), first_layer=first_layer,
+                                                   last_layer=last_layer, durable=durable))
+            for h, s, t, p in zip(hashes[at:at + frame_blocks], slots[at:at + frame_blocks],
+                                  tokens[at:at + frame_blocks], parents[at:at + frame_blocks]):
+                frame.blocks.append(pb.PutBlock(block_hash=_hash_bytes(h), parent_hash=_hash_bytes(p or b""),
+                                                device_slot=int(s), device_tokens=t))
+            frames.append(frame)
+        frames[-1].commit = True
+        try:
+            for i, frame in enumerate(frames):
+                reply, _ = self._exchange(pb.DataPlaneRequest(put=frame), "DataPutBlocks")
+        except errors.FailedPrecondition:
+            if not fallback:
+                raise
+            if not frames[i].commit:
+                self._end_put()
+            block_size = kv.block_size
+            blocks = (Block(_hash_bytes(h), k=kv.block(kv.k_layers, s, t or block_size).cpu(),
+                            v=kv.block(kv.v_layers, s, t or block_size).cpu(), parent=_hash_bytes(p or b""))
+                      for h, s, t, p in zip(hashes, slots, tokens, parents))
+            return self.put_blocks(model, blocks, first_layer=first_layer, last_layer=last_layer,
+                                   durable=durable)
+        r = reply.put
+        return PutResult(r.committed, r.already_present, r.staged, r.packed_bytes, r.dense_equivalent_bytes)
+
+    def _end_put(self):
+        """Ends a failed put stream whose commit frame was not sent (the
+        server answers it with the stream's error)."""
+        try:
+            self._exchange(pb.DataPlaneRequest(put=pb.DataPlanePut(commit=True)), "DataPutBlocks")
+        except errors.TqkvError:
+            pass
+
+    def get_blocks_device(self, model, hashes, kv, slots, *, first_layer=0, last_layer=0, fallback=True):
+        """Dense blocks decoded straight into this process's GPU memory: block
+        i into slot slots[i] of `kv` (a tqkv.DeviceKv), block_size tokens, in
+        kv's dtype. Returns a BlockData (hash, tier) per block. When the server
+        cannot map the memory (FailedPrecondition) and `fallback`, the blocks
+        are read dense over the data plane and copied in."""
+        hashes = _hashes(hashes)
+        req = pb.DataPlaneRequest(get_blocks=pb.GetBlocksRequest(
+            model=model_ref(model), block_hashes=hashes, first_layer=first_layer, last_layer=last_layer,
+            device_out=kv.proto, device_slots=[int(s) for s in slots]))
+        try:
+            reply, _ = self._exchange(req, "DataGetBlocks")
+        except errors.FailedPrecondition:
+            if not fallback:
+                raise
+            dtype = {tensors.FP16: "fp16", tensors.BF16: "bf16", tensors.FP32: "fp32"}[kv.dtype]
+            out = self.get_blocks(model, hashes, first_layer=first_layer, last_layer=last_layer, dense=True,
+                                  dtype=dtype, as_torch=True)
+            for b, s in zip(out, slots):
+                kv.write_block(int(s), b.k, b.v)
+            return [BlockData(b.hash, b.tier) for b in out]
+        return [BlockData(b.block_hash, TIER_NAMES.get(b.tier, str(b.tier))) for b in reply.blocks]
 
     def attend(self, layer, items, scale=0.0, *, return_kernel_micros=False):
         """Client.attend over the data plane: same arguments, outputs and

@@ -1,0 +1,130 @@
+"""What a prefill worker on the server's host does with a finished context:
+its paged K/V cache (torch, on the GPU) goes into tqkv, and a decode worker
+pulls it back dense into its own cache. Timed paths, the same bytes each:
+
+  ipc put     put_blocks_device: the server encodes from the worker's GPU
+              memory (CUDA IPC); nothing crosses the socket but slots
+  wire put    the worker copies the blocks to the host (.cpu()) and puts them
+              over the data plane (the server encodes on the GPU)
+  ipc get     get_blocks_device: decoded straight into the worker's cache
+  wire get    dense get over the data plane, then copied into the cache
+Baselines measured in the same run: a device-to-device copy of the fp16
+bytes (torch), and a device-to-host copy into pinned memory.
+
+Usage (GPU machine, tools/hf_bundle.sh): dist/hf_xz/env.sh python3
+bench/prefill_ipc_bench.py [--tokens 32768 --layers 32 --kv_heads 8
+--head_dim 128 --format k4v4 --wire_blocks 256]
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python", "tests"))
+import tqkv  # noqa: E402
+from conftest import Server  # noqa: E402
+
+
+def timed(fn, rounds):
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--kv_heads", type=int, default=8)
+    ap.add_argument("--head_dim", type=int, default=128)
+    ap.add_argument("--block_size", type=int, default=16)
+    ap.add_argument("--format", default="k4v4")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--wire_blocks", type=int, default=256, help="blocks of the (slow) wire paths")
+    a = ap.parse_args()
+    blocks = a.tokens // a.block_size
+    shape = (blocks, a.block_size, a.kv_heads, a.head_dim)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    k = [torch.randn(shape, generator=g, device="cuda", dtype=torch.float16) for _ in range(a.layers)]
+    v = [torch.randn(shape, generator=g, device="cuda", dtype=torch.float16) for _ in range(a.layers)]
+    kv = tqkv.DeviceKv.paged(k, v)
+    fp16 = 2 * a.layers * k[0].numel() * 2
+    gb = fp16 / 1e9
+    print(f"context: {a.tokens} tokens, {a.layers} layers, {a.kv_heads} kv heads x {a.head_dim}, {a.format}: "
+          f"{gb:.2f} GB of fp16 K/V in {blocks} blocks; {torch.cuda.get_device_name()}")
+
+    flat = torch.cat([x.reshape(-1) for x in k + v])
+    copy = torch.empty_like(flat)
+    d2d, _ = timed(lambda: copy.copy_(flat), a.rounds)
+    pinned = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=True)
+    d2h, _ = timed(lambda: pinned.copy_(flat), a.rounds)
+    del copy, flat, pinned
+    rows = [("d2d copy (baseline)", d2d, gb), ("d2h copy to pinned (baseline)", d2h, gb)]
+
+    server = Server(os.environ["TQKV_SERVER"], ["--backend", "cuda", "--host_budget_bytes", "60GB",
+                                                 "--threads", "16"])
+    try:
+        with tqkv.Client(server.address, timeout=600) as c, tqkv.DataPlane(server.data_address, timeout=600) as dp:
+            m = c.register_model("prefill", num_layers=a.layers, num_kv_heads=a.kv_heads,
+                                 num_q_heads=a.kv_heads * 4, head_dim=a.head_dim, block_size=a.block_size,
+                                 cache_dtype=a.format)
+            slots = list(range(blocks))
+            n = [0]
+
+            def ipc_put():
+                n[0] += 1
+                names = [f"r{n[0]}-{i}".encode() for i in range(blocks)]
+                r = dp.put_blocks_device(m, names, kv, slots, fallback=False)
+                assert r.committed == blocks, r
+                return names
+
+            ipc, ipc_best = timed(ipc_put, a.rounds)
+            rows.append(("ipc put", ipc, gb))
+            wb = min(a.wire_blocks, blocks)
+            wire_gb = gb * wb / blocks
+
+            def wire_put():
+                n[0] += 1
+                items = [tqkv.Block(f"w{n[0]}-{i}".encode(), k=kv.block(k, i, a.block_size).cpu(),
+                                    v=kv.block(v, i, a.block_size).cpu()) for i in range(wb)]
+                dp.put_blocks(m, items, frame_bytes=32 << 20)
+
+            wire, _ = timed(wire_put, a.rounds)
+            rows.append((f"wire put ({wb} blocks, .cpu() included)", wire, wire_gb))
+
+            names = [f"r1-{i}".encode() for i in range(blocks)]
+            ok = [torch.zeros_like(x) for x in k]
+            ov = [torch.zeros_like(x) for x in v]
+            out = tqkv.DeviceKv.paged(ok, ov)
+            get, _ = timed(lambda: dp.get_blocks_device(m, names, out, slots, fallback=False), a.rounds)
+            rows.append(("ipc get (dense into the cache)", get, gb))
+            cg = tqkv.Client(server.address, timeout=600, data_address=server.data_address)
+
+            def wire_get():
+                for i, b in enumerate(cg.get_blocks(m, names[:wb], dense=True, as_torch=True)):
+                    out.write_block(i, b.k, b.v)
+
+            wget, _ = timed(wire_get, a.rounds)
+            rows.append((f"wire get ({wb} blocks, into the cache)", wget, wire_gb))
+            cg.close()
+    finally:
+        server.stop()
+    print(f"{'path':44s} {'median s':>9s} {'GB/s fp16':>10s} {'vs d2d':>7s} {'vs d2h':>7s}")
+    for name, t, size in rows:
+        rate = size / t
+        print(f"{name:44s} {t:9.4f} {rate:10.2f} {rate / (gb / d2d):7.3f} {rate / (gb / d2h):7.3f}")
+    print(f"ipc put best {ipc_best:.4f} s: {gb / ipc_best:.2f} GB/s; a {a.tokens}-token context stored in "
+          f"{ipc:.3f} s (median)")
+
+
+if __name__ == "__main__":
+    main()
