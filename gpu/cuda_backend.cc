@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -226,7 +227,9 @@ class CudaBackend : public ComputeBackend {
 
   // Per chunk of blocks: the rows' offsets up, then per layer a gather of
   // K and V from the worker's memory into staging and the encode launch,
-  // then one download of the chunk's pages.
+  // then one download of the chunk's pages into one of two host halves;
+  // while the device works on a chunk, the host copies the previous one's
+  // pages out (in parallel for large chunks).
   absl::Status EncodeDeviceBlocks(const ModelCodec& codec, int first, int last, const DeviceKvRef& src,
                                   std::span<const DeviceEncodeItem> items) override {
     if (items.empty()) return absl::OkStatus();
@@ -246,9 +249,18 @@ class CudaBackend : public ComputeBackend {
     const size_t out_bytes = codec.layer_range_bytes(first, last);
     TQ_ASSIGN_OR_RETURN(const DeviceChunk chunk, PlanDeviceChunk(codec, src.dtype, out_bytes));
     cudaStream_t sm = stream_.get();
-    for (size_t at = 0; at < items.size(); at += chunk.blocks) {
+    // Copies chunk `at`'s pages out of host half `half` once its download is done.
+    auto copy_out = [&](size_t at, int half) -> absl::Status {
+      TQ_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(chunk_done_[half].get()), "device encode");
+      const uint8_t* pages = host_.as<uint8_t>() + half * chunk.host_bytes + chunk.pages_off;
       const size_t n = std::min(chunk.blocks, items.size() - at);
-      uint8_t* h = host_.as<uint8_t>();
+      ParallelFor(n, n * out_bytes, [&](size_t b) { std::memcpy(items[at + b].out, pages + b * out_bytes, out_bytes); });
+      return absl::OkStatus();
+    };
+    int half = 0;
+    for (size_t at = 0; at < items.size(); at += chunk.blocks, half ^= 1) {
+      const size_t n = std::min(chunk.blocks, items.size() - at);
+      uint8_t* h = host_.as<uint8_t>() + half * chunk.host_bytes;
       uint8_t* d = dev_.as<uint8_t>();
       int64_t* offsets = reinterpret_cast<int64_t*>(h + chunk.offsets_off);
       int64_t* slots = reinterpret_cast<int64_t*>(h + chunk.slots_off);
@@ -262,7 +274,7 @@ class CudaBackend : public ComputeBackend {
           aligned = aligned && offsets[rows] % 16 == 0;
         }
       }
-      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, chunk.pages_off, cudaMemcpyHostToDevice, sm), "upload rows");
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, chunk.k_off, cudaMemcpyHostToDevice, sm), "upload rows");
       TQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d + chunk.pages_off, 0, n * out_bytes, sm), "zero pages");
       for (int l = first; l < last; ++l) {
         const DeviceKvRef::Layer& ly = src.layers[l - first];
@@ -281,15 +293,17 @@ class CudaBackend : public ComputeBackend {
       TQ_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(h + chunk.pages_off, d + chunk.pages_off, n * out_bytes, cudaMemcpyDeviceToHost, sm),
           "download pages");
-      TQ_RETURN_IF_ERROR(stream_.Synchronize("device encode"));
-      for (size_t b = 0; b < n; ++b) std::memcpy(items[at + b].out, h + chunk.pages_off + b * out_bytes, out_bytes);
+      TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_done_[half].get(), sm), "record chunk");
+      if (at > 0) TQ_RETURN_IF_ERROR(copy_out(at - chunk.blocks, half ^ 1));
     }
+    TQ_RETURN_IF_ERROR(copy_out((items.size() - 1) / chunk.blocks * chunk.blocks, half ^ 1));
     return absl::OkStatus();
   }
 
-  // Per chunk of blocks: the pages and row offsets up, then per layer the
-  // decode launch into staging and a scatter of K and V into the worker's
-  // memory; one synchronisation at the end of each chunk.
+  // Per chunk of blocks: the pages and row offsets up (filled into one of
+  // two host halves while the device works on the previous chunk), then
+  // per layer the decode launch into staging and a scatter of K and V into
+  // the worker's memory; one synchronisation at the end.
   absl::Status DecodeDeviceBlocks(const ModelCodec& codec, int first, int last,
                                   std::span<const DeviceDecodeItem> items, const DeviceKvRef& dst) override {
     if (items.empty()) return absl::OkStatus();
@@ -307,9 +321,13 @@ class CudaBackend : public ComputeBackend {
     const size_t in_bytes = codec.layer_range_bytes(first, last);
     TQ_ASSIGN_OR_RETURN(const DeviceChunk chunk, PlanDeviceChunk(codec, dst.dtype, in_bytes));
     cudaStream_t sm = stream_.get();
-    for (size_t at = 0; at < items.size(); at += chunk.blocks) {
+    int half = 0;
+    for (size_t at = 0; at < items.size(); at += chunk.blocks, half ^= 1) {
       const size_t n = std::min(chunk.blocks, items.size() - at);
-      uint8_t* h = host_.as<uint8_t>();
+      // This half's last uploads (two chunks ago) must be done before it is refilled.
+      if (at >= 2 * chunk.blocks)
+        TQ_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(chunk_done_[half].get()), "device decode");
+      uint8_t* h = host_.as<uint8_t>() + half * chunk.host_bytes;
       uint8_t* d = dev_.as<uint8_t>();
       int64_t* offsets = reinterpret_cast<int64_t*>(h + chunk.offsets_off);
       int64_t* slots = reinterpret_cast<int64_t*>(h + chunk.slots_off);
@@ -322,10 +340,14 @@ class CudaBackend : public ComputeBackend {
           slots[r] = r;
           aligned = aligned && offsets[r] % 16 == 0;
         }
-        std::memcpy(h + chunk.pages_off + b * in_bytes, items[at + b].payload, in_bytes);
       }
-      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, chunk.pages_off + n * in_bytes, cudaMemcpyHostToDevice, sm),
+      ParallelFor(n, n * in_bytes,
+                  [&](size_t b) { std::memcpy(h + chunk.pages_off + b * in_bytes, items[at + b].payload, in_bytes); });
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, chunk.k_off, cudaMemcpyHostToDevice, sm), "upload rows");
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d + chunk.pages_off, h + chunk.pages_off, n * in_bytes,
+                                              cudaMemcpyHostToDevice, sm),
                               "upload pages");
+      TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_done_[half].get(), sm), "record chunk");
       for (int l = first; l < last; ++l) {
         DecodeLaunch a;
         uint8_t* kp = d + chunk.pages_off + codec.layer_offset(l) - codec.layer_offset(first);
@@ -347,9 +369,8 @@ class CudaBackend : public ComputeBackend {
                                   absl::StrCat("scatter layer ", l));
         }
       }
-      TQ_RETURN_IF_ERROR(stream_.Synchronize("device decode"));
     }
-    return absl::OkStatus();
+    return stream_.Synchronize("device decode");
   }
 
   absl::Status Attend(const ModelCodec& codec, const AttendBatch& b) override {
@@ -585,10 +606,13 @@ class CudaBackend : public ComputeBackend {
  private:
   // Staging of one chunk of a device call: the rows' offsets into the
   // worker's layout, their slots, one layer's dense K and V, the chunk's
-  // pages (offsets and slots first, so one upload covers them).
+  // pages (offsets and slots first, so one upload of [0, k_off) covers
+  // them). The host holds two of it, host_bytes apart (a chunk's pages are
+  // copied out while the next one is on the device).
   struct DeviceChunk {
     size_t blocks = 0;
     size_t offsets_off = 0, slots_off = 0, flag_off = 0, k_off = 0, v_off = 0, pages_off = 0;
+    size_t host_bytes = 0;
   };
   // Sizes chunks to about kDeviceChunkBytes of staging and reserves it.
   absl::StatusOr<DeviceChunk> PlanDeviceChunk(const ModelCodec& codec, DType dt, size_t block_bytes)
@@ -606,9 +630,32 @@ class CudaBackend : public ComputeBackend {
     c.k_off = st.Add(c.blocks * dense);
     c.v_off = st.Add(c.blocks * dense);
     c.pages_off = st.Add(c.blocks * block_bytes);
-    TQ_RETURN_IF_ERROR(host_.Reserve(st.size()));
+    c.host_bytes = st.size();
+    TQ_RETURN_IF_ERROR(host_.Reserve(2 * st.size()));
     TQ_RETURN_IF_ERROR(dev_.Reserve(st.size()));
+    for (CudaEvent& e : chunk_done_) {
+      if (e.get() != nullptr) continue;
+      TQ_ASSIGN_OR_RETURN(e, CudaEvent::Create());
+    }
     return c;
+  }
+
+  // fn(i) for i in [0, n): on up to kCopyThreads threads when the work
+  // (`bytes` of copies) is large enough to pay for them.
+  template <typename Fn>
+  static void ParallelFor(size_t n, size_t bytes, const Fn& fn) {
+    constexpr size_t kCopyThreads = 8, kBytesPerThread = size_t{16} << 20;
+    const size_t threads = std::min({kCopyThreads, n, std::max<size_t>(1, bytes / kBytesPerThread)});
+    if (threads <= 1) {
+      for (size_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        for (size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) fn(i);
+      });
+    for (std::thread& th : pool) th.join();
   }
 
   // Where a device call reads or writes: a block slot and its tokens.
@@ -962,6 +1009,7 @@ class CudaBackend : public ComputeBackend {
   std::unique_ptr<DeviceBlockCache> tail_cache_ ABSL_GUARDED_BY(mu_);             // tail rows by tail id
   std::unordered_map<uint64_t, int64_t> tail_rows_ ABSL_GUARDED_BY(mu_);          // rows a tail slot holds
   PinnedBuffer host_ ABSL_GUARDED_BY(mu_);
+  CudaEvent chunk_done_[2] ABSL_GUARDED_BY(mu_);  // device calls: a chunk's pages are in host half i
   DeviceBuffer dev_ ABSL_GUARDED_BY(mu_);  // staging + workspace, grows to the largest call
 };
 

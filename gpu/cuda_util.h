@@ -97,6 +97,11 @@ class CudaEvent {
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
   CudaEvent(CudaEvent&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  // Takes o's event; o destroys the one this held.
+  CudaEvent& operator=(CudaEvent&& o) noexcept {
+    std::swap(e_, o.e_);
+    return *this;
+  }
   static absl::StatusOr<CudaEvent> Create();
   cudaEvent_t get() const { return e_; }
   // Milliseconds between two recorded, completed events.
