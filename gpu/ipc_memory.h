@@ -20,7 +20,9 @@ class IpcMappings {
   // allocation, the exporting process itself).
   static absl::StatusOr<IpcMappings> Open(const std::vector<std::string>& handles);
   IpcMappings() = default;
-  IpcMappings(IpcMappings&& o) noexcept : maps_(std::move(o.maps_)) { o.maps_.clear(); }
+  IpcMappings(IpcMappings&& o) noexcept : maps_(std::move(o.maps_)), index_(std::move(o.index_)) {
+    o.maps_.clear();
+  }
   IpcMappings& operator=(IpcMappings&&) = delete;
   IpcMappings(const IpcMappings&) = delete;
   ~IpcMappings();  // closes every handle it opened

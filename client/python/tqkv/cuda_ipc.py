@@ -23,6 +23,21 @@ def _torch():
     return torch
 
 
+_IPC_HANDLE_BYTES = 64
+
+
+def _ipc_handle(shared):
+    """The cudaIpcMemHandle_t bytes of torch's shareable handle: the bare
+    handle, or (torch 2.x) a version byte, the kind ('c': a cudaMalloc
+    block) and the handle."""
+    if len(shared) == _IPC_HANDLE_BYTES:
+        return shared
+    if len(shared) == _IPC_HANDLE_BYTES + 2 and shared[1:2] == b"c":
+        return shared[2:]
+    raise ValueError("torch shares this tensor's memory as an expandable segment, not a CUDA IPC handle of a "
+                     "cudaMalloc block; run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+
+
 class DeviceKv:
     """The DeviceKv of per-layer K and V CUDA tensors (one pair per layer of
     the call's layer range, all of one dtype and one layout)."""
@@ -48,7 +63,7 @@ class DeviceKv:
                     raise ValueError("every layer's K and V must share dtype and device, head_dim contiguous")
                 storage = t.untyped_storage()
                 shared = storage._share_cuda_()  # (device, handle, size, offset in the allocation, ...)
-                handle, offset = bytes(shared[1]), int(shared[3]) + t.storage_offset() * es
+                handle, offset = _ipc_handle(bytes(shared[1])), int(shared[3]) + t.storage_offset() * es
                 if handle not in handles:
                     handles[handle] = len(handles)
                 entry += [handles[handle], offset]
