@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/parallel_for.h"
 #include "base/status_macros.h"
 #include "gpu/attention_plan.h"
 #include "gpu/block_cache.h"
@@ -638,24 +638,6 @@ class CudaBackend : public ComputeBackend {
       TQ_ASSIGN_OR_RETURN(e, CudaEvent::Create());
     }
     return c;
-  }
-
-  // fn(i) for i in [0, n): on up to kCopyThreads threads when the work
-  // (`bytes` of copies) is large enough to pay for them.
-  template <typename Fn>
-  static void ParallelFor(size_t n, size_t bytes, const Fn& fn) {
-    constexpr size_t kCopyThreads = 8, kBytesPerThread = size_t{16} << 20;
-    const size_t threads = std::min({kCopyThreads, n, std::max<size_t>(1, bytes / kBytesPerThread)});
-    if (threads <= 1) {
-      for (size_t i = 0; i < n; ++i) fn(i);
-      return;
-    }
-    std::vector<std::thread> pool;
-    for (size_t t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        for (size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) fn(i);
-      });
-    for (std::thread& th : pool) th.join();
   }
 
   // Where a device call reads or writes: a block slot and its tokens.
