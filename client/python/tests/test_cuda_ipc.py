@@ -104,6 +104,19 @@ def test_device_gets_write_the_dense_blocks_into_their_slots(cuda_server, dtype)
         assert all(float(t[untouched].abs().max()) == 0 for t in k + v)
 
 
+def test_the_client_sends_device_blocks_over_its_data_plane(cuda_server):
+    with tqkv.Client(cuda_server.address, timeout=60, data_address=cuda_server.data_address) as c:
+        m = register(c)
+        kv = cache("nhd", torch.float16, seed=5)
+        names = hashes("ipcclient", 2)
+        assert c.put_blocks_device(m, names, kv, [3, 4], fallback=False).committed == 2
+        assert c.lookup(m, names).hits == 2
+        out = tqkv.DeviceKv.paged([torch.zeros_like(x) for x in kv.k_layers], [torch.zeros_like(x) for x in kv.v_layers])
+        c.get_blocks_device(m, names, out, [0, 1], fallback=False)
+        dense = c.get_blocks(m, names, dense=True, as_torch=True)
+        assert torch.equal(out.block(out.k_layers, 1, BS).cpu(), dense[1].k)
+
+
 def test_a_cpu_server_falls_back_to_the_wire(server, cuda_server):
     with tqkv.Client(server.address, timeout=60) as c, tqkv.DataPlane(server.data_address) as dp:
         m = register(c)

@@ -189,3 +189,11 @@ def test_client_puts_and_reads_dense_over_the_data_plane(client, server, rng):
         for x, y in zip(got, want):
             np.testing.assert_array_equal(x.k, y.k)
             np.testing.assert_array_equal(x.v, y.v)
+
+
+def test_device_calls_need_the_data_plane(server):
+    with tqkv.Client(server.address, timeout=30) as c:
+        with pytest.raises(tqkv.FailedPrecondition, match="needs the data plane"):
+            c.put_blocks_device(None, [b"h"], None, [0])
+        with pytest.raises(tqkv.FailedPrecondition, match="needs the data plane"):
+            c.get_blocks_device(None, [b"h"], None, [0])

@@ -346,6 +346,25 @@ class Client:
                     continue
                 raise errors.from_rpc_error(e, "GetBlocks") from None
 
+    def put_blocks_device(self, model, hashes, kv, slots, **kw):
+        """DataPlane.put_blocks_device on this client's data plane: blocks whose
+        K/V lie in this process's GPU memory (a tqkv.DeviceKv), encoded by a
+        same-host CUDA server straight from it, else sent over the wire.
+        Needs a data_address (FailedPrecondition otherwise)."""
+        self._need_data_plane("put_blocks_device")
+        return self._data_plane_call(lambda dp: dp.put_blocks_device(model, hashes, kv, slots, **kw))
+
+    def get_blocks_device(self, model, hashes, kv, slots, **kw):
+        """DataPlane.get_blocks_device on this client's data plane: dense
+        blocks decoded into slots of this process's GPU memory."""
+        self._need_data_plane("get_blocks_device")
+        return self._data_plane_call(lambda dp: dp.get_blocks_device(model, hashes, kv, slots, **kw))
+
+    def _need_data_plane(self, method):
+        if not self.data_address:
+            raise errors.FailedPrecondition(f"{method} needs the data plane: create the Client with data_address",
+                                            code=grpc.StatusCode.FAILED_PRECONDITION, method=method)
+
     def get_blocks(self, model, hashes, **kw):
         """List form of iter_blocks (same arguments)."""
         return list(self.iter_blocks(model, hashes, **kw))
