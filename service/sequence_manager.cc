@@ -354,7 +354,12 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
   absl::MutexLock l(&mu_);
   if (sequences_.size() >= options_.max_sequences)
     return absl::ResourceExhaustedError(absl::StrCat(
-        "too many live sequences (", options_.max_sequences, "); drop finished ones"));
+        "too many live sequences (", options_.max_sequences, ", --max_sequences); drop finished ones"));
+  size_t& mine = per_tenant_[tenant];
+  if (mine >= options_.max_sequences_per_tenant)
+    return absl::ResourceExhaustedError(absl::StrCat("this tenant has ", mine, " live sequences (",
+                                                     "--max_sequences_per_tenant); drop finished ones"));
+  ++mine;
   seq->last_used = clock_->Now();
   sequences_.emplace(seq->id, std::move(seq));
   return resp;
@@ -368,7 +373,7 @@ absl::StatusOr<std::shared_ptr<SequenceManager::Sequence>> SequenceManager::Use(
   if (it == sequences_.end() || it->second->tenant != tenant)
     return absl::NotFoundError(absl::StrCat("sequence '", id, "' does not exist"));
   if (it->second->last_used + it->second->ttl < now) {
-    sequences_.erase(it);
+    EraseLocked(it);
     return absl::NotFoundError(absl::StrCat("sequence '", id, "' expired"));
   }
   it->second->last_used = now;
@@ -571,9 +576,17 @@ absl::Status SequenceManager::Drop(const std::string& tenant, const std::string&
   auto it = sequences_.find(sequence_id);
   if (it == sequences_.end() || it->second->tenant != tenant)
     return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' does not exist"));
-  victim = std::move(it->second);
-  sequences_.erase(it);
+  victim = EraseLocked(it);
   return absl::OkStatus();
+}
+
+std::shared_ptr<SequenceManager::Sequence> SequenceManager::EraseLocked(
+    absl::flat_hash_map<std::string, std::shared_ptr<Sequence>>::iterator it) {
+  std::shared_ptr<Sequence> seq = std::move(it->second);
+  sequences_.erase(it);
+  auto t = per_tenant_.find(seq->tenant);
+  if (t != per_tenant_.end() && --t->second == 0) per_tenant_.erase(t);
+  return seq;
 }
 
 size_t SequenceManager::ExpireIdle() {
@@ -582,8 +595,7 @@ size_t SequenceManager::ExpireIdle() {
   absl::MutexLock l(&mu_);
   for (auto it = sequences_.begin(); it != sequences_.end();) {
     if (it->second->last_used + it->second->ttl < now) {
-      victims.push_back(std::move(it->second));
-      sequences_.erase(it++);
+      victims.push_back(EraseLocked(it++));
     } else {
       ++it;
     }

@@ -66,6 +66,9 @@ struct SequenceOptions {
   // Most live sequences (all tenants); Create beyond it is
   // RESOURCE_EXHAUSTED. Default: 4096.
   size_t max_sequences = 4096;
+  // Most live sequences of one tenant, so that one tenant cannot take
+  // every sequence. Default: 1024.
+  size_t max_sequences_per_tenant = 1024;
   // Most queries in one Attend call (all items). Default: 4096.
   int64_t max_queries = 4096;
 };
@@ -81,7 +84,8 @@ class SequenceManager {
   // Creates a sequence over `blocks` (already fetched, in order) with an
   // optional dense tail [num_layers, tokens, kv_heads, head_dim] (tail_k
   // and tail_v both set or both absent). INVALID_ARGUMENT for bad tensors;
-  // RESOURCE_EXHAUSTED at max_sequences.
+  // RESOURCE_EXHAUSTED at max_sequences (or the tenant's
+  // max_sequences_per_tenant).
   absl::StatusOr<v1::CreateSequenceResponse> Create(
       const std::string& tenant, std::shared_ptr<const RegisteredModel> model,
       std::vector<storage::BlockData> blocks, const v1::CreateSequenceRequest& req);
@@ -150,6 +154,10 @@ class SequenceManager {
   storage::Clock* const clock_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, size_t> per_tenant_ ABSL_GUARDED_BY(mu_);  // live sequences of each tenant
+  // Erases sequences_'s entry `it` (its tenant's count too); returns the sequence.
+  std::shared_ptr<Sequence> EraseLocked(
+      absl::flat_hash_map<std::string, std::shared_ptr<Sequence>>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ids of owned blocks, tails and sequence keys: 1, 2, ... (stored
   // blocks' ids have the top bit set, see sequence_manager.cc).
   std::atomic<uint64_t> next_owned_id_{1};

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -111,6 +112,9 @@ ABSL_FLAG(int, shutdown_spill_deadline_ms, 30000,
 ABSL_FLAG(int, shutdown_grace_ms, 10000,
           "how long a graceful shutdown waits for in-flight RPCs before cancelling them");
 ABSL_FLAG(int, sequence_ttl_ms, 300000, "idle expiry of decode sequences that ask for ttl 0");
+ABSL_FLAG(int, max_sequences, 4096, "most live decode sequences, all tenants (CreateSequence beyond: RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int, max_sequences_per_tenant, 1024,
+          "most live decode sequences of one tenant (CreateSequence beyond: RESOURCE_EXHAUSTED)");
 ABSL_FLAG(bool, log_rpc_errors, true, "log failed RPCs (except NOT_FOUND) to stderr");
 
 namespace {
@@ -203,6 +207,15 @@ int main(int argc, char** argv) {
   o.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
   o.shutdown_spill_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_spill_deadline_ms));
   o.service.sequences.default_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_sequence_ttl_ms));
+  for (const auto& [name, value] : {std::pair{"--max_sequences", absl::GetFlag(FLAGS_max_sequences)},
+                                     std::pair{"--max_sequences_per_tenant", absl::GetFlag(FLAGS_max_sequences_per_tenant)}}) {
+    if (value < 1) {
+      log.Write(absl::StrCat("tqkv-server: ", name, " must be at least 1, not ", value), tqkv::service::LogLevel::kError);
+      return 1;
+    }
+  }
+  o.service.sequences.max_sequences = static_cast<size_t>(absl::GetFlag(FLAGS_max_sequences));
+  o.service.sequences.max_sequences_per_tenant = static_cast<size_t>(absl::GetFlag(FLAGS_max_sequences_per_tenant));
   o.log_rpc_errors = absl::GetFlag(FLAGS_log_rpc_errors);
   o.log = &std::cerr;
 

@@ -321,5 +321,31 @@ TEST(SequenceManagerTest, IdleSequencesExpire) {
   EXPECT_EQ(seqs.size(), 0u);
 }
 
+// The server-wide and per-tenant caps on live sequences: a tenant at its
+// cap is refused while others still create; dropping, expiry and use after
+// expiry give the tenant's places back.
+TEST(SequenceManagerTest, LiveSequencesAreCappedPerTenantAndInAll) {
+  std::shared_ptr<const RegisteredModel> model = std::move(BuildModel("t", Small())).value();
+  CpuBackend backend(CpuBackend::Options{0});
+  storage::FakeClock clock;
+  SequenceManager seqs(SequenceOptions{.max_sequences = 5, .max_sequences_per_tenant = 3}, &backend, &clock);
+  v1::CreateSequenceRequest req;
+  req.set_ttl_ms(1000);
+  std::vector<std::string> a;
+  for (int i = 0; i < 3; ++i) a.push_back(seqs.Create("a", model, {}, req).value().sequence_id());
+  absl::Status full = seqs.Create("a", model, {}, req).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("--max_sequences_per_tenant"), std::string::npos) << full;
+  ASSERT_TRUE(seqs.Create("b", model, {}, req).ok());
+  ASSERT_TRUE(seqs.Create("b", model, {}, req).ok());
+  EXPECT_EQ(seqs.Create("c", model, {}, req).status().code(), absl::StatusCode::kResourceExhausted) << "5 in all";
+  ASSERT_TRUE(seqs.Drop("a", a[0]).ok());
+  ASSERT_TRUE(seqs.Create("a", model, {}, req).ok()) << "a dropped one";
+  clock.Advance(absl::Milliseconds(1100));
+  EXPECT_EQ(seqs.ExpireIdle(), 5u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(seqs.Create("a", model, {}, req).ok()) << i;
+  EXPECT_EQ(seqs.size(), 3u);
+}
+
 }  // namespace
 }  // namespace tqkv::service
