@@ -27,7 +27,7 @@ absl::StatusOr<SeedWorld> BuildWorld(service::KvService& service, const service:
   TQ_ASSIGN_OR_RETURN(v1::RegisterModelResponse reg, service.RegisterModel(id, w.registration));
   w.model.set_model_id(reg.model_id());
   w.model.set_layout_fingerprint(reg.layout_fingerprint());
-  std::unique_ptr<service::PutSession> put = service.NewPutSession(id);
+  TQ_ASSIGN_OR_RETURN(std::unique_ptr<service::PutSession> put, service.NewPutSession(id));
   v1::PutBlocksRequest msg;
   *msg.mutable_header()->mutable_model() = w.model;
   TQ_RETURN_IF_ERROR(put->OnMessage(msg));

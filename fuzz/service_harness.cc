@@ -89,7 +89,11 @@ absl::Status ServiceHarness::RunOne(uint8_t raw_op, const std::string& bytes) {
       v1::PutBlocksRequest req;
       if (!parse(req)) return bad();
       if (current && req.has_header()) *req.mutable_header()->mutable_model() = model_;
-      if (!put_) put_ = kv.NewPutSession(identity_);
+      if (!put_) {
+        absl::StatusOr<std::unique_ptr<service::PutSession>> s = kv.NewPutSession(identity_);
+        if (!s.ok()) return s.status();
+        put_ = std::move(*s);
+      }
       return put_->OnMessage(req);
     }
     case kPutFinish: {

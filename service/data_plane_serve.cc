@@ -128,9 +128,13 @@ absl::StatusOr<DeviceKvRef> DataPlaneServer::Loop::DeviceSource(const Conn* c, c
 absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Identity>& id, v1::DataPlanePut* put,
                                              absl::Span<const uint8_t> raw_in, v1::DataPlaneReply* head) {
   if (!c->put_open) {
-    if (id.ok()) c->put = service_->NewPutSession(*id);
-    c->put_tenant = id.ok() ? id->tenant : "";
     c->put_error = absl::OkStatus();
+    if (id.ok()) {
+      absl::StatusOr<std::unique_ptr<PutSession>> session = service_->NewPutSession(*id);
+      if (session.ok()) c->put = std::move(*session);
+      else c->put_error = session.status();  // the stream fails; its commit frame ends it
+    }
+    c->put_tenant = id.ok() ? id->tenant : "";
     c->put_open = true;
   }
   absl::Status s = c->put_error;

@@ -37,7 +37,12 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
       Done(scope_.identity().status());
       return;
     }
-    session_ = service->NewPutSession(*scope_.identity());
+    absl::StatusOr<std::unique_ptr<PutSession>> session = service->NewPutSession(*scope_.identity());
+    if (!session.ok()) {
+      Done(session.status());
+      return;
+    }
+    session_ = std::move(*session);
     StartRead(&msg_);
   }
 

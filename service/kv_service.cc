@@ -31,7 +31,8 @@ KvService::KvService(const KvServiceOptions& options, storage::BlockStore* store
       backend_(backend),
       clock_(clock),
       staging_(options.staging),
-      sequences_(options.sequences, backend, clock) {}
+      sequences_(options.sequences, backend, clock),
+      put_streams_(options.put_streams, clock) {}
 
 absl::StatusOr<v1::RegisterModelResponse> KvService::RegisterModel(
     const Identity& id, const v1::RegisterModelRequest& req) {
@@ -44,9 +45,9 @@ absl::StatusOr<v1::RegisterModelResponse> KvService::RegisterModel(
   return resp;
 }
 
-std::unique_ptr<PutSession> KvService::NewPutSession(const Identity& id) {
+absl::StatusOr<std::unique_ptr<PutSession>> KvService::NewPutSession(const Identity& id) {
   PutContext ctx{store_, registry_, backend_, &staging_, clock_, options_.max_blocks_per_stream};
-  return std::make_unique<PutSession>(ctx, id);
+  return put_streams_.Open(ctx, id);
 }
 
 absl::StatusOr<v1::LookupResponse> KvService::Lookup(const Identity& id,
@@ -364,6 +365,7 @@ absl::StatusOr<v1::EvictResponse> KvService::Evict(const Identity& id,
 void KvService::Maintain() {
   sequences_.ExpireIdle();
   staging_.Expire(clock_->Now());
+  put_streams_.ExpireOld();
 }
 
 }  // namespace tqkv::service

@@ -24,6 +24,7 @@
 #include "service/auth.h"
 #include "service/model_registry.h"
 #include "service/put_session.h"
+#include "service/put_streams.h"
 #include "service/sequence_manager.h"
 #include "service/staging_area.h"
 #include "storage/block_store.h"
@@ -44,6 +45,7 @@ struct KvServiceOptions {
   size_t max_blocks_per_stream = 65536;
   StagingOptions staging;
   SequenceOptions sequences;
+  PutStreamLimits put_streams;
 };
 
 // A prepared GetBlocks: every block fetched (so a missing block fails the
@@ -69,8 +71,9 @@ class KvService {
 
   absl::StatusOr<v1::RegisterModelResponse> RegisterModel(const Identity& id,
                                                           const v1::RegisterModelRequest& req);
-  // A new PutBlocks stream (see put_session.h).
-  std::unique_ptr<PutSession> NewPutSession(const Identity& id);
+  // A new put stream (see put_session.h), or RESOURCE_EXHAUSTED at the
+  // open-stream caps (put_streams.h).
+  absl::StatusOr<std::unique_ptr<PutSession>> NewPutSession(const Identity& id);
   absl::StatusOr<v1::LookupResponse> Lookup(const Identity& id, const v1::LookupRequest& req);
   // Fetches every requested block. NOT_FOUND naming the first missing one.
   absl::StatusOr<GetPlan> PrepareGet(const Identity& id, const v1::GetBlocksRequest& req);
@@ -141,6 +144,7 @@ class KvService {
   storage::Clock* const clock_;
   StagingArea staging_;
   SequenceManager sequences_;
+  PutStreams put_streams_;
 };
 
 }  // namespace tqkv::service

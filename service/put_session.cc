@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "service/convert.h"
+#include "service/put_streams.h"
 
 namespace tqkv::service {
 namespace {
@@ -12,6 +13,25 @@ namespace {
 constexpr char kHeaderFirst[] = "the first PutBlocks message must be the header";
 
 }  // namespace
+
+PutSession::~PutSession() {
+  if (ctx_.streams != nullptr) ctx_.streams->Close(this);
+}
+
+absl::Status PutSession::CheckAge(absl::Time now) {
+  if (error_.ok() && now >= ctx_.deadline)
+    Fail(absl::DeadlineExceededError(
+        "the put stream stayed open past --put_stream_timeout_s; nothing of it was committed"));
+  return error_;
+}
+
+bool PutSession::TryExpire(absl::Time now) {
+  if (!mu_.TryLock()) return false;
+  const bool healthy = error_.ok();
+  const bool expired = healthy && !CheckAge(now).ok();
+  mu_.Unlock();
+  return expired;
+}
 
 absl::Status PutSession::Fail(const absl::Status& s) {
   if (!s.ok() && error_.ok()) {
@@ -23,7 +43,8 @@ absl::Status PutSession::Fail(const absl::Status& s) {
 }
 
 absl::Status PutSession::OnMessage(const v1::PutBlocksRequest& msg) {
-  if (!error_.ok()) return error_;
+  absl::MutexLock l(&mu_);
+  if (!CheckAge(ctx_.clock->Now()).ok()) return error_;
   absl::Status s;
   switch (msg.item_case()) {
     case v1::PutBlocksRequest::kHeader:
@@ -178,7 +199,8 @@ absl::Status PutSession::OnBlock(const v1::PutBlock& b) {
 
 absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::PutBlock>& blocks,
                                   TensorPayload* payload, const DeviceKvRef* device) {
-  absl::Status s = error_;
+  absl::MutexLock l(&mu_);
+  absl::Status s = CheckAge(ctx_.clock->Now());
   if (s.ok() && !model_) s = absl::InvalidArgumentError(kHeaderFirst);
   // Dense blocks are encoded in batches of about kBatchInputBytes; a
   // device frame's blocks in one (the backend sizes its own steps).
@@ -213,7 +235,8 @@ absl::Status PutSession::OnBlocks(const google::protobuf::RepeatedPtrField<v1::P
 }
 
 absl::StatusOr<v1::PutBlocksResponse> PutSession::Finish() {
-  if (!error_.ok()) return error_;
+  absl::MutexLock l(&mu_);
+  if (!CheckAge(ctx_.clock->Now()).ok()) return error_;
   if (!model_) return absl::InvalidArgumentError("PutBlocks stream ended without a header");
   // The stream's blocks become visible together, or none does.
   auto commit_all = [&](std::vector<storage::PutHandle> handles) -> absl::Status {

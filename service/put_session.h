@@ -14,7 +14,8 @@
 // stream's whole blocks. Destroying a session
 // without Finish (failed, cancelled or truncated stream) leaves nothing.
 //
-// Thread safety: a session is used by one thread at a time.
+// Thread safety: a session is used by one thread at a time, besides
+// TryExpire (PutStreams' sweep), which may run concurrently.
 #ifndef TQKV_SERVICE_PUT_SESSION_H_
 #define TQKV_SERVICE_PUT_SESSION_H_
 
@@ -25,6 +26,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "codec/backend.h"
 #include "proto/tqkv/v1/tqkv.pb.h"
 #include "service/auth.h"
@@ -36,6 +39,8 @@
 
 namespace tqkv::service {
 
+class PutStreams;
+
 // The collaborators a session uses; none owned, all outlive the session.
 struct PutContext {
   storage::BlockStore* store = nullptr;
@@ -45,11 +50,17 @@ struct PutContext {
   storage::Clock* clock = nullptr;
   // Most blocks one stream may carry. Default: 65536.
   size_t max_blocks_per_stream = 65536;
+  // The registry of open streams the session leaves when destroyed (none:
+  // not counted), and when the stream must be done (DEADLINE_EXCEEDED at
+  // its next message after it). Set by PutStreams::Open.
+  PutStreams* streams = nullptr;
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 class PutSession {
  public:
   PutSession(const PutContext& ctx, Identity identity) : ctx_(ctx), id_(std::move(identity)) {}
+  ~PutSession();
   PutSession(const PutSession&) = delete;
   PutSession& operator=(const PutSession&) = delete;
 
@@ -80,6 +91,11 @@ class PutSession {
   // Commits the stream (see file comment). REQUIRES: called at most once.
   absl::StatusOr<v1::PutBlocksResponse> Finish();
 
+  // Fails the stream with DEADLINE_EXCEEDED (releasing its reservations)
+  // if it is past its deadline at `now`, still healthy and not in use by
+  // another thread; true if it did.
+  bool TryExpire(absl::Time now);
+
  private:
   // A block's checked input: its dense K/V ([layers, tokens, kv_heads,
   // head_dim]), its packed layer range, or its slot in a device source.
@@ -105,9 +121,12 @@ class PutSession {
   // Records `s` as the stream's error if it is the first one and releases
   // every reservation; returns `s`.
   absl::Status Fail(const absl::Status& s);
+  // Fail(DEADLINE_EXCEEDED) once `now` is past the deadline; the stream's error.
+  absl::Status CheckAge(absl::Time now);
 
   const PutContext ctx_;
   const Identity id_;
+  absl::Mutex mu_;  // held by each call (TryExpire may come from another thread)
   absl::Status error_;
   std::shared_ptr<const RegisteredModel> model_;  // set by the header
   int first_ = 0, last_ = 0;

@@ -112,6 +112,13 @@ ABSL_FLAG(int, shutdown_spill_deadline_ms, 30000,
 ABSL_FLAG(int, shutdown_grace_ms, 10000,
           "how long a graceful shutdown waits for in-flight RPCs before cancelling them");
 ABSL_FLAG(int, sequence_ttl_ms, 300000, "idle expiry of decode sequences that ask for ttl 0");
+ABSL_FLAG(int, max_put_streams, 4096,
+          "most open put streams (gRPC PutBlocks and data-plane puts), all tenants; one more gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_put_streams_per_tenant, 256,
+          "most open put streams of one tenant; one more gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, put_stream_timeout_s, 600,
+          "a put stream open longer fails with DEADLINE_EXCEEDED and releases the host memory it holds (nothing "
+          "of it is committed)");
 ABSL_FLAG(int, max_sequences, 4096, "most live decode sequences, all tenants (CreateSequence beyond: RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int, max_sequences_per_tenant, 1024,
           "most live decode sequences of one tenant (CreateSequence beyond: RESOURCE_EXHAUSTED)");
@@ -208,7 +215,10 @@ int main(int argc, char** argv) {
   o.shutdown_spill_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_spill_deadline_ms));
   o.service.sequences.default_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_sequence_ttl_ms));
   for (const auto& [name, value] : {std::pair{"--max_sequences", absl::GetFlag(FLAGS_max_sequences)},
-                                     std::pair{"--max_sequences_per_tenant", absl::GetFlag(FLAGS_max_sequences_per_tenant)}}) {
+                                     std::pair{"--max_sequences_per_tenant", absl::GetFlag(FLAGS_max_sequences_per_tenant)},
+                                     std::pair{"--max_put_streams", absl::GetFlag(FLAGS_max_put_streams)},
+                                     std::pair{"--max_put_streams_per_tenant", absl::GetFlag(FLAGS_max_put_streams_per_tenant)},
+                                     std::pair{"--put_stream_timeout_s", absl::GetFlag(FLAGS_put_stream_timeout_s)}}) {
     if (value < 1) {
       log.Write(absl::StrCat("tqkv-server: ", name, " must be at least 1, not ", value), tqkv::service::LogLevel::kError);
       return 1;
@@ -216,6 +226,9 @@ int main(int argc, char** argv) {
   }
   o.service.sequences.max_sequences = static_cast<size_t>(absl::GetFlag(FLAGS_max_sequences));
   o.service.sequences.max_sequences_per_tenant = static_cast<size_t>(absl::GetFlag(FLAGS_max_sequences_per_tenant));
+  o.service.put_streams.max_open = static_cast<size_t>(absl::GetFlag(FLAGS_max_put_streams));
+  o.service.put_streams.max_open_per_tenant = static_cast<size_t>(absl::GetFlag(FLAGS_max_put_streams_per_tenant));
+  o.service.put_streams.max_age = absl::Seconds(absl::GetFlag(FLAGS_put_stream_timeout_s));
   o.log_rpc_errors = absl::GetFlag(FLAGS_log_rpc_errors);
   o.log = &std::cerr;
 
