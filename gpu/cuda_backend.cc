@@ -239,15 +239,14 @@ class CudaBackend : public ComputeBackend {
       if (items[b].tokens < 1 || items[b].tokens > s.block_size || items[b].out == nullptr)
         return absl::InvalidArgumentError(absl::StrCat("device block ", b, " has ", items[b].tokens,
                                                        " tokens; expected [1, ", s.block_size, "]"));
-    absl::MutexLock lock(&mu_);
-    TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
-    TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
-    TQ_ASSIGN_OR_RETURN(IpcMappings maps, IpcMappings::Open(src.ipc_handles));
     std::vector<DeviceSpan> spans;
     for (const DeviceEncodeItem& it : items) spans.push_back({it.slot, it.tokens});
-    TQ_RETURN_IF_ERROR(CheckDeviceBounds(codec, src, maps, spans));
+    absl::MutexLock lock(&mu_);
+    TQ_ASSIGN_OR_RETURN(DeviceCall call, OpenDeviceCall(codec, first, last, src, spans));
+    const DeviceCodecTables* tables = call.tables;
+    const IpcMappings& maps = call.maps;
+    const DeviceChunk& chunk = call.chunk;
     const size_t out_bytes = codec.layer_range_bytes(first, last);
-    TQ_ASSIGN_OR_RETURN(const DeviceChunk chunk, PlanDeviceChunk(codec, src.dtype, out_bytes));
     cudaStream_t sm = stream_.get();
     // Copies chunk `at`'s pages out of host half `half` once its download is done.
     auto copy_out = [&](size_t at, int half) -> absl::Status {
@@ -311,15 +310,14 @@ class CudaBackend : public ComputeBackend {
     const ModelShape& s = codec.shape();
     for (size_t b = 0; b < items.size(); ++b)
       if (items[b].payload == nullptr) return absl::InvalidArgumentError(absl::StrCat("device block ", b, " has no payload"));
-    absl::MutexLock lock(&mu_);
-    TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
-    TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
-    TQ_ASSIGN_OR_RETURN(IpcMappings maps, IpcMappings::Open(dst.ipc_handles));
     std::vector<DeviceSpan> spans;
     for (const DeviceDecodeItem& it : items) spans.push_back({it.slot, s.block_size});
-    TQ_RETURN_IF_ERROR(CheckDeviceBounds(codec, dst, maps, spans));
+    absl::MutexLock lock(&mu_);
+    TQ_ASSIGN_OR_RETURN(DeviceCall call, OpenDeviceCall(codec, first, last, dst, spans));
+    const DeviceCodecTables* tables = call.tables;
+    const IpcMappings& maps = call.maps;
+    const DeviceChunk& chunk = call.chunk;
     const size_t in_bytes = codec.layer_range_bytes(first, last);
-    TQ_ASSIGN_OR_RETURN(const DeviceChunk chunk, PlanDeviceChunk(codec, dst.dtype, in_bytes));
     cudaStream_t sm = stream_.get();
     int half = 0;
     for (size_t at = 0; at < items.size(); at += chunk.blocks, half ^= 1) {
@@ -645,6 +643,23 @@ class CudaBackend : public ComputeBackend {
     uint64_t slot = 0;
     int64_t tokens = 0;
   };
+  // What a device call works with: the codec's tables, the worker's
+  // memory (open for the call) and the chunks' staging.
+  struct DeviceCall {
+    const DeviceCodecTables* tables = nullptr;
+    IpcMappings maps;
+    DeviceChunk chunk;
+  };
+  absl::StatusOr<DeviceCall> OpenDeviceCall(const ModelCodec& codec, int first, int last, const DeviceKvRef& ref,
+                                            const std::vector<DeviceSpan>& spans) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
+    DeviceCall call;
+    TQ_ASSIGN_OR_RETURN(call.tables, Tables(codec));
+    TQ_ASSIGN_OR_RETURN(call.maps, IpcMappings::Open(ref.ipc_handles));
+    TQ_RETURN_IF_ERROR(CheckDeviceBounds(codec, ref, call.maps, spans));
+    TQ_ASSIGN_OR_RETURN(call.chunk, PlanDeviceChunk(codec, ref.dtype, codec.layer_range_bytes(first, last)));
+    return call;
+  }
   // INVALID_ARGUMENT unless every byte of every span of every layer lies
   // inside its exported allocation.
   static absl::Status CheckDeviceBounds(const ModelCodec& codec, const DeviceKvRef& ref, const IpcMappings& maps,

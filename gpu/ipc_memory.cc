@@ -64,8 +64,20 @@ absl::StatusOr<IpcMappings> IpcMappings::Open(const std::vector<std::string>& ha
   return m;
 }
 
-IpcMappings::~IpcMappings() {
+IpcMappings& IpcMappings::operator=(IpcMappings&& o) noexcept {
+  if (this != &o) {
+    Close();
+    maps_ = std::move(o.maps_);
+    index_ = std::move(o.index_);
+    o.maps_.clear();
+    o.index_.clear();
+  }
+  return *this;
+}
+
+void IpcMappings::Close() {
   for (const Map& m : maps_) (void)cudaIpcCloseMemHandle(m.base);
+  maps_.clear();
 }
 
 }  // namespace tqkv::gpu

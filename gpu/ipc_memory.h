@@ -20,18 +20,18 @@ class IpcMappings {
   // allocation, the exporting process itself).
   static absl::StatusOr<IpcMappings> Open(const std::vector<std::string>& handles);
   IpcMappings() = default;
-  IpcMappings(IpcMappings&& o) noexcept : maps_(std::move(o.maps_)), index_(std::move(o.index_)) {
-    o.maps_.clear();
-  }
-  IpcMappings& operator=(IpcMappings&&) = delete;
+  IpcMappings(IpcMappings&& o) noexcept { *this = std::move(o); }
+  IpcMappings& operator=(IpcMappings&& o) noexcept;  // closes this one's handles first
   IpcMappings(const IpcMappings&) = delete;
-  ~IpcMappings();  // closes every handle it opened
+  ~IpcMappings() { Close(); }
 
   // Handle i's allocation, from its first byte, and its size.
   uint8_t* base(size_t i) const { return maps_[index_[i]].base; }
   uint64_t size(size_t i) const { return maps_[index_[i]].size; }
 
  private:
+  void Close();  // closes every handle it opened
+
   struct Map {
     uint8_t* base = nullptr;
     uint64_t size = 0;
