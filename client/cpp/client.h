@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/cpp/health.grpc.pb.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/tqkv/v1/tqkv.grpc.pb.h"
 
 namespace tqkv::client {
