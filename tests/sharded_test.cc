@@ -5,8 +5,10 @@
 // naming it; after a restart its durable chains read back exactly; a fourth
 // shard takes about a quarter of the chains and nothing else moves.
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "client/cpp/sharded_client.h"
 #include "tests/fixture.h"
@@ -286,7 +288,13 @@ TEST_F(ShardedTest, ChainsSpreadReadAlikeSurviveAShardAndMoveLittle) {
   // Restart it on its address and data dir: its durable chains are back,
   // byte for byte, once its down window has passed.
   const std::string port = victim.substr(victim.rfind(':') + 1);
+  // Its port is free again, so another process's bind to port 0 may hold
+  // it for a moment (tests run in parallel): retry for a few seconds.
   auto restarted = ServerProcess::Start(dirs_[vi], {"--listen=127.0.0.1:" + port, "--data_listen=off"});
+  for (int i = 0; i < 20 && !restarted.ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    restarted = ServerProcess::Start(dirs_[vi], {"--listen=127.0.0.1:" + port, "--data_listen=off"});
+  }
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   servers_[vi] = std::move(*restarted);
   ASSERT_EQ(servers_[vi]->address(), victim);
