@@ -151,6 +151,23 @@ class CudaBackend : public ComputeBackend {
     return absl::OkStatus();
   }
 
+  // Launches the decode of layer l of n blocks laid out as EncodeLayer's:
+  // `rows` dense rows of K and V in `dt`, row r from slot slots[r].
+  absl::Status DecodeLayer(const ModelCodec& codec, const DeviceCodecTables& tables, int first, int l, size_t n,
+                           size_t stride, uint8_t* pages, uint8_t* k, uint8_t* v, DType dt, int64_t rows,
+                           const int64_t* slots, unsigned long long* flag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    DecodeLaunch a;
+    uint8_t* kp = pages + codec.layer_offset(l) - codec.layer_offset(first);
+    SetLayerPages(codec, tables, l, kp, kp + codec.k_page_bytes(l), static_cast<int64_t>(n), slots, flag, &a);
+    a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(stride);
+    a.k = k;
+    a.v = v;
+    a.dtype = static_cast<int32_t>(dt);
+    a.tokens = rows;
+    TQ_CUDA_RETURN_IF_ERROR(LaunchDecode(a, stream_.get()), absl::StrCat("decode layer ", l));
+    return absl::OkStatus();
+  }
+
   absl::Status DecodeBlock(const ModelCodec& codec, int first, int last, const uint8_t* payload,
                            const std::vector<MutableDenseView>& k,
                            const std::vector<MutableDenseView>& v) override {
@@ -170,7 +187,6 @@ class CudaBackend : public ComputeBackend {
     absl::MutexLock lock(&mu_);
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
     TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
-    const size_t base = codec.layer_offset(first);
     const size_t in_bytes = codec.layer_range_bytes(first, last);
     const size_t n = items.size(), layers = static_cast<size_t>(last - first);
     const size_t block_elems = static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim;
@@ -191,18 +207,11 @@ class CudaBackend : public ComputeBackend {
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, out_off, cudaMemcpyHostToDevice, sm), "upload blocks");
     for (int l = first; l < last; ++l) {
       const size_t i = l - first;
-      DecodeLaunch a;
-      uint8_t* kp = d + pages_off + codec.layer_offset(l) - base;  // block b's layer l at + b · in_bytes
-      SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), static_cast<int64_t>(n),
-                    reinterpret_cast<const int64_t*>(d + slots_off),
-                    reinterpret_cast<unsigned long long*>(d + flag_off), &a);
-      a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(in_bytes);
       uint8_t* ko = d + out_off + 2 * i * n * block_out;
-      a.k = ko;
-      a.v = ko + n * block_out;
-      a.dtype = static_cast<int32_t>(dt);
-      a.tokens = static_cast<int64_t>(n) * s.block_size;
-      TQ_CUDA_RETURN_IF_ERROR(LaunchDecode(a, sm), absl::StrCat("decode layer ", l));
+      TQ_RETURN_IF_ERROR(DecodeLayer(codec, *tables, first, l, n, in_bytes, d + pages_off, ko, ko + n * block_out, dt,
+                                     static_cast<int64_t>(n) * s.block_size,
+                                     reinterpret_cast<const int64_t*>(d + slots_off),
+                                     reinterpret_cast<unsigned long long*>(d + flag_off)));
     }
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + out_off, d + out_off, 2 * n * block_out * layers,
                                             cudaMemcpyDeviceToHost, sm),
@@ -261,29 +270,12 @@ class CudaBackend : public ComputeBackend {
       const size_t n = std::min(chunk.blocks, items.size() - at);
       uint8_t* h = host_.as<uint8_t>() + half * chunk.host_bytes;
       uint8_t* d = dev_.as<uint8_t>();
-      int64_t* offsets = reinterpret_cast<int64_t*>(h + chunk.offsets_off);
-      int64_t* slots = reinterpret_cast<int64_t*>(h + chunk.slots_off);
-      int64_t rows = 0;
       bool aligned = true;
-      for (size_t b = 0; b < n; ++b) {
-        const DeviceEncodeItem& it = items[at + b];
-        for (int64_t t = 0; t < it.tokens; ++t, ++rows) {
-          offsets[rows] = static_cast<int64_t>(it.slot * src.block_stride + t * src.token_stride);
-          slots[rows] = static_cast<int64_t>(b) * s.block_size + t;
-          aligned = aligned && offsets[rows] % 16 == 0;
-        }
-      }
+      const int64_t rows = FillRows(src, std::span(spans).subspan(at, n), s.block_size, h, chunk, &aligned);
       TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, chunk.k_off, cudaMemcpyHostToDevice, sm), "upload rows");
       TQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d + chunk.pages_off, 0, n * out_bytes, sm), "zero pages");
       for (int l = first; l < last; ++l) {
-        const DeviceKvRef::Layer& ly = src.layers[l - first];
-        for (int c = 0; c < 2; ++c) {
-          StridedHeads sh = HeadsOf(codec, src, c == 0 ? maps.base(ly.k_buffer) + ly.k_offset
-                                                       : maps.base(ly.v_buffer) + ly.v_offset,
-                                    reinterpret_cast<const int64_t*>(d + chunk.offsets_off), rows, aligned);
-          TQ_CUDA_RETURN_IF_ERROR(LaunchStridedHeads(sh, d + (c == 0 ? chunk.k_off : chunk.v_off), true, sm),
-                                  absl::StrCat("gather layer ", l));
-        }
+        TQ_RETURN_IF_ERROR(MoveLayerHeads(codec, src, maps, first, l, d, chunk, rows, aligned, /*to_staging=*/true));
         TQ_RETURN_IF_ERROR(EncodeLayer(codec, *tables, first, l, n, out_bytes, d + chunk.pages_off, d + chunk.k_off,
                                        d + chunk.v_off, src.dtype, rows,
                                        reinterpret_cast<const int64_t*>(d + chunk.slots_off),
@@ -327,18 +319,8 @@ class CudaBackend : public ComputeBackend {
         TQ_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(chunk_done_[half].get()), "device decode");
       uint8_t* h = host_.as<uint8_t>() + half * chunk.host_bytes;
       uint8_t* d = dev_.as<uint8_t>();
-      int64_t* offsets = reinterpret_cast<int64_t*>(h + chunk.offsets_off);
-      int64_t* slots = reinterpret_cast<int64_t*>(h + chunk.slots_off);
-      const int64_t rows = static_cast<int64_t>(n) * s.block_size;
       bool aligned = true;
-      for (size_t b = 0; b < n; ++b) {
-        for (int t = 0; t < s.block_size; ++t) {
-          const int64_t r = static_cast<int64_t>(b) * s.block_size + t;
-          offsets[r] = static_cast<int64_t>(items[at + b].slot * dst.block_stride + t * dst.token_stride);
-          slots[r] = r;
-          aligned = aligned && offsets[r] % 16 == 0;
-        }
-      }
+      const int64_t rows = FillRows(dst, std::span(spans).subspan(at, n), s.block_size, h, chunk, &aligned);
       ParallelFor(n, n * in_bytes,
                   [&](size_t b) { std::memcpy(h + chunk.pages_off + b * in_bytes, items[at + b].payload, in_bytes); });
       TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, chunk.k_off, cudaMemcpyHostToDevice, sm), "upload rows");
@@ -347,25 +329,11 @@ class CudaBackend : public ComputeBackend {
                               "upload pages");
       TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_done_[half].get(), sm), "record chunk");
       for (int l = first; l < last; ++l) {
-        DecodeLaunch a;
-        uint8_t* kp = d + chunk.pages_off + codec.layer_offset(l) - codec.layer_offset(first);
-        SetLayerPages(codec, *tables, l, kp, kp + codec.k_page_bytes(l), static_cast<int64_t>(n),
-                      reinterpret_cast<const int64_t*>(d + chunk.slots_off),
-                      reinterpret_cast<unsigned long long*>(d + chunk.flag_off), &a);
-        a.k_pages.block_stride = a.v_pages.block_stride = static_cast<int64_t>(in_bytes);
-        a.k = d + chunk.k_off;
-        a.v = d + chunk.v_off;
-        a.dtype = static_cast<int32_t>(dst.dtype);
-        a.tokens = rows;
-        TQ_CUDA_RETURN_IF_ERROR(LaunchDecode(a, sm), absl::StrCat("decode layer ", l));
-        const DeviceKvRef::Layer& ly = dst.layers[l - first];
-        for (int c = 0; c < 2; ++c) {
-          StridedHeads sh = HeadsOf(codec, dst, c == 0 ? maps.base(ly.k_buffer) + ly.k_offset
-                                                       : maps.base(ly.v_buffer) + ly.v_offset,
-                                    reinterpret_cast<const int64_t*>(d + chunk.offsets_off), rows, aligned);
-          TQ_CUDA_RETURN_IF_ERROR(LaunchStridedHeads(sh, d + (c == 0 ? chunk.k_off : chunk.v_off), false, sm),
-                                  absl::StrCat("scatter layer ", l));
-        }
+        TQ_RETURN_IF_ERROR(DecodeLayer(codec, *tables, first, l, n, in_bytes, d + chunk.pages_off, d + chunk.k_off,
+                                       d + chunk.v_off, dst.dtype, rows,
+                                       reinterpret_cast<const int64_t*>(d + chunk.slots_off),
+                                       reinterpret_cast<unsigned long long*>(d + chunk.flag_off)));
+        TQ_RETURN_IF_ERROR(MoveLayerHeads(codec, dst, maps, first, l, d, chunk, rows, aligned, /*to_staging=*/false));
       }
     }
     return stream_.Synchronize("device decode");
@@ -689,18 +657,47 @@ class CudaBackend : public ComputeBackend {
     return absl::OkStatus();
   }
 
-  static StridedHeads HeadsOf(const ModelCodec& codec, const DeviceKvRef& ref, uint8_t* base, const int64_t* offsets,
-                              int64_t rows, bool rows_aligned16) {
+  // Writes the rows of `spans` (block b's token t: row offset slot ·
+  // block_stride + t · token_stride in the worker's layout, staging slot
+  // b · block_size + t) into host staging `h`; returns the row count and
+  // whether every offset is a multiple of 16.
+  static int64_t FillRows(const DeviceKvRef& ref, std::span<const DeviceSpan> spans, int block_size, uint8_t* h,
+                          const DeviceChunk& chunk, bool* aligned16) {
+    int64_t* offsets = reinterpret_cast<int64_t*>(h + chunk.offsets_off);
+    int64_t* slots = reinterpret_cast<int64_t*>(h + chunk.slots_off);
+    int64_t rows = 0;
+    for (size_t b = 0; b < spans.size(); ++b) {
+      for (int64_t t = 0; t < spans[b].tokens; ++t, ++rows) {
+        offsets[rows] = static_cast<int64_t>(spans[b].slot * ref.block_stride + t * ref.token_stride);
+        slots[rows] = static_cast<int64_t>(b) * block_size + t;
+        *aligned16 = *aligned16 && offsets[rows] % 16 == 0;
+      }
+    }
+    return rows;
+  }
+
+  // Moves layer l (of the call's range from `first`) of K and V between
+  // the worker's memory and the chunk's dense staging (`d` the device
+  // staging): a gather into staging or a scatter out of it.
+  absl::Status MoveLayerHeads(const ModelCodec& codec, const DeviceKvRef& ref, const IpcMappings& maps, int first,
+                              int l, uint8_t* d, const DeviceChunk& chunk, int64_t rows, bool rows_aligned16,
+                              bool to_staging) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const ModelShape& s = codec.shape();
-    StridedHeads h;
-    h.strided = base;
-    h.row_offsets = offsets;
-    h.rows = rows;
-    h.heads = s.num_kv_heads;
-    h.head_stride = static_cast<int64_t>(ref.head_stride);
-    h.head_bytes = static_cast<int>(s.head_dim * DTypeSize(ref.dtype));
-    h.rows_aligned16 = rows_aligned16;
-    return h;
+    const DeviceKvRef::Layer& ly = ref.layers[l - first];
+    for (int c = 0; c < 2; ++c) {
+      StridedHeads h;
+      h.strided = c == 0 ? maps.base(ly.k_buffer) + ly.k_offset : maps.base(ly.v_buffer) + ly.v_offset;
+      h.row_offsets = reinterpret_cast<const int64_t*>(d + chunk.offsets_off);
+      h.rows = rows;
+      h.heads = s.num_kv_heads;
+      h.head_stride = static_cast<int64_t>(ref.head_stride);
+      h.head_bytes = static_cast<int>(s.head_dim * DTypeSize(ref.dtype));
+      h.rows_aligned16 = rows_aligned16;
+      TQ_CUDA_RETURN_IF_ERROR(
+          LaunchStridedHeads(h, d + (c == 0 ? chunk.k_off : chunk.v_off), to_staging, stream_.get()),
+          absl::StrCat(to_staging ? "gather" : "scatter", " layer ", l));
+    }
+    return absl::OkStatus();
   }
 
   absl::StatusOr<const DeviceCodecTables*> Tables(const ModelCodec& codec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

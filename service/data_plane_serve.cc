@@ -2,6 +2,7 @@
 #include "service/data_plane_loop.h"
 
 #include <chrono>
+#include <optional>
 
 #include "service/convert.h"
 
@@ -147,14 +148,14 @@ absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Ident
     s = c->put->OnMessage(msg);
   }
   TensorPayload payload(raw_in);
-  absl::StatusOr<DeviceKvRef> device = DeviceKvRef{};
+  std::optional<DeviceKvRef> device;
   if (s.ok() && put->has_device()) {
-    device = DeviceSource(c, put->device(), "put.device");
-    s = device.status();
+    absl::StatusOr<DeviceKvRef> d = DeviceSource(c, put->device(), "put.device");
+    if (d.ok()) device = std::move(*d);
+    else s = d.status();
   }
   if (s.ok() && (put->blocks_size() > 0 || !raw_in.empty()))  // one batch: dense blocks are encoded together
-    s = c->put->OnBlocks(put->blocks(), raw_in.empty() ? nullptr : &payload,
-                         put->has_device() ? &*device : nullptr);
+    s = c->put->OnBlocks(put->blocks(), raw_in.empty() ? nullptr : &payload, device ? &*device : nullptr);
   if (s.ok() && put->commit()) {
     absl::StatusOr<v1::PutBlocksResponse> r = c->put->Finish();
     if (r.ok()) *head->mutable_put() = std::move(*r);

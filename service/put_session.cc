@@ -27,8 +27,7 @@ absl::Status PutSession::CheckAge(absl::Time now) {
 
 bool PutSession::TryExpire(absl::Time now) {
   if (!mu_.TryLock()) return false;
-  const bool healthy = error_.ok();
-  const bool expired = healthy && !CheckAge(now).ok();
+  const bool expired = error_.ok() && !CheckAge(now).ok();
   mu_.Unlock();
   return expired;
 }

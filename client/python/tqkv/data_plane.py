@@ -331,9 +331,8 @@ class DataPlane:
         except errors.FailedPrecondition:
             if not fallback:
                 raise
-            dtype = {tensors.FP16: "fp16", tensors.BF16: "bf16", tensors.FP32: "fp32"}[kv.dtype]
             out = self.get_blocks(model, hashes, first_layer=first_layer, last_layer=last_layer, dense=True,
-                                  dtype=dtype, as_torch=True)
+                                  dtype=kv.dtype, as_torch=True)
             for b, s in zip(out, slots):
                 kv.write_block(int(s), b.k, b.v)
             return [BlockData(b.hash, b.tier) for b in out]
