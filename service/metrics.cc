@@ -176,11 +176,15 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
         st.disk_enabled ? static_cast<double>(st.disk_capacity_bytes) : 0.0);
   gauge("tqkv_sequences", "Live decode sequences.", static_cast<double>(service_->sequences().size()));
   gauge("tqkv_sequence_bytes",
-        "Host bytes owned by live sequences (appended packed blocks and dense fp32 tails), "
-        "outside the block store's budget.",
+        "Host bytes held by decode sequences (appended packed blocks and dense fp32 tail rooms), "
+        "outside the block store's budget (--max_sequence_bytes).",
         static_cast<double>(service_->sequences().OwnedBytes()));
   gauge("tqkv_staged_blocks", "Blocks with some but not all layers staged.",
         static_cast<double>(service_->staging().size()));
+  gauge("tqkv_staged_bytes",
+        "Host bytes of layer-range puts: staged blocks' buffers and the parts open streams hold "
+        "(--max_staged_bytes).",
+        static_cast<double>(service_->staging().bytes()));
 
   const storage::StoreCounters& c = st.counters;
   auto counter = [&](const char* name, const char* help, uint64_t v) {

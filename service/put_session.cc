@@ -20,7 +20,7 @@ PutSession::~PutSession() {
 
 absl::Status PutSession::CheckAge(absl::Time now) {
   if (error_.ok() && now >= ctx_.deadline)
-    Fail(absl::DeadlineExceededError(
+    return Fail(absl::DeadlineExceededError(
         "the put stream stayed open past --put_stream_timeout_s; nothing of it was committed"));
   return error_;
 }
@@ -37,6 +37,7 @@ absl::Status PutSession::Fail(const absl::Status& s) {
     error_ = s;
     handles_.clear();  // releases every reservation
     parts_.clear();
+    parts_charge_.Reset();
   }
   return s;
 }
@@ -180,9 +181,9 @@ absl::StatusOr<uint8_t*> PutSession::Admit(const v1::PutBlock& b, TensorPayload*
     out = h.buffer().data();
     handles_.push_back(std::move(h));
   } else {
+    TQ_RETURN_IF_ERROR(ctx_.staging->ChargeParts(id_.tenant, bytes, &parts_charge_));
     parts_.push_back({std::move(key), b.parent_hash(), first_, last_, std::string(bytes, '\0')});
     out = reinterpret_cast<uint8_t*>(parts_.back().bytes.data());
-    staged_part_bytes_ += bytes;
   }
   response_.set_packed_bytes(response_.packed_bytes() + bytes);
   response_.set_dense_equivalent_bytes(response_.dense_equivalent_bytes() +
@@ -264,15 +265,16 @@ absl::StatusOr<v1::PutBlocksResponse> PutSession::Finish() {
           std::vector<storage::PutHandle> hs = std::move(handles_);
           for (StagingArea::Completed& c : done) {
             TQ_ASSIGN_OR_RETURN(storage::PutHandle h,
-                                ctx_.store->BeginPut(c.key, c.parent_hash, acc, c.payload.size(),
+                                ctx_.store->BeginPut(*c.key, std::string(c.parent_hash), acc, c.bytes,
                                                      {.durable = durable_}));
-            std::memcpy(h.buffer().data(), c.payload.data(), c.payload.size());
+            c.CopyTo(h.buffer().data());
             hs.push_back(std::move(h));
           }
           return commit_all(std::move(hs));
         },
         &staged);
     parts_.clear();
+    parts_charge_.Reset();
     handles_.clear();
     TQ_RETURN_IF_ERROR(s);
     response_.set_staged(staged);

@@ -71,7 +71,8 @@ class PutSession {
   //   payload size, dense and packed data mixed.
   // NOT_FOUND / FAILED_PRECONDITION: unknown model / fingerprint mismatch
   //   (or durable without a disk tier).
-  // RESOURCE_EXHAUSTED: the host budget cannot hold the stream's blocks.
+  // RESOURCE_EXHAUSTED: the host budget cannot hold the stream's blocks
+  //   (or the staging budget its layer-range parts).
   absl::Status OnMessage(const v1::PutBlocksRequest& msg);
   // Consumes several blocks after the header (a data-plane frame): as
   // OnMessage of each, with the same errors, but dense blocks are encoded
@@ -134,7 +135,7 @@ class PutSession {
   absl::flat_hash_set<std::string> hashes_;
   std::vector<storage::PutHandle> handles_;   // whole-model blocks
   std::vector<StagingArea::Part> parts_;      // layer-range blocks
-  uint64_t staged_part_bytes_ = 0;
+  TenantBudget::Reservation parts_charge_;    // their bytes, in the staging budget
   v1::PutBlocksResponse response_;
 };
 

@@ -55,6 +55,11 @@ struct SequenceManager::Tail {
 };
 
 struct SequenceManager::Sequence {
+  // Its place among the live sequences and the bytes it holds (tail rooms,
+  // owned blocks): given back when the last holder lets go, after the
+  // memory below is freed.
+  TenantBudget::Reservation slot;
+  TenantBudget::Reservation bytes;  // changed under mu
   std::string id, tenant;
   std::shared_ptr<const RegisteredModel> model;
   absl::Duration ttl;
@@ -122,7 +127,19 @@ struct SequenceManager::LayerUndo {
 
 SequenceManager::SequenceManager(const SequenceOptions& options, ComputeBackend* backend,
                                  storage::Clock* clock)
-    : options_(options), backend_(backend), clock_(clock) {}
+    : options_(options),
+      backend_(backend),
+      clock_(clock),
+      count_({.total = options.max_sequences,
+              .per_tenant = options.max_sequences_per_tenant,
+              .what = "live sequences",
+              .total_flag = "--max_sequences",
+              .per_tenant_flag = "--max_sequences_per_tenant"}),
+      bytes_({.total = options.max_bytes,
+              .per_tenant = options.max_bytes_per_tenant,
+              .what = "bytes of decode sequences",
+              .total_flag = "--max_sequence_bytes",
+              .per_tenant_flag = "--max_sequence_bytes_per_tenant"}) {}
 
 SequenceManager::~SequenceManager() = default;
 
@@ -146,6 +163,7 @@ void SequenceManager::Restore(LayerUndo& u) {
   tail.id = std::move(u.tail_id);  // its rows are the old ones again
   // Blocks that got this layer may hold a cached copy of it: forget them.
   for (size_t j = static_cast<size_t>(u.owned_count); j < u.owned_size; ++j) backend_->Forget(seq.owned[j]->id.id);
+  seq.bytes.Release((seq.owned.size() - u.owned_size) * seq.model->codec->block_bytes());
   seq.owned.resize(u.owned_size);
   seq.refs.resize(seq.stored.size() + u.owned_size);
   seq.owned_count[u.layer] = u.owned_count;
@@ -164,6 +182,7 @@ struct SequenceManager::StagedAppend {
   int64_t packed_rows = 0;  // new rows that went into blocks (then:)
   std::vector<std::unique_ptr<OwnedBlock>> created;
   int64_t count = 0;  // the layer's owned blocks after
+  TenantBudget::Reservation charge;  // the bytes of `created`
   std::vector<ComputeBackend::EncodeItem> encodes;
   std::vector<uint64_t> encode_blocks;  // the owned block of each encode (BackendId)
   // True when the commit writes the new tail over the room the tail's
@@ -181,8 +200,8 @@ DenseView Rows(const DenseView& t, int64_t from, int64_t n) {
 
 }  // namespace
 
-SequenceManager::StagedAppend SequenceManager::StageAppend(Sequence& seq, int layer, const DenseView& k,
-                                                          const DenseView& v) {
+absl::StatusOr<SequenceManager::StagedAppend> SequenceManager::StageAppend(Sequence& seq, int layer,
+                                                                         const DenseView& k, const DenseView& v) {
   const ModelCodec& codec = *seq.model->codec;
   const ModelShape& s = codec.shape();
   const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
@@ -190,12 +209,17 @@ SequenceManager::StagedAppend SequenceManager::StageAppend(Sequence& seq, int la
   Tail& tail = seq.tails[layer];
   const int64_t old = tail.rows, n = k.tokens, bs = s.block_size;
   if (old + n < bs) return a;  // the rows grow in place at the commit
-  a.packs = true;
   const int64_t fill = bs - old;
+  // Blocks the rows fill: the completed tail's, then whole ones; those
+  // past the sequence's owned blocks are new, charged before they exist.
+  const int64_t blocks = 1 + (n - fill) / bs;
+  const size_t owned_size = seq.owned.size();
+  const int64_t created = std::max<int64_t>(0, seq.owned_count[layer] + blocks - static_cast<int64_t>(owned_size));
+  TQ_RETURN_IF_ERROR(bytes_.Charge(seq.tenant, static_cast<uint64_t>(created) * codec.block_bytes(), &a.charge));
+  a.packs = true;
   ToFloat(k.dtype, k.data, tail.k.get() + old * row, fill * row);
   ToFloat(v.dtype, v.data, tail.v.get() + old * row, fill * row);
   a.packed_rows = fill + (n - fill) / bs * bs;
-  const size_t owned_size = seq.owned.size();
   a.count = seq.owned_count[layer];
   for (int64_t from = -old; from < a.packed_rows; from += bs) {  // `from`: the block's first new row
     const size_t j = static_cast<size_t>(a.count);
@@ -255,6 +279,7 @@ void SequenceManager::CommitAppend(StagedAppend& a, LayerUndo* undo) {
   ToFloat(a.v.dtype, Rows(a.v, a.packed_rows, rest).data, tail.v.get(), rest * row);
   tail.rows = rest;
   tail.id = NewId();
+  seq.bytes.Absorb(std::move(a.charge));
   for (auto& b : a.created) {
     seq.refs.push_back({b->id.id, b->bytes.get(), /*complete=*/false});
     seq.owned.push_back(std::move(b));
@@ -263,7 +288,7 @@ void SequenceManager::CommitAppend(StagedAppend& a, LayerUndo* undo) {
 }
 
 absl::Status SequenceManager::AppendLocked(Sequence& seq, int layer, const DenseView& k, const DenseView& v) {
-  StagedAppend a = StageAppend(seq, layer, k, v);
+  TQ_ASSIGN_OR_RETURN(StagedAppend a, StageAppend(seq, layer, k, v));
   TQ_RETURN_IF_ERROR(EncodeStaged(*seq.model->codec, layer, std::span<StagedAppend>(&a, 1)));
   CommitAppend(a, nullptr);
   return absl::OkStatus();
@@ -302,6 +327,13 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
     partial = &*partial_block;
   }
   auto seq = std::make_shared<Sequence>();
+  // The sequence's place and its tails' rooms are charged before anything
+  // is allocated (expired sequences first give theirs back).
+  ExpireIdle();
+  TQ_RETURN_IF_ERROR(count_.Charge(tenant, 1, &seq->slot));
+  const uint64_t tail_bytes = static_cast<uint64_t>(s.num_layers) * 2 * s.block_size * s.num_kv_heads *
+                              s.head_dim * sizeof(float);
+  TQ_RETURN_IF_ERROR(bytes_.Charge(tenant, tail_bytes, &seq->bytes));
   seq->tenant = tenant;
   seq->model = model;
   seq->ttl = req.ttl_ms() == 0 ? options_.default_ttl
@@ -350,16 +382,7 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
     resp.set_num_tokens(seq->Tokens(0));
   }
   resp.set_sequence_id(seq->id);
-  ExpireIdle();
   absl::MutexLock l(&mu_);
-  if (sequences_.size() >= options_.max_sequences)
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "too many live sequences (", options_.max_sequences, ", --max_sequences); drop finished ones"));
-  size_t& mine = per_tenant_[tenant];
-  if (mine >= options_.max_sequences_per_tenant)
-    return absl::ResourceExhaustedError(absl::StrCat("this tenant has ", mine, " live sequences (",
-                                                     "--max_sequences_per_tenant); drop finished ones"));
-  ++mine;
   seq->last_used = clock_->Now();
   sequences_.emplace(seq->id, std::move(seq));
   return resp;
@@ -484,9 +507,11 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
   staged.reserve(appending.size());
   for (int i = 0; i < req.items_size(); ++i) {
     const Item& it = items[i];
-    if (it.k)
-      staged.push_back(StageAppend(*seqs[i], layer, SliceView(*it.k, 0, 0, it.k->shape[0]),
-                                   SliceView(*it.v, 0, 0, it.v->shape[0])));
+    if (!it.k) continue;
+    absl::StatusOr<StagedAppend> a =
+        StageAppend(*seqs[i], layer, SliceView(*it.k, 0, 0, it.k->shape[0]), SliceView(*it.v, 0, 0, it.v->shape[0]));
+    if (!a.ok()) return finish(a.status());
+    staged.push_back(std::move(*a));
   }
   // The filled layers are encoded by the backend's Attend, in the same
   // pass as the attention (a GPU encodes them into its copies of the
@@ -584,8 +609,6 @@ std::shared_ptr<SequenceManager::Sequence> SequenceManager::EraseLocked(
     absl::flat_hash_map<std::string, std::shared_ptr<Sequence>>::iterator it) {
   std::shared_ptr<Sequence> seq = std::move(it->second);
   sequences_.erase(it);
-  auto t = per_tenant_.find(seq->tenant);
-  if (t != per_tenant_.end() && --t->second == 0) per_tenant_.erase(t);
   return seq;
 }
 
@@ -606,22 +629,6 @@ size_t SequenceManager::ExpireIdle() {
 size_t SequenceManager::size() const {
   absl::MutexLock l(&mu_);
   return sequences_.size();
-}
-
-uint64_t SequenceManager::OwnedBytes() const {
-  std::vector<std::shared_ptr<Sequence>> live;
-  {
-    absl::MutexLock l(&mu_);
-    for (const auto& [id, seq] : sequences_) live.push_back(seq);
-  }
-  uint64_t bytes = 0;
-  for (const auto& seq : live) {
-    absl::MutexLock l(&seq->mu);
-    bytes += seq->owned.size() * seq->model->codec->block_bytes();
-    const ModelShape& s = seq->model->shape();
-    bytes += seq->tails.size() * 2 * static_cast<uint64_t>(s.block_size) * s.num_kv_heads * s.head_dim * sizeof(float);
-  }
-  return bytes;
 }
 
 }  // namespace tqkv::service

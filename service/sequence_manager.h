@@ -39,6 +39,7 @@
 #include "proto/tqkv/v1/tqkv.pb.h"
 #include "service/convert.h"
 #include "service/model_registry.h"
+#include "service/tenant_budget.h"
 #include "storage/block_store.h"
 #include "storage/clock.h"
 
@@ -69,6 +70,13 @@ struct SequenceOptions {
   // Most live sequences of one tenant, so that one tenant cannot take
   // every sequence. Default: 1024.
   size_t max_sequences_per_tenant = 1024;
+  // Host bytes that sequences hold beyond the stored blocks they share
+  // (OwnedBytes), all tenants and one tenant: a Create or an append that
+  // would pass either is RESOURCE_EXHAUSTED and changes nothing. Charged
+  // before the memory is allocated, given back when it is freed.
+  // Defaults: 4 GiB and 2 GiB.
+  uint64_t max_bytes = uint64_t{4} << 30;
+  uint64_t max_bytes_per_tenant = uint64_t{2} << 30;
   // Most queries in one Attend call (all items). Default: 4096.
   int64_t max_queries = 4096;
 };
@@ -92,7 +100,8 @@ class SequenceManager {
 
   // Appends [tokens, kv_heads, head_dim] K/V to one layer. NOT_FOUND for an
   // unknown/expired sequence (or another tenant's); INVALID_ARGUMENT for a
-  // bad layer or tensors. On error the sequence is unchanged.
+  // bad layer or tensors; RESOURCE_EXHAUSTED when the sequence would pass
+  // max_bytes(_per_tenant). On error the sequence is unchanged.
   // With `raw`, its tensors may travel beside the request (RawTensors).
   absl::StatusOr<v1::AppendResponse> Append(const std::string& tenant, const v1::AppendRequest& req,
                                             RawTensors* raw = nullptr);
@@ -115,11 +124,12 @@ class SequenceManager {
   // Removes sequences idle past their ttl; returns how many.
   size_t ExpireIdle();
   size_t size() const;
-  // Host bytes held by live sequences beyond the stored blocks they share:
+  // Host bytes held by sequences beyond the stored blocks they share:
   // packed blocks they own (filled by Append) and their dense tails' rooms
   // (per layer, block_size fp32 rows of K and of V, resident from the
-  // sequence's creation).
-  uint64_t OwnedBytes() const;
+  // sequence's creation). All tenants, or one.
+  uint64_t OwnedBytes() const { return bytes_.used(); }
+  uint64_t OwnedBytes(const std::string& tenant) const { return bytes_.used(tenant); }
 
  private:
   struct BackendId;
@@ -135,12 +145,13 @@ class SequenceManager {
   struct StagedAppend;
   // Appending dense rows to layer `layer` of `seq` in three steps, so that
   // one call's appends pack their full blocks in one backend batch:
-  // StageAppend prepares (the blocks the rows fill, their encodes) and
-  // changes nothing; EncodeStaged runs the encodes of appends to one
+  // StageAppend prepares (the blocks the rows fill, charged to the
+  // sequence's tenant, their encodes) and changes nothing (RESOURCE_EXHAUSTED
+  // when the new blocks do not fit the budget); EncodeStaged runs the encodes of appends to one
   // layer (on error nothing is committed); CommitAppend applies one and
   // cannot fail; `undo` (optional) receives what Restore needs to take it
   // back. REQUIRES: seq.mu held from the stage to the commit.
-  StagedAppend StageAppend(Sequence& seq, int layer, const DenseView& k, const DenseView& v);
+  absl::StatusOr<StagedAppend> StageAppend(Sequence& seq, int layer, const DenseView& k, const DenseView& v);
   absl::Status EncodeStaged(const ModelCodec& codec, int layer, std::span<StagedAppend> staged);
   void CommitAppend(StagedAppend& staged, LayerUndo* undo);
   // The three steps for one append. REQUIRES: seq.mu held.
@@ -153,9 +164,13 @@ class SequenceManager {
   ComputeBackend* const backend_;
   storage::Clock* const clock_;
   mutable absl::Mutex mu_;
+  // Live sequences and their bytes: each sequence holds a reservation of
+  // both, given back when it is destroyed. Declared before sequences_,
+  // so that they outlive it.
+  TenantBudget count_;
+  TenantBudget bytes_;
   absl::flat_hash_map<std::string, std::shared_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, size_t> per_tenant_ ABSL_GUARDED_BY(mu_);  // live sequences of each tenant
-  // Erases sequences_'s entry `it` (its tenant's count too); returns the sequence.
+  // Erases sequences_'s entry `it`; returns the sequence.
   std::shared_ptr<Sequence> EraseLocked(
       absl::flat_hash_map<std::string, std::shared_ptr<Sequence>>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ids of owned blocks, tails and sequence keys: 1, 2, ... (stored

@@ -122,6 +122,16 @@ ABSL_FLAG(int, put_stream_timeout_s, 600,
 ABSL_FLAG(int, max_sequences, 4096, "most live decode sequences, all tenants (CreateSequence beyond: RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int, max_sequences_per_tenant, 1024,
           "most live decode sequences of one tenant (CreateSequence beyond: RESOURCE_EXHAUSTED)");
+ABSL_FLAG(tqkv::ByteSize, max_sequence_bytes, tqkv::ByteSize{uint64_t{4} << 30},
+          "host bytes all decode sequences may hold beyond the stored blocks they read (tail rooms and "
+          "blocks their appends fill): a CreateSequence or an append past it is RESOURCE_EXHAUSTED");
+ABSL_FLAG(tqkv::ByteSize, max_sequence_bytes_per_tenant, tqkv::ByteSize{uint64_t{2} << 30},
+          "the same bytes for one tenant's sequences");
+ABSL_FLAG(tqkv::ByteSize, max_staged_bytes, tqkv::ByteSize{uint64_t{256} << 20},
+          "host bytes of blocks that layer-range puts have staged but not completed (whole-block "
+          "buffers and the parts open streams hold); a put that would stage more is RESOURCE_EXHAUSTED");
+ABSL_FLAG(tqkv::ByteSize, max_staged_bytes_per_tenant, tqkv::ByteSize{uint64_t{1} << 30},
+          "the same bytes for one tenant's layer-range puts");
 ABSL_FLAG(bool, log_rpc_errors, true, "log failed RPCs (except NOT_FOUND) to stderr");
 
 namespace {
@@ -226,6 +236,10 @@ int main(int argc, char** argv) {
   }
   o.service.sequences.max_sequences = static_cast<size_t>(absl::GetFlag(FLAGS_max_sequences));
   o.service.sequences.max_sequences_per_tenant = static_cast<size_t>(absl::GetFlag(FLAGS_max_sequences_per_tenant));
+  o.service.sequences.max_bytes = absl::GetFlag(FLAGS_max_sequence_bytes).bytes;
+  o.service.sequences.max_bytes_per_tenant = absl::GetFlag(FLAGS_max_sequence_bytes_per_tenant).bytes;
+  o.service.staging.max_bytes = absl::GetFlag(FLAGS_max_staged_bytes).bytes;
+  o.service.staging.max_bytes_per_tenant = absl::GetFlag(FLAGS_max_staged_bytes_per_tenant).bytes;
   o.service.put_streams.max_open = static_cast<size_t>(absl::GetFlag(FLAGS_max_put_streams));
   o.service.put_streams.max_open_per_tenant = static_cast<size_t>(absl::GetFlag(FLAGS_max_put_streams_per_tenant));
   o.service.put_streams.max_age = absl::Seconds(absl::GetFlag(FLAGS_put_stream_timeout_s));

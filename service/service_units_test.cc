@@ -21,6 +21,7 @@
 #include "service/rpc_scope.h"
 #include "service/sequence_manager.h"
 #include "service/staging_area.h"
+#include "service/tenant_budget.h"
 #include "storage/clock.h"
 
 namespace tqkv::service {
@@ -275,7 +276,8 @@ TEST(StagingAreaTest, CompletesBlocksKeepsStateOnFailureAndExpires) {
   EXPECT_EQ(area.size(), 2u);
   std::string payload;
   auto keep = [&](std::vector<StagingArea::Completed>& done) {
-    payload = done[0].payload;
+    payload.resize(done[0].bytes);
+    done[0].CopyTo(reinterpret_cast<uint8_t*>(payload.data()));
     return absl::OkStatus();
   };
   ASSERT_TRUE(area.Apply(*model, {part("a", 1, 3, 'z')}, t0, keep, &staged).ok());
@@ -291,6 +293,79 @@ TEST(StagingAreaTest, CompletesBlocksKeepsStateOnFailureAndExpires) {
                 .code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(tiny.size(), 0u);
+  EXPECT_EQ(tiny.bytes(), 0u);
+}
+
+// Staged bytes are charged per tenant before they are allocated: entries'
+// whole-block buffers and the parts open streams hold. A tenant at its cap
+// is refused (naming the flag) while another tenant still stages; what a
+// refused or failed call charged is given back.
+TEST(StagingAreaTest, StagedBytesAreChargedPerTenantBeforeAllocation) {
+  auto model = std::move(BuildModel("t", Small())).value();
+  const ModelCodec& c = *model->codec;
+  const uint64_t block = c.block_bytes();
+  StagingArea area(StagingOptions{.ttl = absl::Seconds(10), .max_bytes = 5 * block, .max_bytes_per_tenant = 3 * block});
+  const absl::Time t0 = absl::UnixEpoch();
+  auto part = [&](const std::string& tenant, const std::string& hash) {
+    return StagingArea::Part{{tenant, model->model_id, hash}, "", 0, 1, std::string(c.layer_range_bytes(0, 1), 'x')};
+  };
+  auto never = [](std::vector<StagingArea::Completed>&) { return absl::OkStatus(); };
+  uint32_t staged = 0;
+  ASSERT_TRUE(area.Apply(*model, {part("a", "1"), part("a", "2"), part("a", "3")}, t0, never, &staged).ok());
+  EXPECT_EQ(area.bytes(), 3 * block);
+  absl::Status full = area.Apply(*model, {part("a", "4")}, t0, never, &staged);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("--max_staged_bytes_per_tenant"), std::string::npos) << full;
+  EXPECT_EQ(area.bytes(), 3 * block) << "a refused call keeps nothing";
+  EXPECT_EQ(area.size(), 3u);
+  // Another tenant's parts held by an open stream count too.
+  TenantBudget::Reservation held;
+  ASSERT_TRUE(area.ChargeParts("b", block, &held).ok());
+  EXPECT_EQ(area.bytes(), 4 * block);
+  ASSERT_TRUE(area.Apply(*model, {part("b", "1")}, t0, never, &staged).ok());
+  absl::Status total = area.Apply(*model, {part("b", "2")}, t0, never, &staged);
+  EXPECT_EQ(total.code(), absl::StatusCode::kResourceExhausted) << total;
+  EXPECT_NE(total.message().find("--max_staged_bytes)"), std::string::npos) << total;
+  held.Reset();
+  ASSERT_TRUE(area.Apply(*model, {part("b", "2")}, t0, never, &staged).ok()) << "the stream's parts went back";
+  // A failed commit stages nothing new.
+  auto fail = [](std::vector<StagingArea::Completed>&) { return absl::InternalError("disk"); };
+  StagingArea::Part whole = part("a", "1");
+  whole.first = 1;
+  whole.last = c.shape().num_layers;
+  whole.bytes.assign(c.layer_range_bytes(1, c.shape().num_layers), 'y');
+  EXPECT_FALSE(area.Apply(*model, {whole}, t0, fail, &staged).ok());
+  EXPECT_EQ(area.bytes(), 5 * block);
+  EXPECT_EQ(area.size(), 5u);
+  ASSERT_TRUE(area.Apply(*model, {whole}, t0, never, &staged).ok()) << "completing frees the entry";
+  EXPECT_EQ(area.bytes(), 4 * block);
+  EXPECT_EQ(area.Expire(t0 + absl::Seconds(11)), 4u);
+  EXPECT_EQ(area.bytes(), 0u);
+}
+
+TEST(TenantBudgetTest, ChargesAreCappedPerTenantAndInAllAndGivenBack) {
+  TenantBudget b({.total = 10, .per_tenant = 6, .what = "bytes", .total_flag = "--all", .per_tenant_flag = "--one"});
+  TenantBudget::Reservation a1, a2, c;
+  ASSERT_TRUE(b.Charge("a", 4, &a1).ok());
+  ASSERT_TRUE(b.Charge("a", 2, &a1).ok());
+  EXPECT_EQ(a1.amount(), 6u);
+  absl::Status one = b.Charge("a", 1, &a2);
+  EXPECT_EQ(one.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(one.message().find("(--one)"), std::string::npos) << one;
+  EXPECT_EQ(a2.amount(), 0u);
+  ASSERT_TRUE(b.Charge("c", 4, &c).ok());
+  absl::Status all = b.Charge("c", 1, &c);
+  EXPECT_NE(all.message().find("(--all)"), std::string::npos) << all;
+  EXPECT_EQ(b.used(), 10u);
+  a1.Release(3);
+  EXPECT_EQ(b.used("a"), 3u);
+  TenantBudget::Reservation moved = std::move(a1);
+  EXPECT_EQ(a1.amount(), 0u);
+  { TenantBudget::Reservation gone = std::move(c); }
+  EXPECT_EQ(b.used("c"), 0u);
+  EXPECT_EQ(b.used(), 3u);
+  moved.Reset();
+  EXPECT_EQ(b.used(), 0u);
 }
 
 TEST(SequenceManagerTest, IdleSequencesExpire) {
@@ -345,6 +420,67 @@ TEST(SequenceManagerTest, LiveSequencesAreCappedPerTenantAndInAll) {
   EXPECT_EQ(seqs.ExpireIdle(), 5u);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(seqs.Create("a", model, {}, req).ok()) << i;
   EXPECT_EQ(seqs.size(), 3u);
+}
+
+// A [d0, d1, d2] fp32 tensor of `value`.
+void FillF32(v1::Tensor* t, std::initializer_list<int64_t> shape, float value) {
+  t->set_dtype(v1::DTYPE_FP32);
+  t->clear_shape();
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    t->add_shape(d);
+    n *= d;
+  }
+  std::vector<float> x(static_cast<size_t>(n), value);
+  t->set_data(x.data(), x.size() * sizeof(float));
+}
+
+// Sequences' bytes (tail rooms, blocks their appends fill) are charged per
+// tenant before they are allocated: a Create or an append past the cap is
+// RESOURCE_EXHAUSTED and changes nothing; dropping gives the bytes back.
+TEST(SequenceManagerTest, SequenceBytesAreCappedAndGivenBack) {
+  std::shared_ptr<const RegisteredModel> model = std::move(BuildModel("t", Small())).value();
+  const ModelShape& s = model->shape();
+  const uint64_t tails = uint64_t{2} * s.num_layers * s.block_size * s.num_kv_heads * s.head_dim * sizeof(float);
+  const uint64_t block = model->codec->block_bytes();
+  ASSERT_LT(block, tails);
+  CpuBackend backend(CpuBackend::Options{0});
+  storage::FakeClock clock;
+  SequenceManager seqs(
+      SequenceOptions{.max_bytes = 2 * tails + block + tails / 2, .max_bytes_per_tenant = tails + block}, &backend,
+      &clock);
+  v1::CreateSequenceRequest req;
+  const std::string a = seqs.Create("a", model, {}, req).value().sequence_id();
+  EXPECT_EQ(seqs.OwnedBytes("a"), tails);
+  // A block's worth of tokens at layer 0 fills one owned block: charged.
+  v1::AppendRequest ap;
+  ap.set_sequence_id(a);
+  ap.set_layer(0);
+  FillF32(ap.mutable_k(), {s.block_size, s.num_kv_heads, s.head_dim}, 1);
+  FillF32(ap.mutable_v(), {s.block_size, s.num_kv_heads, s.head_dim}, 2);
+  ASSERT_TRUE(seqs.Append("a", ap).ok());
+  EXPECT_EQ(seqs.OwnedBytes("a"), tails + block);
+  ap.set_layer(1);
+  ASSERT_TRUE(seqs.Append("a", ap).ok()) << "layer 1 fills the same block";
+  // The next block would pass a's cap: refused, the sequence unchanged.
+  ap.set_layer(0);
+  absl::Status full = seqs.Append("a", ap).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("--max_sequence_bytes_per_tenant"), std::string::npos) << full;
+  EXPECT_EQ(seqs.OwnedBytes("a"), tails + block);
+  v1::AppendRequest one = ap;
+  FillF32(one.mutable_k(), {1, s.num_kv_heads, s.head_dim}, 3);
+  FillF32(one.mutable_v(), {1, s.num_kv_heads, s.head_dim}, 4);
+  EXPECT_EQ(seqs.Append("a", one).value().num_tokens(), s.block_size + 1) << "the refused rows were not kept";
+  EXPECT_EQ(seqs.Create("a", model, {}, req).status().code(), absl::StatusCode::kResourceExhausted) << "tails";
+  ASSERT_TRUE(seqs.Create("b", model, {}, req).ok());
+  absl::Status all = seqs.Create("c", model, {}, req).status();
+  EXPECT_EQ(all.code(), absl::StatusCode::kResourceExhausted) << all;
+  EXPECT_NE(all.message().find("--max_sequence_bytes)"), std::string::npos) << all;
+  EXPECT_EQ(seqs.size(), 2u);
+  ASSERT_TRUE(seqs.Drop("a", a).ok());
+  EXPECT_EQ(seqs.OwnedBytes("a"), 0u);
+  EXPECT_TRUE(seqs.Create("c", model, {}, req).ok());
 }
 
 }  // namespace

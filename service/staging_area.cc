@@ -4,8 +4,26 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace tqkv::service {
+
+StagingArea::StagingArea(const StagingOptions& options)
+    : options_(options),
+      budget_({.total = options.max_bytes,
+                .per_tenant = options.max_bytes_per_tenant,
+                .what = "staged bytes of layer-range puts",
+                .total_flag = "--max_staged_bytes",
+                .per_tenant_flag = "--max_staged_bytes_per_tenant"}) {}
+
+void StagingArea::Completed::CopyTo(uint8_t* out) const {
+  if (base.empty()) {
+    std::memset(out, 0, bytes);
+  } else {
+    std::memcpy(out, base.data(), bytes);
+  }
+  std::memcpy(out + part_offset, part.data(), part.size());
+}
 
 absl::Status StagingArea::Apply(const RegisteredModel& model, std::vector<Part> parts,
                                 absl::Time now,
@@ -16,56 +34,57 @@ absl::Status StagingArea::Apply(const RegisteredModel& model, std::vector<Part> 
   const size_t block_bytes = codec.block_bytes();
   absl::MutexLock l(&mu_);
   ExpireLocked(now);
-  // Work on copies of the touched entries; install them only on success.
-  absl::flat_hash_map<storage::BlockKey, Entry> updated;
-  for (Part& p : parts) {
-    auto it = updated.find(p.key);
-    if (it == updated.end()) {
-      auto have = entries_.find(p.key);
-      Entry e;
-      if (have != entries_.end()) {
-        e = have->second;
-      } else {
-        e.payload.assign(block_bytes, '\0');
-        e.have.assign(layers, false);
-      }
-      it = updated.emplace(p.key, std::move(e)).first;
-    }
-    Entry& e = it->second;
-    std::memcpy(e.payload.data() + codec.layer_offset(p.first), p.bytes.data(), p.bytes.size());
-    for (int i = p.first; i < p.last; ++i) e.have[i] = true;
-    if (e.parent_hash.empty()) e.parent_hash = p.parent_hash;
-    e.updated = now;
-  }
+  // What each part does: completes its block (committed first, from views
+  // of the staged layers and the part) or stays staged (an entry changed in
+  // place, or a new one whose bytes are charged before anything changes).
+  std::vector<Entry*> entry(parts.size(), nullptr);
+  std::vector<bool> completes(parts.size(), false);
+  std::vector<TenantBudget::Reservation> fresh(parts.size());
   std::vector<Completed> completed;
-  uint64_t new_bytes = bytes_;
   uint32_t staged = 0;
-  for (auto& [key, e] : updated) {
-    const bool existed = entries_.contains(key);
-    if (std::all_of(e.have.begin(), e.have.end(), [](bool b) { return b; })) {
-      completed.push_back({key, e.parent_hash, e.payload});
-      if (existed) new_bytes -= block_bytes;
-    } else {
-      ++staged;
-      if (!existed) new_bytes += block_bytes;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& p = parts[i];
+    auto it = entries_.find(p.key);
+    entry[i] = it == entries_.end() ? nullptr : &it->second;
+    bool all = true;
+    for (int layer = 0; layer < layers && all; ++layer)
+      all = (layer >= p.first && layer < p.last) || (entry[i] != nullptr && entry[i]->have[layer]);
+    completes[i] = all;
+    if (all) {
+      completed.push_back({.key = &p.key,
+                           .parent_hash = entry[i] != nullptr && !entry[i]->parent_hash.empty()
+                                              ? std::string_view(entry[i]->parent_hash)
+                                              : std::string_view(p.parent_hash),
+                           .bytes = block_bytes,
+                           .base = entry[i] != nullptr ? std::string_view(entry[i]->payload) : std::string_view(),
+                           .part_offset = codec.layer_offset(p.first),
+                           .part = p.bytes});
+      continue;
     }
+    ++staged;
+    if (entry[i] == nullptr) TQ_RETURN_IF_ERROR(budget_.Charge(p.key.tenant, block_bytes, &fresh[i]));
   }
-  if (new_bytes > options_.max_bytes)
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "staging area full: layer-range puts would stage ", new_bytes, " bytes, limit ",
-        options_.max_bytes, " (finish the blocks or wait for staged parts to expire)"));
-  if (!completed.empty()) {
-    absl::Status s = commit(completed);
-    if (!s.ok()) return s;
-  }
-  for (auto& [key, e] : updated) {
-    if (std::all_of(e.have.begin(), e.have.end(), [](bool b) { return b; })) {
-      entries_.erase(key);
-    } else {
-      entries_[key] = std::move(e);
+  if (!completed.empty()) TQ_RETURN_IF_ERROR(commit(completed));
+  // (Looked up again: an insertion may move the entries.)
+  for (size_t i = 0; i < parts.size(); ++i) {
+    Part& p = parts[i];
+    if (completes[i]) {
+      if (entry[i] != nullptr) entries_.erase(p.key);
+      continue;
     }
+    auto it = entries_.find(p.key);
+    Entry* e = it == entries_.end() ? nullptr : &it->second;
+    if (e == nullptr) {
+      e = &entries_[p.key];
+      e->charge = std::move(fresh[i]);
+      e->payload.assign(block_bytes, '\0');
+      e->have.assign(layers, false);
+    }
+    std::memcpy(e->payload.data() + codec.layer_offset(p.first), p.bytes.data(), p.bytes.size());
+    for (int layer = p.first; layer < p.last; ++layer) e->have[layer] = true;
+    if (e->parent_hash.empty()) e->parent_hash = p.parent_hash;
+    e->updated = now;
   }
-  bytes_ = new_bytes;
   *still_staged = staged;
   return absl::OkStatus();
 }
@@ -73,7 +92,6 @@ absl::Status StagingArea::Apply(const RegisteredModel& model, std::vector<Part> 
 void StagingArea::ExpireLocked(absl::Time now) {
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.updated + options_.ttl < now) {
-      bytes_ -= it->second.payload.size();
       entries_.erase(it++);
     } else {
       ++it;
@@ -91,11 +109,6 @@ size_t StagingArea::Expire(absl::Time now) {
 size_t StagingArea::size() const {
   absl::MutexLock l(&mu_);
   return entries_.size();
-}
-
-uint64_t StagingArea::bytes() const {
-  absl::MutexLock l(&mu_);
-  return bytes_;
 }
 
 }  // namespace tqkv::service

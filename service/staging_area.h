@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -24,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "service/model_registry.h"
+#include "service/tenant_budget.h"
 #include "storage/block_key.h"
 
 namespace tqkv::service {
@@ -32,9 +34,12 @@ struct StagingOptions {
   // Staged parts are dropped this long after their block's last update.
   // Default: 60 s.
   absl::Duration ttl = absl::Seconds(60);
-  // Most bytes (whole-block buffers) staged at once; Apply beyond it is
-  // RESOURCE_EXHAUSTED. Default: 256 MiB.
-  uint64_t max_bytes = uint64_t{256} << 20;
+  // Most bytes staged at once, all tenants and one tenant: whole-block
+  // buffers of staged entries and the layer-range parts open streams hold
+  // until they finish (ChargeParts). Charged before they are allocated;
+  // one more is RESOURCE_EXHAUSTED. Defaults: 2 GiB and 1 GiB.
+  uint64_t max_bytes = uint64_t{2} << 30;
+  uint64_t max_bytes_per_tenant = uint64_t{1} << 30;
 };
 
 class StagingArea {
@@ -45,18 +50,36 @@ class StagingArea {
     int first = 0, last = 0;  // layer range
     std::string bytes;        // layer_range_bytes(first, last)
   };
+  // A block this Apply completes: its staged layers (`base`, the whole
+  // block's buffer; empty when nothing was staged) with `part` over them
+  // at `part_offset`. Views into the area and the call's parts, valid
+  // during the commit callback.
   struct Completed {
-    storage::BlockKey key;
-    std::string parent_hash;
-    std::string payload;  // the whole block
+    const storage::BlockKey* key = nullptr;
+    std::string_view parent_hash;
+    size_t bytes = 0;  // the whole block's
+    std::string_view base;
+    size_t part_offset = 0;
+    std::string_view part;
+    void CopyTo(uint8_t* out) const;  // `bytes` bytes
   };
 
-  explicit StagingArea(const StagingOptions& options) : options_(options) {}
+  explicit StagingArea(const StagingOptions& options);
+
+  // Charges `bytes` of parts an open stream of `tenant` is about to hold
+  // (added to *out, given back when *out is destroyed), or
+  // RESOURCE_EXHAUSTED naming the flag.
+  absl::Status ChargeParts(const std::string& tenant, uint64_t bytes, TenantBudget::Reservation* out) {
+    return budget_.Charge(tenant, bytes, out);
+  }
 
   // Merges `parts` (all of `model`) into the staged entries as of `now`,
   // and calls commit(completed) with the blocks that became complete.
-  // If commit returns an error, or the merge would exceed max_bytes, the
-  // staged entries are left exactly as before and the error is returned.
+  // If commit returns an error, or the blocks it would newly stage do not
+  // fit the budget (RESOURCE_EXHAUSTED), the staged entries are left
+  // exactly as before and the error is returned. Entries are changed only
+  // after commit succeeded, in place. REQUIRES: each key at most once in
+  // `parts`, all of one tenant.
   // On success *still_staged is the number of blocks touched by `parts`
   // that remain incomplete.
   absl::Status Apply(const RegisteredModel& model, std::vector<Part> parts, absl::Time now,
@@ -67,10 +90,12 @@ class StagingArea {
   size_t Expire(absl::Time now);
 
   size_t size() const;
-  uint64_t bytes() const;
+  // Bytes charged now: staged entries' buffers and open streams' parts.
+  uint64_t bytes() const { return budget_.used(); }
 
  private:
   struct Entry {
+    TenantBudget::Reservation charge;  // payload's bytes
     std::string parent_hash;
     std::string payload;          // whole-block buffer
     std::vector<bool> have;       // per layer
@@ -79,9 +104,9 @@ class StagingArea {
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StagingOptions options_;
+  TenantBudget budget_;  // outlives entries_
   mutable absl::Mutex mu_;
   absl::flat_hash_map<storage::BlockKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tqkv::service
