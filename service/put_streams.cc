@@ -2,34 +2,33 @@
 
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace tqkv::service {
+
+PutStreams::PutStreams(const PutStreamLimits& limits, storage::Clock* clock)
+    : limits_(limits),
+      clock_(clock),
+      count_({.total = limits.max_open,
+              .per_tenant = limits.max_open_per_tenant,
+              .what = "open put streams",
+              .total_flag = "--max_put_streams",
+              .per_tenant_flag = "--max_put_streams_per_tenant"}) {}
 
 absl::StatusOr<std::unique_ptr<PutSession>> PutStreams::Open(PutContext ctx, const Identity& id) {
   ctx.streams = this;
   ctx.deadline = clock_->Now() + limits_.max_age;
-  absl::MutexLock l(&mu_);
-  if (open_.size() >= limits_.max_open)
-    return absl::ResourceExhaustedError(absl::StrCat("the server has ", open_.size(),
-                                                     " open put streams (--max_put_streams); retry later"));
-  size_t& mine = per_tenant_[id.tenant];
-  if (mine >= limits_.max_open_per_tenant)
-    return absl::ResourceExhaustedError(absl::StrCat("this tenant has ", mine,
-                                                     " open put streams (--max_put_streams_per_tenant); end one first"));
+  TenantBudget::Reservation place;
+  TQ_RETURN_IF_ERROR(count_.Charge(id.tenant, 1, &place));
   auto s = std::make_unique<PutSession>(ctx, id);
-  ++mine;
-  open_.emplace(s.get(), id.tenant);
+  absl::MutexLock l(&mu_);
+  open_.emplace(s.get(), std::move(place));
   return s;
 }
 
 void PutStreams::Close(PutSession* s) {
   absl::MutexLock l(&mu_);
-  auto it = open_.find(s);
-  if (it == open_.end()) return;
-  auto t = per_tenant_.find(it->second);
-  if (t != per_tenant_.end() && --t->second == 0) per_tenant_.erase(t);
-  open_.erase(it);
+  open_.erase(s);  // gives its place back
 }
 
 size_t PutStreams::ExpireOld() {
@@ -38,7 +37,7 @@ size_t PutStreams::ExpireOld() {
   // Under mu_ a listed session cannot be destroyed (its destructor waits
   // in Close), and TryExpire never waits for a busy one.
   absl::MutexLock l(&mu_);
-  for (const auto& [s, tenant] : open_)
+  for (const auto& [s, place] : open_)
     if (s->TryExpire(now)) ++n;
   return n;
 }

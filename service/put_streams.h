@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "service/put_session.h"
+#include "service/tenant_budget.h"
 
 namespace tqkv::service {
 
@@ -34,7 +35,7 @@ struct PutStreamLimits {
 class PutStreams {
  public:
   // `clock` is not owned and must outlive this.
-  PutStreams(const PutStreamLimits& limits, storage::Clock* clock) : limits_(limits), clock_(clock) {}
+  PutStreams(const PutStreamLimits& limits, storage::Clock* clock);
   PutStreams(const PutStreams&) = delete;
   PutStreams& operator=(const PutStreams&) = delete;
 
@@ -56,9 +57,9 @@ class PutStreams {
 
   const PutStreamLimits limits_;
   storage::Clock* const clock_;
+  TenantBudget count_;  // open streams; outlives open_
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<PutSession*, std::string> open_ ABSL_GUARDED_BY(mu_);  // → tenant
-  absl::flat_hash_map<std::string, size_t> per_tenant_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PutSession*, TenantBudget::Reservation> open_ ABSL_GUARDED_BY(mu_);  // → its place
 };
 
 }  // namespace tqkv::service
