@@ -39,9 +39,12 @@
 // connection whose queued reply bytes exceed max_queued_reply_bytes is not
 // read from until the client drains them.
 //
-// Memory of requests: a frame is read whole before its token is checked
-// (the token is inside it), so every connection could hold a frame of
-// max_request_bytes. The server-wide max_buffered_bytes bounds that: a
+// Memory of requests: on a server with auth, a connection none of whose
+// requests has authenticated yet may send frames of at most
+// max_unauthenticated_frame_bytes, or larger ones whose raw payload is
+// read only once their request's credentials have held, so an anonymous
+// client holds little. Authenticated frames are read whole (up to max_request_bytes)
+// before they are served. The server-wide max_buffered_bytes bounds them: a
 // frame is charged its declared size when its length prefix arrives,
 // before its body is buffered, and the charge is returned when the frame
 // has been served or its connection closes. A frame that would take the
@@ -97,6 +100,13 @@ struct DataPlaneOptions {
   // (an open put stream on it commits nothing and releases its memory).
   // Default: 10 minutes.
   absl::Duration idle_timeout = absl::Minutes(10);
+  // On a server with auth, the largest frame a connection may send before
+  // one of its requests has authenticated. A larger frame with a raw
+  // payload is accepted when its request (prefix and DataPlaneRequest) is
+  // within it and its credentials hold, checked before the payload is
+  // read; otherwise RESOURCE_EXHAUSTED (or the authentication's error) and
+  // the connection closes. Default: 64 KiB.
+  uint32_t max_unauthenticated_frame_bytes = 64u << 10;
   // Connections served at once; one more is answered RESOURCE_EXHAUSTED
   // and closed. Default: 4096.
   int max_connections = 4096;

@@ -85,6 +85,11 @@ struct Conn {
   int fd = -1;
   std::string peer;
   bool local = false;      // the peer is on this host's loopback (may pass CUDA IPC handles)
+  // A request of this connection has passed authentication (always, on a
+  // server without auth): until then its frames are held to
+  // max_unauthenticated_frame_bytes, and a raw payload is accepted only
+  // after its request's credentials have been checked.
+  bool authenticated = false;
   InputBuffer in;          // received bytes; [in_off, size) not yet parsed
   size_t in_off = 0;
   bool preface_ok = false;

@@ -117,6 +117,11 @@ void DataPlaneServer::Loop::Process(Conn* c) {
       break;
     }
     const size_t frame = prefix + n + payload;
+    // Before a connection has authenticated, a large frame's request is
+    // checked before its payload is buffered.
+    if (!c->authenticated && frame > options_.max_unauthenticated_frame_bytes &&
+        !CheckUnauthenticated(c, prefix, n, frame, avail))
+      break;
     if (avail < frame) {
       if (c->charged == 0) Charge(c, frame, avail);
       break;
@@ -140,6 +145,37 @@ void DataPlaneServer::Loop::Process(Conn* c) {
   // A served large frame's buffer is returned, not kept for the next one.
   if (c->charged == 0 && c->in.capacity() > kKeptInputBytes && c->in.size() <= kKeptInputBytes)
     c->in.ShrinkToFit();
+}
+
+bool DataPlaneServer::Loop::CheckUnauthenticated(Conn* c, size_t prefix, uint32_t n, uint64_t frame,
+                                                size_t avail) {
+  const size_t head = prefix + n;
+  if (head > options_.max_unauthenticated_frame_bytes) {
+    Fail(c,
+         absl::ResourceExhaustedError(absl::StrCat(
+             "request of ", head, " bytes on a connection not yet authenticated: the limit there is ",
+             options_.max_unauthenticated_frame_bytes,
+             " (--data_max_unauthenticated_frame_bytes); a frame with raw payloads (TQKVDP02) has its "
+             "request checked before its payload is read")),
+         frame - avail);
+    return false;
+  }
+  if (avail < head) {
+    if (c->charged == 0) Charge(c, head, avail);
+    return false;
+  }
+  v1::DataPlaneRequest req;
+  if (!req.ParseFromArray(c->in.data() + c->in_off + prefix, static_cast<int>(n))) {
+    Fail(c, absl::InvalidArgumentError("request frame is not a DataPlaneRequest"));
+    return false;
+  }
+  if (absl::StatusOr<Identity> id = Identify(c, req); !id.ok()) {
+    Fail(c, id.status(), frame - avail);
+    return false;
+  }
+  // Authenticated: the frame is charged whole from here on.
+  Uncharge(c);
+  return true;
 }
 
 void DataPlaneServer::Loop::Charge(Conn* c, uint64_t bytes, size_t avail) {

@@ -136,6 +136,14 @@ class DataPlaneServer::Loop {
   // fails with RESOURCE_EXHAUSTED instead (the rest of the frame is read and
   // dropped so that the client can read the reply).
   void Charge(Conn* c, uint64_t bytes, size_t avail);
+  // For a connection not yet authenticated, a frame over
+  // max_unauthenticated_frame_bytes at in_off (`prefix` bytes, then an
+  // `n`-byte request; `frame` bytes in all, `avail` here): when its request
+  // is over the limit too it fails the connection; else once the request
+  // is here its credentials are checked (failing the connection when they
+  // do not hold) before the payload is accepted. True when the frame may
+  // go on as an authenticated one.
+  bool CheckUnauthenticated(Conn* c, size_t prefix, uint32_t n, uint64_t frame, size_t avail);
   // Returns the connection's charge, if any, to the budget.
   void Uncharge(Conn* c);
   // A protocol error: one reply with `s`, then the connection closes and
@@ -145,6 +153,10 @@ class DataPlaneServer::Loop {
 
   // data_plane_serve.cc
 
+  // The identity a request's credentials (and the connection's client
+  // certificate, where the auth file maps certificates) name, as on gRPC;
+  // marks the connection authenticated when they hold.
+  absl::StatusOr<Identity> Identify(Conn* c, const v1::DataPlaneRequest& req);
   // Serves one request frame (with its raw payload, empty on a connection
   // without them; `frame_bytes` on the wire in all): queues its reply and
   // records the call with the bytes received and sent.

@@ -8,6 +8,17 @@
 
 namespace tqkv::service {
 
+absl::StatusOr<Identity> DataPlaneServer::Loop::Identify(Conn* c, const v1::DataPlaneRequest& req) {
+  // As on gRPC (rpc_scope.cc): the client certificate counts where the
+  // auth file maps certificates.
+  static const PeerCertificate kNone;
+  const PeerCertificate* peer = c->tls != nullptr ? &c->tls->peer() : &kNone;
+  absl::StatusOr<Identity> id = env_->auth->uses_certificates() ? env_->auth->Authenticate(req.authorization(), peer)
+                                                                : env_->auth->Authenticate(req.authorization());
+  if (id.ok()) c->authenticated = true;
+  return id;
+}
+
 void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> raw_in,
                                   uint64_t frame_bytes) {
   const v1::DataPlaneRequest& req = *request;
@@ -21,18 +32,11 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
   std::unique_ptr<uint8_t[]> owned;  // what the reply's payload points into, when not stored blocks
   std::vector<iovec> payload;
   uint64_t payload_bytes = 0;
-  // As on gRPC (rpc_scope.cc): the client certificate counts where the
-  // auth file maps certificates.
-  const PeerCertificate none;
-  const PeerCertificate* peer = c->tls != nullptr ? &c->tls->peer() : &none;
   const absl::Status bad_payload =
       raw_in.empty() || attend || append || put
           ? absl::OkStatus()
           : absl::InvalidArgumentError("only attend, append and put frames carry a raw payload");
-  if (absl::StatusOr<Identity> id = env_->auth->uses_certificates()
-                                        ? env_->auth->Authenticate(req.authorization(), peer)
-                                        : env_->auth->Authenticate(req.authorization());
-      put) {
+  if (absl::StatusOr<Identity> id = Identify(c, req); put) {
     status = ServePut(c, id, request->mutable_put(), raw_in, &head);
   } else if (!id.ok()) {
     status = id.status();

@@ -167,6 +167,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     dp.max_connections = options.data_max_connections;
     dp.max_buffered_bytes = options.data_max_buffered_bytes;
     dp.frame_timeout = options.data_frame_timeout;
+    dp.max_unauthenticated_frame_bytes = options.data_max_unauthenticated_frame_bytes;
     dp.cuda_ipc = options.data_cuda_ipc;
     dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
     dp.max_dense_reply_bytes = static_cast<uint64_t>(options.max_message_bytes);

@@ -78,6 +78,9 @@ struct ServerOptions {
   // A data-plane frame must arrive whole within this long of its length
   // prefix (DataPlaneOptions::frame_timeout). Default: 60 s.
   absl::Duration data_frame_timeout = absl::Seconds(60);
+  // Largest data-plane frame before a connection has authenticated
+  // (DataPlaneOptions::max_unauthenticated_frame_bytes). Default: 64 KiB.
+  uint32_t data_max_unauthenticated_frame_bytes = 64u << 10;
   // Serve CUDA IPC puts and gets to loopback data-plane connections
   // (DataPlaneOptions::cuda_ipc). Default: true.
   bool data_cuda_ipc = true;

@@ -53,6 +53,10 @@ ABSL_FLAG(int, data_frame_timeout_s, 60,
           "a data-plane request frame must arrive whole within this many seconds of its length prefix; a slower "
           "one gets DEADLINE_EXCEEDED and its connection is closed, returning its share of "
           "--data_max_buffered_bytes");
+ABSL_FLAG(tqkv::ByteSize, data_max_unauthenticated_frame_bytes, tqkv::ByteSize{64 << 10},
+          "with auth on, the largest data-plane frame a connection may send before one of its requests has "
+          "authenticated; a larger frame's request (without its raw payload) must fit and authenticate before "
+          "its payload is read, else RESOURCE_EXHAUSTED or UNAUTHENTICATED and the connection closes");
 ABSL_FLAG(bool, data_cuda_ipc, true,
           "serve data-plane puts and dense gets whose K/V lie in the GPU memory of a worker on this host (CUDA "
           "IPC handles, from loopback connections only; needs --backend cuda)");
@@ -210,6 +214,8 @@ int main(int argc, char** argv) {
   o.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);
   o.data_max_buffered_bytes = absl::GetFlag(FLAGS_data_max_buffered_bytes).bytes;
   o.data_frame_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_frame_timeout_s));
+  o.data_max_unauthenticated_frame_bytes = static_cast<uint32_t>(
+      std::min<uint64_t>(absl::GetFlag(FLAGS_data_max_unauthenticated_frame_bytes).bytes, UINT32_MAX));
   o.data_cuda_ipc = absl::GetFlag(FLAGS_data_cuda_ipc);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
