@@ -30,8 +30,20 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "data plane max_buffered_bytes (", options.max_buffered_bytes, ") must hold one largest frame (4 + ",
         options.max_request_bytes, " bytes)"));
+  if (options.max_reply_bytes_per_tenant < options.max_dense_reply_bytes ||
+      options.max_reply_bytes < options.max_reply_bytes_per_tenant)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data plane reply budgets must hold one largest dense reply: max_dense_reply_bytes ",
+        options.max_dense_reply_bytes, " <= max_reply_bytes_per_tenant ", options.max_reply_bytes_per_tenant,
+        " <= max_reply_bytes ", options.max_reply_bytes));
   std::unique_ptr<DataPlaneServer> s(new DataPlaneServer());
   s->options_ = options;
+  s->shared_.replies = std::make_unique<TenantBudget>(TenantBudgetLimits{
+      .total = options.max_reply_bytes,
+      .per_tenant = options.max_reply_bytes_per_tenant,
+      .what = "bytes of data-plane replies not yet read",
+      .total_flag = "--data_max_reply_bytes",
+      .per_tenant_flag = "--data_max_reply_bytes_per_tenant"});
   int port = 0;
   TQ_ASSIGN_OR_RETURN(s->listen_fd_, ListenTcp(options.listen, "data plane", 1024, &port));
   TQ_ASSIGN_OR_RETURN(auto hp, SplitHostPort(options.listen));
@@ -67,6 +79,7 @@ DataPlaneServer::Stats DataPlaneServer::GetStats() const {
   s.buffered_budget_bytes = options_.max_buffered_bytes;
   s.budget_refusals = shared_.budget_refusals.load(std::memory_order_relaxed);
   s.frame_timeouts = shared_.frame_timeouts.load(std::memory_order_relaxed);
+  s.reply_bytes = shared_.replies != nullptr ? shared_.replies->used() : 0;
   return s;
 }
 

@@ -70,6 +70,7 @@
 #include "service/data_plane_tls.h"
 #include "service/kv_service.h"
 #include "service/rpc_scope.h"
+#include "service/tenant_budget.h"
 #include "service/tls.h"
 
 namespace tqkv::service {
@@ -96,6 +97,17 @@ struct DataPlaneOptions {
   // Reply bytes queued on one connection above which the server stops
   // reading that connection's requests. Default: 64 MiB.
   uint64_t max_queued_reply_bytes = uint64_t{64} << 20;
+  // Payload bytes of replies not yet written to their sockets (packed
+  // blocks, decoded K/V, Attend outputs), all connections and one tenant's:
+  // a reply's payload is charged before it is built (a dense get's decode
+  // buffer) or as soon as its blocks are known, and given back when its
+  // last byte has been written or its connection closes; a request whose
+  // reply would pass either cap is answered RESOURCE_EXHAUSTED instead
+  // (clients that do not read their replies hold at most this). Per tenant
+  // at least max_dense_reply_bytes, in all at least the per-tenant cap.
+  // Defaults: 1 GiB and 512 MiB.
+  uint64_t max_reply_bytes = uint64_t{1} << 30;
+  uint64_t max_reply_bytes_per_tenant = uint64_t{512} << 20;
   // A connection with no bytes read or written for this long is closed
   // (an open put stream on it commits nothing and releases its memory).
   // Default: 10 minutes.
@@ -158,6 +170,7 @@ class DataPlaneServer {
     uint64_t buffered_budget_bytes = 0;  // options' max_buffered_bytes
     uint64_t budget_refusals = 0;     // frames refused for the budget, since start
     uint64_t frame_timeouts = 0;      // frames failed for frame_timeout, since start
+    uint64_t reply_bytes = 0;         // charged to max_reply_bytes now
   };
   Stats GetStats() const;
 
@@ -182,6 +195,7 @@ class DataPlaneServer {
     std::atomic<uint64_t> buffered_bytes{0};  // charged to max_buffered_bytes
     std::atomic<uint64_t> budget_refusals{0};
     std::atomic<uint64_t> frame_timeouts{0};
+    std::unique_ptr<TenantBudget> replies;  // unwritten reply payloads (max_reply_bytes)
   };
   Shared shared_;
   std::vector<std::thread> threads_;

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "service/data_plane_tls.h"
 #include "service/put_session.h"
+#include "service/tenant_budget.h"
 #include "storage/block_store.h"
 
 namespace tqkv::service::data_plane_internal {
@@ -33,6 +34,7 @@ struct Reply {
   size_t head_bytes = 0;
   std::vector<storage::BlockData> blocks;
   std::unique_ptr<uint8_t[]> owned;  // a dense get's decoded K/V, an Attend's raw outputs (iovecs point into it)
+  TenantBudget::Reservation charge;  // the payload's bytes in the data plane's reply budget
   std::vector<iovec> parts;  // non-empty; parts[0] covers `head`
   size_t next = 0;           // first part not fully written
 };

@@ -30,6 +30,9 @@ std::vector<prometheus::MetricFamily> DataPlaneCollector::Collect() const {
   add("tqkv_data_plane_budget_refusals_total",
       "Data-plane request frames refused (RESOURCE_EXHAUSTED) because they would exceed the buffered-bytes budget.",
       MetricType::Counter, static_cast<double>(st.budget_refusals));
+  add("tqkv_data_plane_reply_bytes",
+      "Payload bytes of data-plane replies not yet written to their sockets, charged to --data_max_reply_bytes.",
+      MetricType::Gauge, static_cast<double>(st.reply_bytes));
   add("tqkv_data_plane_frame_timeouts_total",
       "Data-plane request frames failed (DEADLINE_EXCEEDED) for not arriving within --data_frame_timeout_s.",
       MetricType::Counter, static_cast<double>(st.frame_timeouts));

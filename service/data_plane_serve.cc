@@ -30,6 +30,7 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
   v1::DataPlaneReply head;
   GetPlan plan;
   std::unique_ptr<uint8_t[]> owned;  // what the reply's payload points into, when not stored blocks
+  TenantBudget::Reservation charge;  // the reply's payload bytes, charged before they are built
   std::vector<iovec> payload;
   uint64_t payload_bytes = 0;
   const absl::Status bad_payload =
@@ -43,10 +44,15 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
   } else if (!bad_payload.ok()) {
     status = bad_payload;
   } else if (attend) {
-    // A frame with a payload gets its outputs as the reply's payload.
+    // A frame with a payload gets its outputs as the reply's payload, at
+    // most its queries' bytes: charged before the call (an Attend that
+    // appends must not fail after it), the rest given back after.
     RawTensors raw{TensorPayload(raw_in)};
-    absl::StatusOr<v1::AttendResponse> r = service_->Attend(*id, req.attend(), raw_in.empty() ? nullptr : &raw);
+    status = raw_in.empty() ? absl::OkStatus() : shared_->replies->Charge(id->tenant, raw_in.size(), &charge);
+    absl::StatusOr<v1::AttendResponse> r =
+        status.ok() ? service_->Attend(*id, req.attend(), raw_in.empty() ? nullptr : &raw) : status;
     if (r.ok()) {
+      charge.Release(charge.amount() - std::min<uint64_t>(charge.amount(), raw.out_bytes));
       *head.mutable_attend() = std::move(*r);
       owned = std::move(raw.out);
       if (raw.out_bytes > 0) payload.push_back({owned.get(), raw.out_bytes});
@@ -83,11 +89,16 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
     if (req.with_format()) *head.mutable_format() = plan.model->format;
     // Dense: K then V of each block, decoded by the backend into one buffer.
     const size_t t = plan.dense ? KvService::DenseTensorBytes(plan) : 0;
-    if (plan.dense && 2 * t * plan.blocks.size() > options_.max_dense_reply_bytes) {
+    uint64_t reply = 2 * t * plan.blocks.size();
+    for (size_t i = 0; !plan.dense && i < plan.blocks.size(); ++i) reply += KvService::PackedBytes(plan, i).size;
+    if (plan.dense && reply > options_.max_dense_reply_bytes) {
       status = absl::ResourceExhaustedError(
-          absl::StrCat("a dense reply of ", 2 * t * plan.blocks.size(), " bytes is over the data plane's limit of ",
+          absl::StrCat("a dense reply of ", reply, " bytes is over the data plane's limit of ",
                        options_.max_dense_reply_bytes, "; ask for fewer blocks a request"));
-    } else if (plan.dense) {
+    } else {
+      status = shared_->replies->Charge(id->tenant, reply, &charge);
+    }
+    if (status.ok() && plan.dense) {
       owned.reset(new uint8_t[2 * t * plan.blocks.size()]);  // every byte is decoded into: no zero fill
       status = service_->DecodeDenseBlocks(plan, owned.get());
     }
@@ -110,10 +121,14 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
     payload_bytes = 0;
     plan.blocks.clear();
   }
-  if (!status.ok()) owned.reset();
+  if (!status.ok()) {
+    owned.reset();
+    charge.Reset();
+  }
   Queue(c, head, std::move(payload), payload_bytes);
   c->out.back().blocks = std::move(plan.blocks);
   c->out.back().owned = std::move(owned);
+  c->out.back().charge = std::move(charge);
   RecordCall(*env_, attend ? "DataAttend" : append ? "DataAppend" : put ? "DataPutBlocks" : "DataGetBlocks", c->peer, status,
              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), frame_bytes,
              c->out.back().head_bytes + payload_bytes);

@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     std::vector<ListenerExposure> listeners = {{"--listen", options.listen, auth || tls}};
     if (data_on) listeners.push_back({"--data_listen", data_listen, auth || tls});
     if (!options.metrics_listen.empty())
-      listeners.push_back({"--metrics_listen", options.metrics_listen, auth || tls});
+      listeners.push_back({"--metrics_listen", options.metrics_listen, (auth && options.metrics_auth) || tls});
     std::string warning;
     TQ_RETURN_IF_ERROR(CheckListeners(listeners, options.insecure_listen_any, &warning));
     if (!warning.empty()) note(warning);
@@ -144,7 +144,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     MetricsHttpOptions mo;
     mo.listen = options.metrics_listen;
     mo.tls = options.tls;
-    mo.auth = s->auth_.get();
+    mo.auth = options.metrics_auth ? s->auth_.get() : nullptr;
     TQ_ASSIGN_OR_RETURN(s->metrics_http_,
                         MetricsHttpServer::Start(mo,
                                                  {s->prom_registry_, s->collector_,
@@ -168,6 +168,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     dp.max_buffered_bytes = options.data_max_buffered_bytes;
     dp.frame_timeout = options.data_frame_timeout;
     dp.max_unauthenticated_frame_bytes = options.data_max_unauthenticated_frame_bytes;
+    dp.max_reply_bytes = options.data_max_reply_bytes;
+    dp.max_reply_bytes_per_tenant = options.data_max_reply_bytes_per_tenant;
     dp.cuda_ipc = options.data_cuda_ipc;
     dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
     dp.max_dense_reply_bytes = static_cast<uint64_t>(options.max_message_bytes);

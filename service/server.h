@@ -81,6 +81,10 @@ struct ServerOptions {
   // Largest data-plane frame before a connection has authenticated
   // (DataPlaneOptions::max_unauthenticated_frame_bytes). Default: 64 KiB.
   uint32_t data_max_unauthenticated_frame_bytes = 64u << 10;
+  // Unwritten data-plane reply payloads, all connections and one tenant's
+  // (DataPlaneOptions::max_reply_bytes(_per_tenant)). Defaults: 1 GiB, 512 MiB.
+  uint64_t data_max_reply_bytes = uint64_t{1} << 30;
+  uint64_t data_max_reply_bytes_per_tenant = uint64_t{512} << 20;
   // Serve CUDA IPC puts and gets to loopback data-plane connections
   // (DataPlaneOptions::cuda_ipc). Default: true.
   bool data_cuda_ipc = true;
@@ -89,6 +93,12 @@ struct ServerOptions {
   // that carry an admin or `metrics` credential (metrics_http.h).
   // Default: 127.0.0.1:9464.
   std::string metrics_listen = "127.0.0.1:9464";
+  // With an auth file: whether a scrape needs an admin or `metrics`
+  // credential. false serves /metrics to anyone who reaches the listener
+  // (a scraper that cannot send a token, behind a network policy); it
+  // then counts as unprotected for the listen policy, and tenant labels
+  // stay off under kAuto. Default: true.
+  bool metrics_auth = true;
   // Whether per-model series carry tenant and model labels (StoreCollector).
   // kAuto: only when auth is off (every caller is tenant "default"), so an
   // authenticated server's /metrics names no tenant. Default: kAuto.

@@ -57,6 +57,11 @@ ABSL_FLAG(tqkv::ByteSize, data_max_unauthenticated_frame_bytes, tqkv::ByteSize{6
           "with auth on, the largest data-plane frame a connection may send before one of its requests has "
           "authenticated; a larger frame's request (without its raw payload) must fit and authenticate before "
           "its payload is read, else RESOURCE_EXHAUSTED or UNAUTHENTICATED and the connection closes");
+ABSL_FLAG(tqkv::ByteSize, data_max_reply_bytes, tqkv::ByteSize{uint64_t{1} << 30},
+          "payload bytes of data-plane replies not yet written to their sockets, all connections together: a "
+          "request whose reply would pass it gets RESOURCE_EXHAUSTED (clients that do not read hold at most this)");
+ABSL_FLAG(tqkv::ByteSize, data_max_reply_bytes_per_tenant, tqkv::ByteSize{uint64_t{512} << 20},
+          "the same bytes for one tenant's connections; at least --max_message_bytes");
 ABSL_FLAG(bool, data_cuda_ipc, true,
           "serve data-plane puts and dense gets whose K/V lie in the GPU memory of a worker on this host (CUDA "
           "IPC handles, from loopback connections only; needs --backend cuda)");
@@ -65,6 +70,9 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "with --tls_cert_file (and the client CA's mTLS); with --auth_tokens_file a scrape needs "
           "`Authorization: Bearer` of an admin or `metrics` credential. Beyond loopback needs "
           "--auth_tokens_file or TLS, or --insecure_listen_any");
+ABSL_FLAG(bool, metrics_auth, true,
+          "with --auth_tokens_file, require an admin or `metrics` credential to scrape /metrics; false serves it "
+          "to anyone who reaches --metrics_listen (tenant labels stay off unless --metrics_tenant_labels=true)");
 ABSL_FLAG(std::string, metrics_tenant_labels, "auto",
           "label per-model series on /metrics with tenant and model: true, false, or auto (only "
           "without --auth_tokens_file, so an authenticated server names no tenant)");
@@ -188,6 +196,7 @@ int main(int argc, char** argv) {
   tqkv::service::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.metrics_auth = absl::GetFlag(FLAGS_metrics_auth);
   const std::string labels = absl::GetFlag(FLAGS_metrics_tenant_labels);
   if (labels == "auto") {
     o.metrics_tenant_labels = tqkv::service::ServerOptions::TenantLabels::kAuto;
@@ -214,6 +223,8 @@ int main(int argc, char** argv) {
   o.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);
   o.data_max_buffered_bytes = absl::GetFlag(FLAGS_data_max_buffered_bytes).bytes;
   o.data_frame_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_frame_timeout_s));
+  o.data_max_reply_bytes = absl::GetFlag(FLAGS_data_max_reply_bytes).bytes;
+  o.data_max_reply_bytes_per_tenant = absl::GetFlag(FLAGS_data_max_reply_bytes_per_tenant).bytes;
   o.data_max_unauthenticated_frame_bytes = static_cast<uint32_t>(
       std::min<uint64_t>(absl::GetFlag(FLAGS_data_max_unauthenticated_frame_bytes).bytes, UINT32_MAX));
   o.data_cuda_ipc = absl::GetFlag(FLAGS_data_cuda_ipc);

@@ -7,6 +7,7 @@
 // arrives too slowly is failed with DEADLINE_EXCEEDED.
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/data_plane_client.h"
+#include "client/cpp/synthetic.h"
 #include "tests/fixture.h"
 #include "tests/raw_data_plane.h"
 
@@ -167,6 +169,95 @@ TEST_F(DataPlaneLimitsTest, ABudgetBelowOneFrameIsRefusedAtStart) {
 // Requests whose string fields are not UTF-8 (no token needed) make
 // protobuf complain; those lines go through the server's rate-limited log,
 // so a client sending them in a loop cannot flood it.
+// Replies a client does not read hold at most its tenant's share of the
+// reply budget: its requests past it are answered RESOURCE_EXHAUSTED naming
+// the flag, another tenant is served meanwhile, and the charge returns once
+// the replies have been read (without the budget: every request served,
+// 48 MiB of replies held less what the sockets' buffers take).
+TEST_F(DataPlaneLimitsTest, UnreadRepliesStayWithinTheirTenantsBudget) {
+  server_.reset();
+  const std::string dir = MakeTempDir("tokens");
+  std::ofstream(dir + "/tokens") << "tok-a alpha\ntok-b beta\n";
+  chmod((dir + "/tokens").c_str(), 0600);
+  constexpr uint64_t kMiB = 1 << 20;
+  StartServer({"--auth_tokens_file=" + dir + "/tokens", "--max_message_bytes=1048576", "--data_max_reply_bytes=4MiB",
+               "--data_max_reply_bytes_per_tenant=2MiB", "--metrics_auth=false"});
+  auto connect = [&](const std::string& token) {
+    client::ClientOptions o;
+    o.target = server_->address();
+    o.token = token;
+    return std::move(client::Client::Connect(o)).value();
+  };
+  // Each tenant stores 48 blocks of 16 KiB dense.
+  auto store = [&](client::Client& c, uint64_t seed) {
+    auto reg = c.RegisterModel(client::SmallModel("m"));
+    EXPECT_TRUE(reg.ok()) << reg.status();
+    v1::GetBlocksRequest get;
+    get.mutable_model()->set_model_id(reg->model_id());
+    get.mutable_model()->set_layout_fingerprint(reg->layout_fingerprint());
+    get.set_dense(true);
+    v1::PutHeader header;
+    *header.mutable_model() = get.model();
+    const std::vector<std::string> chain = client::HashChain(seed, 48);
+    for (size_t from = 0; from < chain.size(); from += 16) {
+      std::vector<v1::PutBlock> blocks;
+      for (size_t i = from; i < from + 16; ++i)
+        blocks.push_back(client::DenseBlock(client::SmallModel("m").layout(), chain[i], i ? chain[i - 1] : "", i));
+      auto put = c.PutBlocks(header, blocks);
+      EXPECT_TRUE(put.ok()) << put.status();
+    }
+    for (const std::string& h : chain) get.add_block_hashes(h);
+    return get;
+  };
+  auto alpha = connect("tok-a");
+  auto beta = connect("tok-b");
+  const v1::GetBlocksRequest alpha_get = store(*alpha, 1);
+  const v1::GetBlocksRequest beta_get = store(*beta, 2);
+
+  // Alpha pipelines 64 dense gets of 768 KiB and reads nothing.
+  v1::DataPlaneRequest req;
+  req.set_authorization("Bearer tok-a");
+  *req.mutable_get_blocks() = alpha_get;
+  const int fd = RawConnect();
+  std::string frames = "TQKVDP01";
+  constexpr int kRequests = 64;
+  for (int i = 0; i < kRequests; ++i) frames += Frame(req);
+  SendRaw(fd, frames);
+  // Every request is served or refused at once; what the sockets' buffers
+  // did not take stays queued, within the budget.
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_LE(Metric("tqkv_data_plane_reply_bytes"), 2.0 * kMiB);
+
+  // Beta is served meanwhile.
+  client::DataPlaneClientOptions o;
+  o.target = server_->data_address();
+  o.token = "tok-b";
+  auto dp = std::move(client::DataPlaneClient::Connect(o)).value();
+  client::DataPlaneBlocks out;
+  ASSERT_TRUE(dp->GetBlocks(beta_get, &out).ok());
+
+  // Alpha reads: the first replies carry the blocks, the ones past its
+  // budget say so.
+  int served = 0, refused = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    v1::DataPlaneReply head;
+    std::string payload;
+    ASSERT_TRUE(ReadReply(fd, &head, &payload)) << i;
+    if (head.code() == 0) {
+      EXPECT_EQ(payload.size(), 48u * 16384) << i;
+      ++served;
+      continue;
+    }
+    EXPECT_EQ(head.code(), static_cast<uint32_t>(StatusCode::kResourceExhausted)) << head.message();
+    EXPECT_NE(head.message().find("--data_max_reply_bytes_per_tenant"), std::string::npos) << head.message();
+    ++refused;
+  }
+  close(fd);
+  EXPECT_GE(served, 1);
+  EXPECT_GE(refused, kRequests / 2);
+  EXPECT_EQ(AwaitMetric("tqkv_data_plane_reply_bytes", 0), 0);
+}
+
 TEST(ProtobufLogTest, MalformedStringsCannotFloodTheLog) {
   const std::string dir = MakeTempDir("tqkv-data");
   ServerLaunch launch;

@@ -168,6 +168,20 @@ TEST_F(MetricsAuthTest, AReloadedAuthFileTakesEffectWithoutARestart) {
   EXPECT_EQ(Get(Url(), Bearer("new-scrape-token")).http_code, 200);
 }
 
+// --metrics_auth=false: an authenticated server serves /metrics without a
+// credential (a scraper that cannot send one), still naming no tenant,
+// while gRPC keeps asking for tokens.
+TEST_F(MetricsAuthTest, MetricsAuthCanBeTurnedOffAndStillNamesNoTenant) {
+  Start(kTokens, {"--metrics_auth=false"});
+  auto alice = As("alice-token");
+  PutAs(*alice, 3);
+  Scrape none = Get(Url());
+  ASSERT_EQ(none.http_code, 200) << none.body;
+  EXPECT_TRUE(absl::StrContains(none.body, "\ntqkv_stored_blocks{tier=\"host\"} 3\n")) << none.body;
+  EXPECT_FALSE(absl::StrContains(none.body, "alice")) << none.body;
+  EXPECT_EQ(As("")->Stats(v1::StatsRequest()).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
 TEST_F(MetricsAuthTest, TenantLabelsOnlyWhenAsked) {
   Start(kTokens, {"--metrics_tenant_labels=true"});
   auto alice = As("alice-token");
