@@ -5,6 +5,9 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include "client/cpp/data_plane_client.h"
@@ -430,6 +433,49 @@ TEST_F(BadInputTest, SequenceErrors) {
   drop.set_sequence_id("seq-nope");
   EXPECT_EQ(client_->DropSequence(drop).status().code(), StatusCode::kNotFound);
   ExpectUnchanged();
+}
+
+// The documented policy for NaN and infinity (proto, message Tensor): they
+// are stored as the codec encodes them and poison the attention of their
+// own kv head and layer only: the other kv head of the same token, the
+// other layer, and a sequence without the block stay finite.
+TEST_F(BadInputTest, NonFiniteValuesPoisonOnlyTheirKvHeadAndLayer) {
+  v1::PutBlock bad = Block(fresh_, 60);
+  // K of layer 0, token 3, kv head 1, dim 5 ([layers, tokens, kv_heads, d] fp16).
+  const size_t at = ((0 * 16 + 3) * 2 + 1) * 64 + 5;
+  const uint16_t nan = 0x7e00;
+  std::memcpy(bad.mutable_k()->mutable_data()->data() + 2 * at, &nan, 2);
+  ASSERT_TRUE(client_->PutBlocks(Header(), {bad}).ok());
+  auto attend = [&](const std::vector<std::string>& hashes, int layer) {
+    v1::CreateSequenceRequest cr;
+    *cr.mutable_model() = model_;
+    for (const std::string& h : hashes) cr.add_block_hashes(h);
+    auto seq = client_->CreateSequence(cr);
+    EXPECT_TRUE(seq.ok()) << seq.status();
+    v1::AttendRequest req;
+    req.set_layer(layer);
+    v1::AttendItem* it = req.add_items();
+    it->set_sequence_id(seq->sequence_id());
+    *it->mutable_q() = client::RandomTensor(v1::DTYPE_FP32, {1, 4, 64}, 4);
+    auto r = client_->Attend(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    std::vector<float> out(4 * 64);
+    if (r.ok()) std::memcpy(out.data(), r->outputs(0).data().data(), out.size() * sizeof(float));
+    return out;
+  };
+  auto finite_heads = [](const std::vector<float>& out) {
+    std::string s;
+    for (int h = 0; h < 4; ++h)
+      s += std::all_of(out.begin() + h * 64, out.begin() + (h + 1) * 64, [](float x) { return std::isfinite(x); })
+               ? 'F'
+               : std::all_of(out.begin() + h * 64, out.begin() + (h + 1) * 64, [](float x) { return std::isnan(x); })
+                     ? 'N'
+                     : '?';
+    return s;
+  };
+  EXPECT_EQ(finite_heads(attend({chain_[0], fresh_}, 0)), "FFNN") << "q heads 2, 3 read kv head 1";
+  EXPECT_EQ(finite_heads(attend({chain_[0], fresh_}, 1)), "FFFF");
+  EXPECT_EQ(finite_heads(attend({chain_[0]}, 0)), "FFFF");
 }
 
 // ---- Auth and tenancy ---------------------------------------------------------
