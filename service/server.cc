@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   so.host_capacity_bytes = options.host_budget_bytes;
   so.tenant_host_quota_bytes = options.tenant_host_quota_bytes;
   so.disk_capacity_bytes = options.disk_budget_bytes;
+  so.disk_min_free_bytes = options.disk_min_free_bytes;
   so.max_pin_ttl = options.service.max_pin_ttl;
   so.clock = s->clock_;
   if (!options.data_dir.empty()) {

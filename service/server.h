@@ -123,6 +123,9 @@ struct ServerOptions {
   uint64_t tenant_host_quota_bytes = 0;
   // Disk budget for spilled/durable payloads. Default: 64 GiB.
   uint64_t disk_budget_bytes = uint64_t{64} << 30;
+  // Free bytes the disk tier's file system keeps
+  // (BlockStoreOptions::disk_min_free_bytes). Default: 1 GiB.
+  uint64_t disk_min_free_bytes = uint64_t{1} << 30;
   // Models one tenant may register. Default: 256.
   int max_models_per_tenant = 256;
   // Largest gRPC message received or sent. Default: 64 MiB.

@@ -97,7 +97,9 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const BlockStoreOpt
   }
   std::unique_ptr<SpillStore> spill;
   if (!options.disk_path.empty()) {
-    TQ_ASSIGN_OR_RETURN(spill, SpillStore::Open({.path = options.disk_path, .cipher = options.at_rest_cipher}));
+    TQ_ASSIGN_OR_RETURN(spill, SpillStore::Open({.path = options.disk_path,
+                                                      .cipher = options.at_rest_cipher,
+                                                      .min_free_bytes = options.disk_min_free_bytes}));
   }
   std::unique_ptr<BlockStore> store(new BlockStore(options, std::move(spill)));
   TQ_RETURN_IF_ERROR(store->LoadFromDisk());

@@ -113,6 +113,10 @@ struct BlockStoreOptions {
   // Bytes of payload the disk tier may hold; beyond it the disk tier drops
   // its least-recently-used blocks. Default: 64 GiB.
   uint64_t disk_capacity_bytes = uint64_t{64} << 30;
+  // Free bytes the disk tier's file system keeps (SpillStoreOptions::
+  // min_free_bytes): spills past it are dropped and durable puts refused
+  // as on a full disk. Default: 1 GiB.
+  uint64_t disk_min_free_bytes = uint64_t{1} << 30;
   // fsync the WAL on every spill (power-loss durable spills, slower
   // eviction). Default: false.
   bool sync_spills = false;

@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <memory>
@@ -53,10 +54,11 @@ class SmallTmpfs {
 
 class FullDiskTest : public ::testing::Test {
  protected:
-  std::unique_ptr<BlockStore> Open(uint64_t host_bytes) {
+  std::unique_ptr<BlockStore> Open(uint64_t host_bytes, uint64_t min_free = 0) {
     BlockStoreOptions o;
     o.host_capacity_bytes = host_bytes;
     o.disk_path = fs_.db();
+    o.disk_min_free_bytes = min_free;
     o.clock = &clock_;
     auto s = BlockStore::Open(o);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -131,6 +133,39 @@ TEST_F(FullDiskTest, DurablePutsFailPreciselyKeepWhatWasAcknowledgedAndResumeWit
   auto record = s->GetModelRecord("acme", 9);
   ASSERT_TRUE(record.ok()) << record.status();
   EXPECT_EQ(*record, "record");
+}
+
+// With a headroom the disk never fills: durable puts are refused while the
+// file system still has the headroom free (naming the flag), what was
+// acknowledged stays, and the store restarts on that disk.
+TEST_F(FullDiskTest, TheHeadroomRefusesWritesBeforeTheDiskIsFull) {
+  if (!fs_.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here";
+  constexpr uint64_t kHeadroom = 2 << 20;  // RocksDB's open store already takes ~4 MiB of the 8
+  auto s = Open(64 << 20, kHeadroom);
+  ASSERT_NE(s, nullptr);
+  int acked = 0;
+  absl::Status refused;
+  for (; acked < 100; ++acked) {
+    auto r = Put(*s, acked, /*durable=*/true);
+    if (!r.ok()) {
+      refused = r.status();
+      break;
+    }
+  }
+  ASSERT_GT(acked, 0) << refused;
+  ASSERT_LT(acked, 100);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("--disk_min_free_bytes"), std::string::npos) << refused;
+  struct statvfs fs {};
+  ASSERT_EQ(::statvfs(fs_.db().c_str(), &fs), 0);
+  EXPECT_GE(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize, kHeadroom - kBlock) << "the headroom is kept";
+  ExpectAbsent(*s, acked);
+  for (int i = 0; i < acked; ++i) ExpectExact(*s, i);
+  ASSERT_TRUE(Put(*s, 600, /*durable=*/false).ok()) << "host-memory puts go on";
+  s.reset();
+  s = Open(64 << 20, kHeadroom);
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < acked; ++i) ExpectExact(*s, i);
 }
 
 TEST_F(FullDiskTest, EvictionDropsInsteadOfSpillingWhileTheDiskIsFull) {

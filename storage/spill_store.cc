@@ -1,7 +1,9 @@
 #include "storage/spill_store.h"
 
+#include <sys/statvfs.h>
 #include <xxhash.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -191,6 +193,7 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   store->models_cf_.reset(handles[3]);
   store->cipher_ = options.cipher;
   store->path_ = options.path;
+  store->min_free_bytes_ = options.min_free_bytes;
   return store;
 }
 
@@ -285,9 +288,24 @@ absl::Status SpillStore::ResumeIfStopped() {
   return WriteStatus(s, "resuming writes after a disk error");
 }
 
+absl::Status SpillStore::CheckHeadroom(uint64_t bytes) const {
+  if (min_free_bytes_ == 0) return absl::OkStatus();
+  struct statvfs fs {};
+  if (::statvfs(path_.c_str(), &fs) != 0)
+    return absl::UnavailableError(absl::StrCat("disk tier at ", path_, ": statvfs: ", std::strerror(errno)));
+  const uint64_t free = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  if (free >= bytes && free - bytes >= min_free_bytes_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("disk tier at ", path_, " has ", free, " bytes free; writing ", bytes,
+                                                   " more would leave less than --disk_min_free_bytes ",
+                                                   min_free_bytes_));
+}
+
 absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
                                absl::Span<const BlockKey> deletes, bool sync) {
   if (writes.empty() && deletes.empty()) return absl::OkStatus();
+  uint64_t bytes = 0;
+  for (const BlockWrite& w : writes) bytes += w.payload.size() + 128;  // meta, keys, WAL framing
+  if (!writes.empty()) TQ_RETURN_IF_ERROR(CheckHeadroom(bytes));
   rocksdb::WriteBatch batch;
   for (const BlockWrite& w : writes) {
     std::string key = EncodeBlockKey(*w.key);

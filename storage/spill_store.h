@@ -133,6 +133,12 @@ struct SpillStoreOptions {
   // Default: kStrict.
   enum class WalRecovery { kStrict, kKeepIntact };
   WalRecovery wal_recovery = WalRecovery::kStrict;
+  // Free bytes the file system under `path` keeps: a write whose batch
+  // would leave less (statvfs, checked before each write) is refused with
+  // RESOURCE_EXHAUSTED naming --disk_min_free_bytes, before RocksDB runs
+  // out of room for its WAL, compactions and manifest. Deletes are always
+  // taken. Default: 1 GiB.
+  uint64_t min_free_bytes = uint64_t{1} << 30;
 };
 
 // A model registration record as stored in the "models" column family.
@@ -190,6 +196,8 @@ class SpillStore {
 
   // Atomically writes `writes` (meta and data) and deletes `deletes` (meta and
   // data) in one WriteBatch. sync=true fsyncs the WAL before returning.
+  // RESOURCE_EXHAUSTED (nothing written) when the disk is full or the batch
+  // would leave less than min_free_bytes free.
   absl::Status Apply(absl::Span<const BlockWrite> writes, absl::Span<const BlockKey> deletes,
                      bool sync);
 
@@ -239,7 +247,12 @@ class SpillStore {
   // After an I/O error: DB::Resume, or its error while the disk is full.
   absl::Status ResumeIfStopped();
 
+  // RESOURCE_EXHAUSTED when writing `bytes` would leave less than
+  // min_free_bytes_ free under path_.
+  absl::Status CheckHeadroom(uint64_t bytes) const;
+
   std::string path_;
+  uint64_t min_free_bytes_ = 0;
   std::atomic<bool> needs_resume_{false};
 
   // Declaration order matters: members are destroyed in reverse, so the
