@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "storage/at_rest_cipher.h"
 #include "storage/block_store.h"
 #include "storage/test_util.h"
 
@@ -27,10 +28,11 @@ constexpr int kBlocks = 40;
 
 BlockKey Key(int i) { return {"acme", 7, "h" + std::to_string(i)}; }
 
-absl::StatusOr<std::unique_ptr<BlockStore>> Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<BlockStore>> Open(const std::string& dir, const AtRestCipher* cipher = nullptr) {
   BlockStoreOptions o;
   o.host_capacity_bytes = 64 << 20;
   o.disk_path = dir;
+  o.at_rest_cipher = cipher;
   return BlockStore::Open(o);
 }
 
@@ -102,9 +104,10 @@ Census Read(BlockStore& s) {
   return c;
 }
 
-// Runs the repair binary on `dir`; returns its exit status and output.
-int Repair(const std::string& dir, std::string* output) {
-  const std::string cmd = "storage/tqkv-disk-repair '" + dir + "' 2>&1";
+// Runs the repair binary on `dir` (with `flags`); returns its exit status
+// and output.
+int Repair(const std::string& dir, std::string* output, const std::string& flags = "") {
+  const std::string cmd = "storage/tqkv-disk-repair " + flags + " '" + dir + "' 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   char buf[512];
@@ -222,6 +225,52 @@ TEST_F(DiskDamageTest, ADamagedMetaTableFailsOpenAndRepairServesOnlyExactBytes) 
   Census c = Read(**s);
   EXPECT_EQ(c.wrong, 0);
   EXPECT_EQ(c.exact + c.absent, kBlocks);
+}
+
+// Blocks sealed at rest: without the key file the repair keeps them
+// unverified; with it, a sealed record that fails authentication (its
+// ciphertext replaced under RocksDB's own checksums) is deleted and the
+// rest verified; a key file without the records' key stops the repair.
+TEST_F(DiskDamageTest, RepairWithTheKeyFileVerifiesSealedBlocks) {
+  constexpr char kKeys[] = "1 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n";
+  std::unique_ptr<AtRestCipher> cipher = *AtRestCipher::FromString(kKeys);
+  {
+    auto s = Open(db_, cipher.get());
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int i = 0; i < kBlocks; ++i) ASSERT_TRUE(PutDurable(**s, i).ok());
+  }
+  {
+    auto spill = SpillStore::Open({.path = db_});
+    ASSERT_TRUE(spill.ok()) << spill.status();
+    ASSERT_TRUE((*spill)->OverwritePayloadForTest(Key(3), std::string(kBlock + AtRestCipher::kOverheadBytes, 'x')).ok());
+  }
+  auto key_file = [&](const std::string& name, const std::string& keys) {
+    const std::string path = dir_.path() + "/" + name;
+    std::ofstream(path) << keys;
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+    return path;
+  };
+  std::string out;
+  ASSERT_EQ(Repair(db_, &out), 0) << out;
+  EXPECT_NE(out.find("0 blocks intact, 0 damaged blocks deleted, " + std::to_string(kBlocks) +
+                     " sealed blocks kept unverified"),
+            std::string::npos)
+      << out;
+  out.clear();
+  const std::string other = key_file("other-keys", "2 ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n");
+  EXPECT_EQ(Repair(db_, &out, "--at_rest_key_file " + other), 1) << out;
+  EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+  out.clear();
+  ASSERT_EQ(Repair(db_, &out, "--at_rest_key_file=" + key_file("keys", kKeys)), 0) << out;
+  EXPECT_NE(out.find(std::to_string(kBlocks - 1) + " blocks intact, 1 damaged blocks deleted, 0 sealed"),
+            std::string::npos)
+      << out;
+  auto s = Open(db_, cipher.get());
+  ASSERT_TRUE(s.ok()) << s.status();
+  Census c = Read(**s);
+  EXPECT_EQ(c.exact, kBlocks - 1);
+  EXPECT_EQ(c.absent, 1);
+  EXPECT_EQ(c.wrong + c.data_loss, 0);
 }
 
 TEST_F(DiskDamageTest, ADamagedPayloadTableIsDataLossForTheBlocksItHits) {
