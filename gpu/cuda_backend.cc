@@ -95,24 +95,35 @@ class CudaBackend : public ComputeBackend {
     TQ_RETURN_IF_ERROR(host_.Reserve(std::max(pages_off, n * out_bytes)));
     TQ_RETURN_IF_ERROR(dev_.Reserve(st.size()));
     uint8_t* h = host_.as<uint8_t>();
+    // Block b's rows of layer i start at row row0[i·n + b] of the layer's
+    // staging; the gather (megabytes for a frame of dense blocks) runs on
+    // up to 8 threads, one per MiB.
+    std::vector<int64_t> row0(layers * n);
     for (size_t i = 0; i < layers; ++i) {
       int64_t at = 0;
-      int64_t* slots = reinterpret_cast<int64_t*>(h + slots_off[i]);
       for (size_t b = 0; b < n; ++b) {
-        const int64_t t_b = items[b].k[i].tokens;
-        for (int c = 0; c < 2; ++c) {
-          const DenseView& t = c == 0 ? items[b].k[i] : items[b].v[i];
-          uint8_t* dst = h + (c == 0 ? k_off[i] : v_off[i]) + at * row;
-          if (t.dtype == dt) {
-            std::memcpy(dst, t.data, t_b * row);
-          } else {
-            ToFloat(t.dtype, t.data, reinterpret_cast<float*>(dst), t_b * row_elems);
-          }
-        }
-        for (int64_t tok = 0; tok < t_b; ++tok) slots[at + tok] = static_cast<int64_t>(b) * s.block_size + tok;
-        at += t_b;
+        row0[i * n + b] = at;
+        at += items[b].k[i].tokens;
       }
     }
+    ParallelFor(
+        layers * n, pages_off,
+        [&](size_t j) {
+          const size_t i = j / n, b = j % n;
+          const int64_t at = row0[j], t_b = items[b].k[i].tokens;
+          for (int c = 0; c < 2; ++c) {
+            const DenseView& t = c == 0 ? items[b].k[i] : items[b].v[i];
+            uint8_t* dst = h + (c == 0 ? k_off[i] : v_off[i]) + at * row;
+            if (t.dtype == dt) {
+              std::memcpy(dst, t.data, t_b * row);
+            } else {
+              ToFloat(t.dtype, t.data, reinterpret_cast<float*>(dst), t_b * row_elems);
+            }
+          }
+          int64_t* slots = reinterpret_cast<int64_t*>(h + slots_off[i]);
+          for (int64_t tok = 0; tok < t_b; ++tok) slots[at + tok] = static_cast<int64_t>(b) * s.block_size + tok;
+        },
+        /*max_threads=*/8, /*min_bytes_per_thread=*/size_t{1} << 20);
     uint8_t* d = dev_.as<uint8_t>();
     cudaStream_t sm = stream_.get();
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, pages_off, cudaMemcpyHostToDevice, sm), "upload dense");
@@ -127,7 +138,9 @@ class CudaBackend : public ComputeBackend {
     TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d + pages_off, n * out_bytes, cudaMemcpyDeviceToHost, sm),
                             "download pages");
     TQ_RETURN_IF_ERROR(stream_.Synchronize("encode"));
-    for (size_t b = 0; b < n; ++b) std::memcpy(items[b].out, h + b * out_bytes, out_bytes);
+    ParallelFor(
+        n, n * out_bytes, [&](size_t b) { std::memcpy(items[b].out, h + b * out_bytes, out_bytes); },
+        /*max_threads=*/8, /*min_bytes_per_thread=*/size_t{1} << 20);
     return absl::OkStatus();
   }
 
