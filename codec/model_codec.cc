@@ -1,5 +1,7 @@
 #include "codec/model_codec.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
@@ -34,6 +36,14 @@ absl::Status ValidateShape(const ModelShape& s) {
   return absl::OkStatus();
 }
 
+uint64_t BuildWork(const ModelShape& shape, const CodecOptions& options) {
+  const uint64_t d = static_cast<uint64_t>(std::max(shape.head_dim, 0));
+  const RotationKind rot = options.rotation.value_or(DefaultRotationKind(shape.head_dim));
+  const uint64_t per_rotation = rot == RotationKind::kQr ? 4 * d * d * d / 3 + d * d : 4 * d;
+  return static_cast<uint64_t>(std::max(shape.num_layers, 0)) * static_cast<uint64_t>(std::max(shape.num_kv_heads, 0)) *
+         2 * per_rotation;
+}
+
 absl::StatusOr<std::unique_ptr<ModelCodec>> ModelCodec::Create(const ModelShape& shape,
                                                                 const CodecOptions& options,
                                                                 const RecipeMetadata* metadata) {
@@ -44,6 +54,12 @@ absl::StatusOr<std::unique_ptr<ModelCodec>> ModelCodec::Create(const ModelShape&
     if (l < 0 || l >= shape.num_layers)
       return absl::InvalidArgumentError(
           absl::StrCat("layer format override for layer ", l, " outside [0, ", shape.num_layers, ")"));
+  if (const uint64_t work = BuildWork(shape, options); options.max_build_work != 0 && work > options.max_build_work)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "building the codec of this model would take about ", work, " multiply-adds (", shape.num_layers,
+        " layers x ", shape.num_kv_heads, " kv heads x K and V, a rotation of d = ", shape.head_dim,
+        " each); the limit is ", options.max_build_work,
+        ": a head_dim that is a multiple of 16 (block_hadamard) or a power of two (rht) is cheap"));
   std::unique_ptr<ModelCodec> m(new ModelCodec());
   m->shape_ = shape;
   m->options_ = options;

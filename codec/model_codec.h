@@ -48,7 +48,16 @@ struct CodecOptions {
   // before the rest is built: RESOURCE_EXHAUSTED beyond it. 0: no limit.
   // Default: 512 MiB.
   uint64_t max_codec_bytes = uint64_t{512} << 20;
+  // Most arithmetic building the codec may take, estimated before anything
+  // is built (BuildWork): RESOURCE_EXHAUSTED beyond it. 0: no limit.
+  // Default: 2^33 multiply-adds (seconds of one core).
+  uint64_t max_build_work = uint64_t{1} << 33;
 };
+
+// The multiply-adds of building the codec of `shape` with `options`: a QR
+// rotation (an orthogonalised Gaussian matrix) costs about (4/3)·d³ for each
+// layer, kv head and component; the Hadamard rotations' cost is linear in d.
+uint64_t BuildWork(const ModelShape& shape, const CodecOptions& options);
 
 // Codecs of one layer.
 class LayerCodec {

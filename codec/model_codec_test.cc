@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "codec/memory_report.h"
 #include "codec/test_util.h"
 
@@ -65,7 +67,7 @@ TEST(ModelCodec, ErrorsNameTheProblem) {
 // heads with dense QR rotations (64 KiB each at d = 128) would hold ~8.6 GB.
 TEST(ModelCodec, RefusesACodecOverItsMemoryLimit) {
   const ModelShape huge{256, 256, 256, 128, 16};
-  auto refused = ModelCodec::Create(huge, {.rotation = RotationKind::kQr}, nullptr);
+  auto refused = ModelCodec::Create(huge, {.rotation = RotationKind::kQr, .max_build_work = 0}, nullptr);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.status().message().find("the limit is 536870912"), std::string::npos) << refused.status();
   // The same shape fits a limit sized for it, and a small model fits the default.
@@ -81,6 +83,27 @@ TEST(ModelCodec, RefusesACodecOverItsMemoryLimit) {
   EXPECT_TRUE(
       ModelCodec::Create({4, 8, 32, 128, 16}, {.rotation = RotationKind::kQr, .max_codec_bytes = 4 * 8 * per_head}, nullptr)
           .ok());
+}
+
+// A codec whose build would take too long is refused before anything is
+// built: QR rotations cost ~(4/3)·d³ each (d = 122 has no Hadamard), the
+// Hadamard ones next to nothing.
+TEST(ModelCodec, RefusesACodecOverItsBuildWork) {
+  const ModelShape s{2, 1, 1, 122, 16};
+  const uint64_t work = BuildWork(s, {});
+  EXPECT_EQ(work, 2u * 1 * 2 * (4u * 122 * 122 * 122 / 3 + 122 * 122));
+  auto refused = ModelCodec::Create(s, {.max_build_work = work - 1}, nullptr);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find(absl::StrCat("the limit is ", work - 1)), std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(ModelCodec::Create(s, {.max_build_work = work}, nullptr).ok());
+  // 256 layers x 256 kv heads at d = 122 (the default limit: refused at
+  // once) or at d = 128 with Hadamard rotations (cheap).
+  const auto start = absl::Now();
+  EXPECT_EQ(ModelCodec::Create({256, 256, 256, 122, 16}, {}, nullptr).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_LT(BuildWork({256, 256, 256, 128, 16}, {}), uint64_t{1} << 33);
 }
 
 TEST(ModelCodec, SeedsDifferPerLayerHeadAndComponent) {

@@ -39,7 +39,7 @@ ServiceHarness::ServiceHarness(SharedParts* shared) : shared_(shared) {
   if (!store.ok()) std::abort();
   store_ = std::move(*store);
   registry_ = std::make_unique<service::ModelRegistry>(
-      store_.get(), service::ModelRegistryOptions{.max_models_per_tenant = 4});
+      store_.get(), service::ModelRegistryOptions{.max_models_per_tenant = 4, .max_codec_build_work = uint64_t{1} << 26});
   service::KvServiceOptions ko;
   ko.max_blocks_per_stream = 64;
   service_ = std::make_unique<service::KvService>(ko, store_.get(), registry_.get(),

@@ -74,7 +74,8 @@ uint64_t ModelIdFor(const std::string& tenant, const std::string& model_name) {
 }
 
 absl::StatusOr<std::unique_ptr<RegisteredModel>> BuildModel(const std::string& tenant,
-                                                            const v1::RegisterModelRequest& req) {
+                                                            const v1::RegisterModelRequest& req,
+                                                            uint64_t max_codec_build_work) {
   if (req.model_name().empty() || req.model_name().size() > 256)
     return absl::InvalidArgumentError("model_name must be 1..256 bytes");
   TQ_RETURN_IF_ERROR(storage::ValidateTenant(tenant));
@@ -82,6 +83,7 @@ absl::StatusOr<std::unique_ptr<RegisteredModel>> BuildModel(const std::string& t
   TQ_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromLayout(req.layout()));
   std::optional<RecipeMetadata> metadata;
   TQ_ASSIGN_OR_RETURN(CodecOptions options, OptionsFromCodecConfig(req.codec(), &metadata));
+  options.max_build_work = max_codec_build_work;
   absl::StatusOr<std::unique_ptr<ModelCodec>> codec =
       ModelCodec::Create(shape, options, metadata ? &*metadata : nullptr);
   if (!codec.ok()) {  // every codec refusal here is a property of the request
@@ -123,7 +125,7 @@ absl::StatusOr<std::vector<std::string>> ModelRegistry::Load() {
       continue;
     }
     const std::string stored_fp = r.record.substr(magic, nl - magic);
-    absl::StatusOr<std::unique_ptr<RegisteredModel>> m = BuildModel(r.tenant, req);
+    absl::StatusOr<std::unique_ptr<RegisteredModel>> m = BuildModel(r.tenant, req, /*max_codec_build_work=*/0);
     if (!m.ok()) {
       warnings.push_back(absl::StrCat(where, "no longer valid (", m.status().message(), "); skipped"));
       continue;
@@ -148,7 +150,7 @@ absl::StatusOr<ModelRegistry::RegisterResult> ModelRegistry::Register(
     if (it != models_.end() && it->second->request.SerializeAsString() == req.SerializeAsString())
       return RegisterResult{it->second, false};
   }
-  TQ_ASSIGN_OR_RETURN(std::unique_ptr<RegisteredModel> built, BuildModel(tenant, req));
+  TQ_ASSIGN_OR_RETURN(std::unique_ptr<RegisteredModel> built, BuildModel(tenant, req, options_.max_codec_build_work));
   absl::MutexLock reg(&register_mu_);
   {
     absl::MutexLock l(&mu_);

@@ -59,13 +59,20 @@ uint64_t ModelIdFor(const std::string& tenant, const std::string& model_name);
 // Builds (without registering) the model a request describes: validates the
 // layout, codec config and metadata (INVALID_ARGUMENT naming the field) and
 // computes the fingerprint.
+// RESOURCE_EXHAUSTED when its codec would pass max_codec_build_work
+// (CodecOptions::max_build_work; 0: no limit) or the codec memory limit.
 absl::StatusOr<std::unique_ptr<RegisteredModel>> BuildModel(const std::string& tenant,
-                                                            const v1::RegisterModelRequest& req);
+                                                            const v1::RegisterModelRequest& req,
+                                                            uint64_t max_codec_build_work = CodecOptions{}.max_build_work);
 
 struct ModelRegistryOptions {
   // Models one tenant may register (records loaded at start-up count but
   // are never refused). Default: 256.
   int max_models_per_tenant = 256;
+  // Most arithmetic one registration's codec may take to build
+  // (CodecOptions::max_build_work); records loaded at start-up are built
+  // whatever they cost. Default: CodecOptions' (2^33).
+  uint64_t max_codec_build_work = CodecOptions{}.max_build_work;
 };
 
 class ModelRegistry {

@@ -121,7 +121,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   TQ_ASSIGN_OR_RETURN(s->store_, storage::BlockStore::Open(so));
   s->registry_ = std::make_unique<ModelRegistry>(
-      s->store_.get(), ModelRegistryOptions{.max_models_per_tenant = options.max_models_per_tenant});
+      s->store_.get(), ModelRegistryOptions{.max_models_per_tenant = options.max_models_per_tenant,
+                                            .max_codec_build_work = options.max_codec_build_work});
   TQ_ASSIGN_OR_RETURN(std::vector<std::string> warnings, s->registry_->Load());
   for (const std::string& w : warnings) note(w);
 

@@ -128,6 +128,9 @@ struct ServerOptions {
   uint64_t disk_min_free_bytes = uint64_t{1} << 30;
   // Models one tenant may register. Default: 256.
   int max_models_per_tenant = 256;
+  // Most arithmetic one registration's codec may take to build
+  // (ModelRegistryOptions::max_codec_build_work). Default: 2^33.
+  uint64_t max_codec_build_work = uint64_t{1} << 33;
   // Largest gRPC message received or sent. Default: 64 MiB.
   int max_message_bytes = 64 << 20;
   // Auth file (auth.h: `credential tenant [admin|metrics]` lines, mode 0600 or

@@ -110,6 +110,10 @@ ABSL_FLAG(tqkv::ByteSize, disk_min_free_bytes, tqkv::ByteSize{uint64_t{1} << 30}
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message received or sent");
 ABSL_FLAG(int, max_models_per_tenant, 256,
           "models one tenant may register; one more gets RESOURCE_EXHAUSTED (models on disk always load)");
+ABSL_FLAG(uint64_t, max_codec_build_work, uint64_t{1} << 33,
+          "most multiply-adds building one registration's codec may take, estimated before it is built (a QR "
+          "rotation, for a head_dim neither a power of two nor a multiple of 16 or rotation=qr, costs ~(4/3)d^3 "
+          "per layer, kv head and K/V); beyond it RegisterModel is RESOURCE_EXHAUSTED (0: no limit)");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "file of `credential tenant [admin|metrics]` lines (credential: a bearer token, x509-uri:URI "
           "or x509-cn:NAME); mode 0600 or stricter; re-read on SIGHUP and when it changes (write a "
@@ -239,6 +243,7 @@ int main(int argc, char** argv) {
   o.disk_min_free_bytes = absl::GetFlag(FLAGS_disk_min_free_bytes).bytes;
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.max_models_per_tenant = absl::GetFlag(FLAGS_max_models_per_tenant);
+  o.max_codec_build_work = absl::GetFlag(FLAGS_max_codec_build_work);
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.spill_on_shutdown = absl::GetFlag(FLAGS_spill_on_shutdown);
