@@ -1,6 +1,7 @@
 #include "service/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_builder_option.h>
 #include <prometheus/registry.h>
@@ -203,6 +204,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // 64 KiB-1 MiB.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 24);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  if (options.grpc_max_memory_bytes > 0) {
+    grpc::ResourceQuota quota("tqkv-server");
+    quota.Resize(static_cast<size_t>(options.grpc_max_memory_bytes));
+    builder.SetResourceQuota(quota);
+  }
   builder.RegisterService(s->kv_handler_.get());
   builder.RegisterService(s->admin_handler_.get());
   s->grpc_server_ = builder.BuildAndStart();

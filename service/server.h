@@ -131,6 +131,9 @@ struct ServerOptions {
   // Most arithmetic one registration's codec may take to build
   // (ModelRegistryOptions::max_codec_build_work). Default: 2^33.
   uint64_t max_codec_build_work = uint64_t{1} << 33;
+  // Memory gRPC may use for its connections and calls (grpc::ResourceQuota);
+  // 0: unbounded. Default: 1 GiB.
+  uint64_t grpc_max_memory_bytes = uint64_t{1} << 30;
   // Largest gRPC message received or sent. Default: 64 MiB.
   int max_message_bytes = 64 << 20;
   // Auth file (auth.h: `credential tenant [admin|metrics]` lines, mode 0600 or

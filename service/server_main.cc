@@ -114,6 +114,9 @@ ABSL_FLAG(uint64_t, max_codec_build_work, uint64_t{1} << 33,
           "most multiply-adds building one registration's codec may take, estimated before it is built (a QR "
           "rotation, for a head_dim neither a power of two nor a multiple of 16 or rotation=qr, costs ~(4/3)d^3 "
           "per layer, kv head and K/V); beyond it RegisterModel is RESOURCE_EXHAUSTED (0: no limit)");
+ABSL_FLAG(tqkv::ByteSize, grpc_max_memory_bytes, tqkv::ByteSize{uint64_t{1} << 30},
+          "memory gRPC may use for its connections and calls, received messages included (a gRPC resource "
+          "quota; 0: unbounded)");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "file of `credential tenant [admin|metrics]` lines (credential: a bearer token, x509-uri:URI "
           "or x509-cn:NAME); mode 0600 or stricter; re-read on SIGHUP and when it changes (write a "
@@ -244,6 +247,7 @@ int main(int argc, char** argv) {
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.max_models_per_tenant = absl::GetFlag(FLAGS_max_models_per_tenant);
   o.max_codec_build_work = absl::GetFlag(FLAGS_max_codec_build_work);
+  o.grpc_max_memory_bytes = absl::GetFlag(FLAGS_grpc_max_memory_bytes).bytes;
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.spill_on_shutdown = absl::GetFlag(FLAGS_spill_on_shutdown);
