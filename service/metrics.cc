@@ -216,6 +216,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   counter("tqkv_drops_total", "Blocks removed by budget pressure or Evict(drop).", c.drops);
   counter("tqkv_checksum_failures_total", "Stored blocks that failed their checksum.",
           c.checksum_failures);
+  counter("tqkv_disk_errors_total",
+          "Disk-tier write batches (spills, durable puts, deletes) that failed: a full disk, the free-space "
+          "headroom or an I/O error.",
+          c.disk_errors);
   counter("tqkv_puts_committed_total", "Blocks committed.", c.puts_committed);
   counter("tqkv_puts_already_present_total", "Puts of blocks already stored with the same bytes.",
           c.puts_already_present);

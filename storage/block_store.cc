@@ -330,6 +330,7 @@ absl::Status BlockStore::RunPlanLocked(IoPlan* plan) {
   mu_.Lock();
 
   absl::Time now = clock_->Now();
+  if (!s.ok()) counters_.disk_errors++;
   if (s.ok()) {
     disk_full_until_ = absl::InfinitePast();
   } else if (absl::IsResourceExhausted(s) && !plan->writes.empty()) {
@@ -709,7 +710,9 @@ absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
       IoPlan plan;
       plan.drops.push_back({r, /*count_as_drop=*/false});
       disk_dropping_bytes_ += r->size_bytes;  // disk-only, so on_disk
-      // The block is gone from the index whatever the delete returns.
+      // The block is gone from the index whatever the delete returns (a
+      // failed delete is counted in disk_errors; the record fails its
+      // checksum again if a restart re-indexes it).
       RunPlanLocked(&plan).IgnoreError();
     }
     return absl::DataLossError(absl::StrCat(

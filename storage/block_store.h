@@ -254,6 +254,7 @@ struct StoreCounters {
   uint64_t promoted_bytes = 0;
   uint64_t drops = 0;  // blocks removed by budget pressure or Evict(drop)
   uint64_t checksum_failures = 0;  // corrupt disk payloads or meta found
+  uint64_t disk_errors = 0;        // disk-tier write batches (spills, durable puts, deletes) that failed
   uint64_t deletes = 0;            // successful Delete calls
 };
 

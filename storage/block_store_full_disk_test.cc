@@ -160,6 +160,7 @@ TEST_F(FullDiskTest, TheHeadroomRefusesWritesBeforeTheDiskIsFull) {
   ASSERT_EQ(::statvfs(fs_.db().c_str(), &fs), 0);
   EXPECT_GE(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize, kHeadroom - kBlock) << "the headroom is kept";
   ExpectAbsent(*s, acked);
+  EXPECT_EQ(s->Stats().counters.disk_errors, 1u);
   for (int i = 0; i < acked; ++i) ExpectExact(*s, i);
   ASSERT_TRUE(Put(*s, 600, /*durable=*/false).ok()) << "host-memory puts go on";
   s.reset();
