@@ -45,10 +45,11 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
     status = bad_payload;
   } else if (attend) {
     // A frame with a payload gets its outputs as the reply's payload, at
-    // most its queries' bytes: charged before the call (an Attend that
-    // appends must not fail after it), the rest given back after.
+    // most its queries' bytes (within the frame): the frame's size is
+    // charged before the call (an Attend that appends must not fail after
+    // it), the rest given back after.
     RawTensors raw{TensorPayload(raw_in)};
-    status = raw_in.empty() ? absl::OkStatus() : shared_->replies->Charge(id->tenant, raw_in.size(), &charge);
+    status = raw_in.empty() ? absl::OkStatus() : shared_->replies->Charge(id->tenant, frame_bytes, &charge);
     absl::StatusOr<v1::AttendResponse> r =
         status.ok() ? service_->Attend(*id, req.attend(), raw_in.empty() ? nullptr : &raw) : status;
     if (r.ok()) {
