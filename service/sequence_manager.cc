@@ -45,10 +45,11 @@ struct SequenceManager::OwnedBlock {
 // growing). Rows past `rows` are scratch: an append fills them, and an
 // encode reads them, before they become valid.
 struct SequenceManager::Tail {
-  Tail(size_t row_elems, int block_size, std::unique_ptr<BackendId> id)
-      : k(std::make_unique<float[]>(row_elems * block_size)),
-        v(std::make_unique<float[]>(row_elems * block_size)),
-        id(std::move(id)) {}
+  Tail(const ModelShape& s, std::unique_ptr<BackendId> id)
+      : k(std::make_unique<float[]>(Elems(s))), v(std::make_unique<float[]>(Elems(s))), id(std::move(id)) {}
+  // Floats of one room (K or V), and the bytes of both.
+  static size_t Elems(const ModelShape& s) { return static_cast<size_t>(s.block_size) * s.num_kv_heads * s.head_dim; }
+  static uint64_t Bytes(const ModelShape& s) { return 2 * Elems(s) * sizeof(float); }
   std::unique_ptr<float[]> k, v;
   int64_t rows = 0;
   std::unique_ptr<BackendId> id;
@@ -331,9 +332,7 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
   // is allocated (expired sequences first give theirs back).
   ExpireIdle();
   TQ_RETURN_IF_ERROR(count_.Charge(tenant, 1, &seq->slot));
-  const uint64_t tail_bytes = static_cast<uint64_t>(s.num_layers) * 2 * s.block_size * s.num_kv_heads *
-                              s.head_dim * sizeof(float);
-  TQ_RETURN_IF_ERROR(bytes_.Charge(tenant, tail_bytes, &seq->bytes));
+  TQ_RETURN_IF_ERROR(bytes_.Charge(tenant, s.num_layers * Tail::Bytes(s), &seq->bytes));
   seq->tenant = tenant;
   seq->model = model;
   seq->ttl = req.ttl_ms() == 0 ? options_.default_ttl
@@ -347,9 +346,8 @@ absl::StatusOr<v1::CreateSequenceResponse> SequenceManager::Create(
            blocks[i].payload->data()});
     seq->stored = std::move(blocks);
     seq->owned_count.assign(s.num_layers, 0);
-    const size_t row = static_cast<size_t>(s.num_kv_heads) * s.head_dim;
     seq->tails.reserve(s.num_layers);
-    for (int l = 0; l < s.num_layers; ++l) seq->tails.emplace_back(row, s.block_size, NewId());
+    for (int l = 0; l < s.num_layers; ++l) seq->tails.emplace_back(s, NewId());
     if (partial != nullptr) {
       // The partially filled last block: its valid tokens become the start
       // of the dense tail (every packed block stays full).
