@@ -230,11 +230,25 @@ grpc::ServerUnaryReactor* KvStoreHandler::Stats(grpc::CallbackServerContext* ctx
                [&](const Identity& id) { return service_->Stats(id, *req); });
 }
 
+grpc::ServerUnaryReactor* KvStoreHandler::ListModels(grpc::CallbackServerContext* ctx,
+                                                     const v1::ListModelsRequest* req,
+                                                     v1::ListModelsResponse* resp) {
+  return Unary(env_, "ListModels", ctx, req, resp,
+               [&](const Identity& id) { return service_->ListModels(id, *req); });
+}
+
 grpc::ServerUnaryReactor* AdminHandler::Evict(grpc::CallbackServerContext* ctx,
                                               const v1::EvictRequest* req,
                                               v1::EvictResponse* resp) {
   return Unary(env_, "Evict", ctx, req, resp,
                [&](const Identity& id) { return service_->Evict(id, *req); });
+}
+
+grpc::ServerUnaryReactor* AdminHandler::UnregisterModel(grpc::CallbackServerContext* ctx,
+                                                        const v1::UnregisterModelRequest* req,
+                                                        v1::UnregisterModelResponse* resp) {
+  return Unary(env_, "UnregisterModel", ctx, req, resp,
+               [&](const Identity& id) { return service_->UnregisterModel(id, *req); });
 }
 
 }  // namespace tqkv::service

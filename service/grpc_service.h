@@ -51,6 +51,8 @@ class KvStoreHandler final : public v1::KvStore::CallbackService {
                                          v1::DropSequenceResponse* resp) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
                                   v1::StatsResponse* resp) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx, const v1::ListModelsRequest* req,
+                                       v1::ListModelsResponse* resp) override;
 
  private:
   KvService* const service_;
@@ -62,6 +64,9 @@ class AdminHandler final : public v1::Admin::CallbackService {
   AdminHandler(KvService* service, const RpcEnv* env) : service_(service), env_(env) {}
   grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* ctx, const v1::EvictRequest* req,
                                   v1::EvictResponse* resp) override;
+  grpc::ServerUnaryReactor* UnregisterModel(grpc::CallbackServerContext* ctx,
+                                            const v1::UnregisterModelRequest* req,
+                                            v1::UnregisterModelResponse* resp) override;
 
  private:
   KvService* const service_;

@@ -334,6 +334,48 @@ absl::StatusOr<v1::StatsResponse> KvService::Stats(const Identity& id,
   return resp;
 }
 
+absl::StatusOr<v1::ListModelsResponse> KvService::ListModels(const Identity& id,
+                                                             const v1::ListModelsRequest&) {
+  v1::ListModelsResponse resp;
+  for (const std::shared_ptr<const RegisteredModel>& m : registry_->List(&id.tenant)) {
+    v1::ModelInfo* info = resp.add_models();
+    info->set_model_id(m->model_id);
+    info->set_model_name(m->name);
+    info->set_layout_fingerprint(m->fingerprint);
+    *info->mutable_registration() = m->request;
+    *info->mutable_format() = m->format;
+    const storage::ModelResidency r = store_->ResidencyOf(id.tenant, m->model_id);
+    info->set_blocks(r.blocks);
+    info->set_bytes(r.payload_bytes);
+    info->set_sequences(static_cast<uint32_t>(sequences_.CountOfModel(id.tenant, m->model_id)));
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::UnregisterModelResponse> KvService::UnregisterModel(
+    const Identity& id, const v1::UnregisterModelRequest& req) {
+  if (!id.admin) return absl::PermissionDeniedError("UnregisterModel needs an admin token");
+  if (req.model_id() == 0) return absl::InvalidArgumentError("model_id is required");
+  v1::UnregisterModelResponse resp;
+  TQ_RETURN_IF_ERROR(registry_->Unregister(id.tenant, req.model_id(), [&](const RegisteredModel& m) -> absl::Status {
+    const uint64_t blocks = store_->ResidencyOf(id.tenant, m.model_id).blocks;
+    const size_t sequences = sequences_.CountOfModel(id.tenant, m.model_id);
+    const size_t staged = staging_.CountOfModel(id.tenant, m.model_id);
+    if (!req.force() && (blocks != 0 || sequences != 0 || staged != 0))
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model '", m.name, "' (", m.model_id, ") has ", blocks, " stored blocks, ", sequences,
+          " live sequences and ", staged,
+          " staged blocks; delete them first or unregister with force"));
+    resp.set_sequences(static_cast<uint32_t>(sequences_.DropModel(id.tenant, m.model_id)));
+    resp.set_staged(static_cast<uint32_t>(staging_.DropModel(id.tenant, m.model_id)));
+    TQ_ASSIGN_OR_RETURN(storage::EvictResult dropped, DropModelBlocks(store_, id.tenant, m.model_id));
+    resp.set_blocks(dropped.blocks);
+    resp.set_bytes(dropped.bytes);
+    return absl::OkStatus();
+  }));
+  return resp;
+}
+
 absl::StatusOr<v1::EvictResponse> KvService::Evict(const Identity& id,
                                                    const v1::EvictRequest& req) {
   if (!id.admin) return absl::PermissionDeniedError("Evict needs an admin token");

@@ -117,6 +117,11 @@ class KvService {
   absl::StatusOr<v1::DropSequenceResponse> DropSequence(const Identity& id,
                                                         const v1::DropSequenceRequest& req);
   absl::StatusOr<v1::StatsResponse> Stats(const Identity& id, const v1::StatsRequest& req);
+  absl::StatusOr<v1::ListModelsResponse> ListModels(const Identity& id, const v1::ListModelsRequest& req);
+  // Admin (PERMISSION_DENIED unless id.admin); the proto's contract
+  // (ModelRegistry::Unregister does the fencing).
+  absl::StatusOr<v1::UnregisterModelResponse> UnregisterModel(const Identity& id,
+                                                              const v1::UnregisterModelRequest& req);
   // The data-plane address Stats reports. REQUIRES: called before the
   // service takes requests (not synchronised).
   void SetDataPlaneAddress(std::string address) { data_plane_address_ = std::move(address); }

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
 #include "codec/rotation.h"
 #include "base/status_macros.h"
@@ -174,11 +175,52 @@ absl::StatusOr<ModelRegistry::RegisterResult> ModelRegistry::Register(
       return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' has ", have,
                                                        " models, the most one tenant may register"));
   }
+  TQ_RETURN_IF_ERROR(DropLeftovers(tenant, built->model_id));
   TQ_RETURN_IF_ERROR(store_->PutModelRecord(tenant, built->model_id, EncodeRecord(*built)));
   std::shared_ptr<const RegisteredModel> m = std::move(built);
   absl::MutexLock l(&mu_);
   models_[{tenant, m->model_id}] = m;
   return RegisterResult{m, true};
+}
+
+absl::Status ModelRegistry::DropLeftovers(const std::string& tenant, uint64_t model_id) {
+  if (store_->ResidencyOf(tenant, model_id).blocks == 0) return absl::OkStatus();
+  return DropModelBlocks(store_, tenant, model_id).status();
+}
+
+absl::Status ModelRegistry::Unregister(const std::string& tenant, uint64_t model_id,
+                                       const std::function<absl::Status(const RegisteredModel&)>& retire) {
+  absl::MutexLock reg(&register_mu_);
+  TQ_ASSIGN_OR_RETURN(std::shared_ptr<const RegisteredModel> m, Find(tenant, model_id));
+  absl::MutexLock gate(&m->commit_mu);
+  TQ_RETURN_IF_ERROR(retire(*m));
+  TQ_RETURN_IF_ERROR(store_->DeleteModelRecord(tenant, model_id));
+  m->unregistered = true;
+  absl::MutexLock l(&mu_);
+  models_.erase({tenant, model_id});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<storage::EvictResult> DropModelBlocks(storage::BlockStore* store, const std::string& tenant,
+                                                     uint64_t model_id) {
+  storage::EvictSpec spec;
+  spec.scope = storage::ModelScope{tenant, model_id};
+  spec.drop = true;
+  spec.include_pinned = true;
+  storage::EvictResult total;
+  // Blocks in the middle of a spill or a commit are skipped by a drop; they
+  // settle within milliseconds.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  for (;;) {
+    TQ_ASSIGN_OR_RETURN(storage::EvictResult r, store->Evict(spec));
+    total.blocks += r.blocks;
+    total.bytes += r.bytes;
+    if (store->ResidencyOf(tenant, model_id).blocks == 0) return total;
+    if (absl::Now() > give_up)
+      return absl::UnavailableError(absl::StrCat("blocks of model ", model_id,
+                                                 " stayed busy for 30 s; try again"));
+    absl::SleepFor(absl::Milliseconds(1));
+  }
 }
 
 absl::StatusOr<std::shared_ptr<const RegisteredModel>> ModelRegistry::Find(

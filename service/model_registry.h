@@ -16,12 +16,18 @@
 // fingerprint returns created=false; a different fingerprint is refused
 // with ALREADY_EXISTS and changes nothing.
 //
+// Ids are reused: a name unregistered and registered again gets its old id,
+// so a new registration first drops any block the store still holds under
+// that id (a record skipped at load, or an unregistration cut short by a
+// crash): blocks of an earlier layout are never served under a new one.
+//
 // Thread safety: every method may be called concurrently. Returned
 // RegisteredModel pointers are immutable and stay valid while held.
 #ifndef TQKV_SERVICE_MODEL_REGISTRY_H_
 #define TQKV_SERVICE_MODEL_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,6 +54,12 @@ struct RegisteredModel {
   v1::FormatDescriptor format;
   storage::BlockAccounting accounting;  // of one whole block
 
+  // Commits of this model's blocks hold commit_mu shared and give up when
+  // `unregistered`; ModelRegistry::Unregister holds it exclusively while it
+  // removes the model, so no block of it lands after it is gone.
+  mutable absl::Mutex commit_mu;
+  mutable bool unregistered ABSL_GUARDED_BY(commit_mu) = false;
+
   const ModelShape& shape() const { return codec->shape(); }
   // Accounting of layers [first, last) of one block.
   storage::BlockAccounting RangeAccounting(int first, int last) const;
@@ -64,6 +76,13 @@ uint64_t ModelIdFor(const std::string& tenant, const std::string& model_name);
 absl::StatusOr<std::unique_ptr<RegisteredModel>> BuildModel(const std::string& tenant,
                                                             const v1::RegisterModelRequest& req,
                                                             uint64_t max_codec_build_work = CodecOptions{}.max_build_work);
+
+// Removes every block of (tenant, model_id) from every tier, pinned ones
+// included, waiting for blocks in the middle of a spill or commit to settle
+// (UNAVAILABLE after 30 s). The caller keeps new ones from being committed
+// meanwhile (the model's commit gate).
+absl::StatusOr<storage::EvictResult> DropModelBlocks(storage::BlockStore* store, const std::string& tenant,
+                                                     uint64_t model_id);
 
 struct ModelRegistryOptions {
   // Models one tenant may register (records loaded at start-up count but
@@ -99,6 +118,17 @@ class ModelRegistry {
   absl::StatusOr<RegisterResult> Register(const std::string& tenant,
                                           const v1::RegisterModelRequest& req);
 
+  // Removes a registered model so that nothing of it outlives it. Under the
+  // registration lock (a Register of the same name waits) and with the
+  // model's commit gate closed (puts committing finish first; later ones
+  // fail NOT_FOUND), `retire` removes what the model holds (blocks,
+  // sequences, staged parts); then the record is deleted and the model
+  // forgotten. An error from `retire` (a refusal before it changed
+  // anything, or a failure part way) reopens the gate and keeps the model
+  // registered. NOT_FOUND for an unknown model.
+  absl::Status Unregister(const std::string& tenant, uint64_t model_id,
+                          const std::function<absl::Status(const RegisteredModel&)>& retire);
+
   // The model `ref` names in `tenant`. INVALID_ARGUMENT for model_id 0;
   // NOT_FOUND for an unknown id (or another tenant's); FAILED_PRECONDITION
   // when ref.layout_fingerprint differs from the registered one.
@@ -114,6 +144,10 @@ class ModelRegistry {
   uint64_t codec_builds() const;
 
  private:
+  // Drops blocks the store holds under a model id about to be registered.
+  absl::Status DropLeftovers(const std::string& tenant, uint64_t model_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+
   storage::BlockStore* const store_;
   const ModelRegistryOptions options_;
   // Lock order: register_mu_ (serialises Register's check-persist-insert)

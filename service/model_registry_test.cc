@@ -123,6 +123,86 @@ TEST(ModelRegistryTest, RegisterIsIdempotentRefusesConflictsAndPersists) {
   EXPECT_EQ((*m)->codec->block_bytes(), (*BuildModel("t", Small("m")))->codec->block_bytes());
 }
 
+// A store block under a model id: `durable` puts it on disk as well.
+void PutBlock(storage::BlockStore& store, const std::string& tenant, uint64_t model_id, const std::string& hash,
+              bool durable) {
+  storage::BlockAccounting acc;
+  acc.total_bytes = 64;
+  ASSERT_TRUE(store.Put({tenant, model_id, hash}, "", acc, std::string(64, 'x'), {.durable = durable}).ok());
+}
+
+// Unregistering forgets the model and its record; `retire` runs with puts
+// fenced, and its refusal changes nothing.
+TEST(ModelRegistryTest, UnregisterRemovesTheRecordUnlessRetireRefuses) {
+  const std::string dir = TempDir();
+  auto store = OpenStore(dir);
+  ModelRegistry reg(store.get());
+  auto a = reg.Register("t", Small("m"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const uint64_t id = a->model->model_id;
+  EXPECT_EQ(reg.Unregister("t", id + 1, [](const RegisteredModel&) { return absl::OkStatus(); }).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.Unregister("u", id, [](const RegisteredModel&) { return absl::OkStatus(); }).code(),
+            absl::StatusCode::kNotFound)
+      << "another tenant's id";
+  EXPECT_EQ(reg.Unregister("t", id, [](const RegisteredModel&) { return absl::FailedPreconditionError("busy"); })
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(reg.Find("t", id).ok());
+  {
+    absl::ReaderMutexLock gate(&a->model->commit_mu);
+    EXPECT_FALSE(a->model->unregistered) << "a refusal reopens the gate";
+  }
+  bool retired = false;
+  ASSERT_TRUE(reg.Unregister("t", id, [&](const RegisteredModel& m) {
+                   EXPECT_EQ(m.model_id, id);
+                   retired = true;
+                   return absl::OkStatus();
+                 }).ok());
+  EXPECT_TRUE(retired);
+  EXPECT_EQ(reg.Find("t", id).status().code(), absl::StatusCode::kNotFound);
+  {
+    absl::ReaderMutexLock gate(&a->model->commit_mu);
+    EXPECT_TRUE(a->model->unregistered) << "puts holding the old model see it gone";
+  }
+  ModelRegistry reloaded(store.get());
+  ASSERT_TRUE(reloaded.Load().ok());
+  EXPECT_TRUE(reloaded.List(nullptr).empty()) << "the record is deleted";
+  auto other = Small("m");
+  other.mutable_codec()->set_cache_dtype("k2v2");
+  auto b = reg.Register("t", other);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->created);
+  EXPECT_EQ(b->model->model_id, id) << "ids are a hash of (tenant, name)";
+  EXPECT_NE(b->model->fingerprint, a->model->fingerprint);
+}
+
+// Blocks left under an id with no registration (a record skipped at load,
+// an unregistration cut short) are dropped by the next registration of
+// that id, pinned and on-disk ones included; other models keep theirs.
+TEST(ModelRegistryTest, ANewRegistrationDropsBlocksLeftUnderItsId) {
+  const std::string dir = TempDir();
+  auto store = OpenStore(dir);
+  const uint64_t id = ModelIdFor("t", "m");
+  PutBlock(*store, "t", id, "h1", /*durable=*/false);
+  PutBlock(*store, "t", id, "h2", /*durable=*/true);
+  ASSERT_TRUE(store->Pin({"t", id, "h1"}, absl::Minutes(1)).ok());
+  PutBlock(*store, "t", ModelIdFor("t", "other"), "h1", /*durable=*/true);
+  PutBlock(*store, "u", ModelIdFor("u", "m"), "h1", /*durable=*/true);
+  ASSERT_EQ(store->ResidencyOf("t", id).blocks, 2u);
+  ModelRegistry reg(store.get());
+  auto a = reg.Register("t", Small("m"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(store->ResidencyOf("t", id).blocks, 0u);
+  EXPECT_EQ(store->Get({"t", id, "h2"}).status().code(), absl::StatusCode::kNotFound) << "its disk copy too";
+  EXPECT_EQ(store->ResidencyOf("t", ModelIdFor("t", "other")).blocks, 1u);
+  EXPECT_EQ(store->ResidencyOf("u", ModelIdFor("u", "m")).blocks, 1u);
+  // A registration that exists already drops nothing.
+  PutBlock(*store, "t", id, "h3", /*durable=*/false);
+  ASSERT_TRUE(reg.Register("t", Small("m")).ok());
+  EXPECT_EQ(store->ResidencyOf("t", id).blocks, 1u);
+}
+
 // A byte-identical re-registration builds no codec; an equivalent one (an
 // alias) builds one and resolves to the same model. A tenant's models are
 // capped for new names only; other tenants and models loaded from disk are

@@ -238,6 +238,10 @@ absl::StatusOr<v1::PutBlocksResponse> PutSession::Finish() {
   absl::MutexLock l(&mu_);
   if (!CheckAge(ctx_.clock->Now()).ok()) return error_;
   if (!model_) return absl::InvalidArgumentError("PutBlocks stream ended without a header");
+  // Blocks land only while their model is registered (ModelRegistry::Unregister).
+  absl::ReaderMutexLock gate(&model_->commit_mu);
+  if (model_->unregistered)
+    return absl::NotFoundError(absl::StrCat("model ", model_->model_id, " was unregistered"));
   // The stream's blocks become visible together, or none does.
   auto commit_all = [&](std::vector<storage::PutHandle> handles) -> absl::Status {
     std::vector<std::string> hashes;

@@ -610,18 +610,34 @@ std::shared_ptr<SequenceManager::Sequence> SequenceManager::EraseLocked(
   return seq;
 }
 
-size_t SequenceManager::ExpireIdle() {
-  const absl::Time now = clock_->Now();
+size_t SequenceManager::EraseIf(const std::function<bool(const Sequence&)>& doomed) {
   std::vector<std::shared_ptr<Sequence>> victims;  // destroyed outside mu_
   absl::MutexLock l(&mu_);
   for (auto it = sequences_.begin(); it != sequences_.end();) {
-    if (it->second->last_used + it->second->ttl < now) {
+    if (doomed(*it->second)) {
       victims.push_back(EraseLocked(it++));
     } else {
       ++it;
     }
   }
   return victims.size();
+}
+
+size_t SequenceManager::ExpireIdle() {
+  const absl::Time now = clock_->Now();
+  // EraseIf holds mu_, which guards last_used.
+  return EraseIf([now](const Sequence& s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s.last_used + s.ttl < now; });
+}
+
+size_t SequenceManager::DropModel(const std::string& tenant, uint64_t model_id) {
+  return EraseIf([&](const Sequence& s) { return s.tenant == tenant && s.model->model_id == model_id; });
+}
+
+size_t SequenceManager::CountOfModel(const std::string& tenant, uint64_t model_id) const {
+  absl::MutexLock l(&mu_);
+  size_t n = 0;
+  for (const auto& [id, s] : sequences_) n += s->tenant == tenant && s->model->model_id == model_id;
+  return n;
 }
 
 size_t SequenceManager::size() const {

@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -123,6 +124,11 @@ class SequenceManager {
 
   // Removes sequences idle past their ttl; returns how many.
   size_t ExpireIdle();
+  // Live sequences of one model.
+  size_t CountOfModel(const std::string& tenant, uint64_t model_id) const;
+  // Removes the sequences of one model (being unregistered); returns how
+  // many. Calls on them in flight finish on the bytes they hold.
+  size_t DropModel(const std::string& tenant, uint64_t model_id);
   size_t size() const;
   // Host bytes held by sequences beyond the stored blocks they share:
   // packed blocks they own (filled by Append) and their dense tails' rooms
@@ -170,6 +176,8 @@ class SequenceManager {
   TenantBudget count_;
   TenantBudget bytes_;
   absl::flat_hash_map<std::string, std::shared_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
+  // Removes the sequences `doomed` picks; returns how many.
+  size_t EraseIf(const std::function<bool(const Sequence&)>& doomed);
   // Erases sequences_'s entry `it`; returns the sequence.
   std::shared_ptr<Sequence> EraseLocked(
       absl::flat_hash_map<std::string, std::shared_ptr<Sequence>>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -106,6 +106,27 @@ size_t StagingArea::Expire(absl::Time now) {
   return before - entries_.size();
 }
 
+size_t StagingArea::CountOfModel(const std::string& tenant, uint64_t model_id) const {
+  absl::MutexLock l(&mu_);
+  size_t n = 0;
+  for (const auto& [key, e] : entries_) n += key.tenant == tenant && key.model_id == model_id;
+  return n;
+}
+
+size_t StagingArea::DropModel(const std::string& tenant, uint64_t model_id) {
+  absl::MutexLock l(&mu_);
+  size_t n = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->first.tenant == tenant && it->first.model_id == model_id) {
+      entries_.erase(it++);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
 size_t StagingArea::size() const {
   absl::MutexLock l(&mu_);
   return entries_.size();

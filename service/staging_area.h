@@ -88,6 +88,10 @@ class StagingArea {
 
   // Drops entries idle since before now - ttl. Returns how many.
   size_t Expire(absl::Time now);
+  // Staged blocks of one model; DropModel drops them (a model being
+  // unregistered) and returns how many.
+  size_t CountOfModel(const std::string& tenant, uint64_t model_id) const;
+  size_t DropModel(const std::string& tenant, uint64_t model_id);
 
   size_t size() const;
   // Bytes charged now: staged entries' buffers and open streams' parts.

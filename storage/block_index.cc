@@ -139,6 +139,12 @@ std::vector<ModelResidency> BlockIndex::Residency() const {
   return out;
 }
 
+ModelResidency BlockIndex::ResidencyOf(const std::string& tenant, uint64_t model_id) const {
+  auto it = residency_.find(std::make_pair(tenant, model_id));
+  if (it != residency_.end()) return it->second;
+  return ModelResidency{tenant, model_id, 0, 0};
+}
+
 std::vector<TierUsage> BlockIndex::Usage() const {
   std::vector<TierUsage> out;
   out.reserve(usage_.size());

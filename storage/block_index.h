@@ -158,6 +158,8 @@ class BlockIndex {
   std::vector<TierUsage> Usage() const;
   // Per (tenant, model) with at least one resident block, sorted.
   std::vector<ModelResidency> Residency() const;
+  // One model's (zero blocks when it has none).
+  ModelResidency ResidencyOf(const std::string& tenant, uint64_t model_id) const;
 
  private:
   using UsageKey = std::tuple<std::string, uint64_t, Tier>;

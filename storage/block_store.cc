@@ -862,7 +862,7 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
     if (!InScope(*r, spec.scope)) return;
     if (r->io_busy || !r->visible) {
       result.skipped_busy++;
-    } else if (r->Protected(now)) {
+    } else if (!spec.include_pinned && r->Protected(now)) {
       result.skipped_pinned++;
     } else {
       victims.push_back(r);
@@ -888,6 +888,11 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
 }
 
 // ----------------------------------------------------------------- stats
+
+ModelResidency BlockStore::ResidencyOf(absl::string_view tenant, uint64_t model_id) {
+  absl::MutexLock l(&mu_);
+  return index_.ResidencyOf(std::string(tenant), model_id);
+}
 
 StoreStats BlockStore::Stats() {
   StoreStats s;

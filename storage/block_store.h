@@ -213,9 +213,10 @@ struct EvictSpec {
   // true:  remove matching blocks from every tier.
   // Default: false.
   bool drop = false;
-  // Also move pinned/leased blocks (drop=false only). For shutdown, where
-  // pins end with the process and a pinned block left in host memory would
-  // be lost. Default: false.
+  // Also move (drop=false) or remove (drop=true) pinned/leased blocks. For
+  // shutdown, where pins end with the process and a pinned block left in
+  // host memory would be lost, and for unregistering a model, whose blocks
+  // must all go. Default: false.
   bool include_pinned = false;
   // drop=false: spills are written in RocksDB batches of about this many
   // payload bytes (bounding the memory a batch takes), and no new batch
@@ -367,6 +368,8 @@ class BlockStore {
 
   // A consistent snapshot of usage, budgets and counters.
   StoreStats Stats();
+  // The blocks of one model resident in any tier, each once.
+  ModelResidency ResidencyOf(absl::string_view tenant, uint64_t model_id);
 
   // Model registration records: opaque bytes per (tenant, model_id), synced
   // to the "models" column family (or kept in memory without a disk tier).

@@ -78,6 +78,20 @@ out=$("$TQKV" lookup "${S[@]}" --blocks 300 --seed 5)
 
 "$TQKV" put "${S[@]}" --bogus 1 >/dev/null 2>&1 && fail "unknown flag must fail"
 
+# Models: listed with their layout and blocks; unregistering one that holds
+# blocks needs --force, which removes them.
+out=$("$TQKV" models "${S[@]}")
+grep -q '^synthetic  id [0-9]*  fingerprint [0-9a-f]\{32\}$' <<<"$out" || fail "models: $out"
+grep -q '^  2 layers x 2 kv heads (4 q) x d 64, block 16, k4v4$' <<<"$out" || fail "models layout: $out"
+grep -q '^  540 blocks, [0-9.]* [KM]iB, 0 live sequences$' <<<"$out" || fail "models blocks: $out"
+id=$(sed -n 's/^synthetic  id \([0-9]*\) .*/\1/p' <<<"$out")
+"$TQKV" unregister "${S[@]}" --model_id "$id" >/dev/null 2>"$TMP/unreg_err" && fail "unregister of a model with blocks must fail"
+grep -q 'FAILED_PRECONDITION.*540 stored blocks' "$TMP/unreg_err" || fail "unregister refusal: $(cat "$TMP/unreg_err")"
+out=$("$TQKV" unregister "${S[@]}" --model_id "$id" --force)
+grep -q "^unregistered model $id: removed 540 blocks (" <<<"$out" || fail "unregister --force: $out"
+[ "$("$TQKV" models "${S[@]}")" = "no models registered" ] || fail "models after unregister"
+grep -q -- '--force' <<<"$("$TQKV" unregister --help)" || fail "unregister --help"
+
 kill -TERM $PID
 wait $PID || fail "graceful shutdown exited $?"
 trap - EXIT

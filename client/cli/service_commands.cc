@@ -7,6 +7,8 @@
 //
 //   status                        health and backend; exit 1 unless SERVING
 //   stats  [--model_id ID] [--bytes]  per-model blocks and bytes by tier
+//   models [--bytes]              registered models: id, fingerprint, layout
+//   unregister --model_id ID [--force]  (admin) removes a model
 //   put    [model flags] --blocks N [--seed S] [--durable]
 //                                 registers the model and puts N synthetic
 //                                 dense fp16 blocks (a hash chain from S)
@@ -194,6 +196,42 @@ int Stats(const Args& a, Ctx& c) {
       }
     }
   }
+  return 0;
+}
+
+int Models(const Args& a, Ctx& c) {
+  auto r = c.client->ListModels(v1::ListModelsRequest());
+  if (!r.ok()) return Fail(c.err, r.status());
+  if (r->models().empty()) c.out << "no models registered\n";
+  for (const v1::ModelInfo& m : r->models()) {
+    const v1::ModelLayout& l = m.registration().layout();
+    std::string formats;
+    for (const v1::FormatDescriptor::Layer& layer : m.format().layers())
+      if (formats.find(layer.cache_dtype()) == std::string::npos)
+        absl::StrAppend(&formats, formats.empty() ? "" : ",", layer.cache_dtype());
+    c.out << m.model_name() << "  id " << m.model_id() << "  fingerprint " << m.layout_fingerprint() << "\n"
+          << "  " << l.num_layers() << " layers x " << l.num_kv_heads() << " kv heads (" << l.num_q_heads()
+          << " q) x d " << l.head_dim() << ", block " << l.block_size() << ", " << formats << "\n"
+          << "  " << m.blocks() << " blocks, " << (a.Has("bytes") ? std::to_string(m.bytes()) : HumanBytes(m.bytes()))
+          << ", " << m.sequences() << " live sequences\n";
+  }
+  return 0;
+}
+
+int Unregister(const Args& a, Ctx& c) {
+  auto id = a.GetInt("model_id", 0);
+  if (!id.ok()) return Fail(c.err, id.status());
+  if (*id <= 0) return Fail(c.err, absl::InvalidArgumentError("--model_id is required (see `tqkv models`)"));
+  v1::UnregisterModelRequest req;
+  req.set_model_id(static_cast<uint64_t>(*id));
+  req.set_force(a.Has("force"));
+  auto r = c.client->UnregisterModel(req);
+  if (!r.ok()) return Fail(c.err, r.status());
+  c.out << "unregistered model " << *id;
+  if (req.force())
+    c.out << ": removed " << r->blocks() << " blocks (" << HumanBytes(r->bytes()) << "), " << r->sequences()
+          << " sequences, " << r->staged() << " staged blocks";
+  c.out << "\n";
   return 0;
 }
 
@@ -432,6 +470,16 @@ constexpr CommandHelp kHelp[] = {
      "  --model_id ID     one model (default: every model)\n"
      "  --bytes           exact byte counts (default: KiB, MiB, GiB)\n",
      false},
+    {"models", "[--bytes]",
+     "This tenant's registered models: id, fingerprint, layout, formats, stored blocks and live sequences.",
+     "  --bytes           exact byte counts (default: KiB, MiB, GiB)\n",
+     false},
+    {"unregister", "--model_id ID [--force]",
+     "Unregisters a model (admin token): refused while it has stored blocks, live sequences or staged\n"
+     "blocks, unless --force, which removes them first (pinned and on-disk blocks included).",
+     "  --model_id ID     the model (`tqkv models` lists ids)\n"
+     "  --force           remove its blocks, sequences and staged blocks first (default: refuse)\n",
+     false},
     {"put", "[--durable] [--data HOST:PORT]",
      "Registers the model and puts --blocks synthetic dense fp16 blocks (a hash chain from --seed), with progress.",
      "  --durable         write them to disk (synced) before the put returns\n"
@@ -476,6 +524,8 @@ int ServiceCommand(const std::string& cmd, int argc, char** argv, std::ostream& 
   const std::map<std::string, std::pair<Fn, std::set<std::string>>> commands = {
           {"status", {&Status, Flags(false)}},
           {"stats", {&Stats, Flags(false, {"model_id", "bytes"})}},
+          {"models", {&Models, Flags(false, {"bytes"})}},
+          {"unregister", {&Unregister, Flags(false, {"model_id", "force"})}},
           {"put", {&Put, Flags(true, {"durable", "data"})}},
           {"lookup", {&Lookup, Flags(true)}},
           {"get", {&Get, Flags(true, {"dense", "data"})}},
@@ -487,7 +537,7 @@ int ServiceCommand(const std::string& cmd, int argc, char** argv, std::ostream& 
   // `--help` to `--x=1` so the value parser accepts them.
   std::vector<std::string> words(argv, argv + argc);
   for (std::string& w : words)
-    if (w == "--durable" || w == "--dense" || w == "--help" || w == "--bytes") w += "=1";
+    if (w == "--durable" || w == "--dense" || w == "--help" || w == "--bytes" || w == "--force") w += "=1";
   std::vector<char*> ptrs;
   for (std::string& w : words) ptrs.push_back(w.data());
   auto args = Args::Parse(static_cast<int>(ptrs.size()), ptrs.data(), 2, it->second.second);

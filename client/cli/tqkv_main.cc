@@ -17,7 +17,7 @@ void Help(std::ostream& out) {
          "  calibrate  ...                     recipe metadata from captured K/V\n"
          "  verify     ...                     check recipe metadata against a model\n"
          "server (--server HOST:PORT, default localhost:50051):\n"
-         "  status | stats | put | lookup | get | bench   (tqkv CMD --help)\n"
+         "  status | stats | models | unregister | put | lookup | get | bench   (tqkv CMD --help)\n"
          "many servers (--servers HOST:PORT,... or --dns HOST:PORT; routed by chain):\n"
          "  status | stats | put | lookup | get           (tqkv CMD --servers ... --help)\n";
 }

@@ -116,7 +116,9 @@ TQKV_UNARY(Append, kv_, AppendRequest, AppendResponse)
 TQKV_UNARY(Attend, kv_, AttendRequest, AttendResponse)
 TQKV_UNARY(DropSequence, kv_, DropSequenceRequest, DropSequenceResponse)
 TQKV_UNARY(Stats, kv_, StatsRequest, StatsResponse)
+TQKV_UNARY(ListModels, kv_, ListModelsRequest, ListModelsResponse)
 TQKV_UNARY(Evict, admin_, EvictRequest, EvictResponse)
+TQKV_UNARY(UnregisterModel, admin_, UnregisterModelRequest, UnregisterModelResponse)
 #undef TQKV_UNARY
 
 absl::StatusOr<v1::PutBlocksResponse> Client::PutBlocks(const v1::PutHeader& header,

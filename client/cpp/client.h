@@ -96,7 +96,9 @@ class Client {
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& req);
   absl::StatusOr<v1::DropSequenceResponse> DropSequence(const v1::DropSequenceRequest& req);
   absl::StatusOr<v1::StatsResponse> Stats(const v1::StatsRequest& req);
+  absl::StatusOr<v1::ListModelsResponse> ListModels(const v1::ListModelsRequest& req);
   absl::StatusOr<v1::EvictResponse> Evict(const v1::EvictRequest& req);
+  absl::StatusOr<v1::UnregisterModelResponse> UnregisterModel(const v1::UnregisterModelRequest& req);
 
   // A context with this client's deadline and token, for direct stub use.
   std::unique_ptr<grpc::ClientContext> NewContext() const;

@@ -178,6 +178,28 @@ def test_durable_put(client, rng):
     assert client.lookup(m, [b"d"]).hits == 1
 
 
+def test_list_and_unregister_models(client, rng):
+    name = unique()
+    m = client.register_model(name, num_layers=L, num_kv_heads=H, head_dim=D, block_size=BS)
+    k, v = kv(rng, L, BS, H, D)
+    client.put_blocks(m, [(b"u0", k, v), (b"u1", k, v)])
+    info = {i.model.name: i for i in client.list_models()}[name]
+    assert (info.model.model_id, info.model.fingerprint) == (m.model_id, m.fingerprint)
+    assert (info.model.num_layers, info.model.head_dim, info.blocks, info.sequences) == (L, D, 2, 0)
+    assert client.lookup(info.model, [b"u0", b"u1"]).hits == 2, "a listed model works in data calls"
+    with pytest.raises(tqkv.FailedPrecondition):
+        client.unregister_model(m)
+    r = client.unregister_model(m, force=True)
+    assert (r.blocks, r.sequences, r.staged) == (2, 0, 0) and r.bytes > 0
+    assert name not in {i.model.name for i in client.list_models()}
+    with pytest.raises(tqkv.NotFound):
+        client.lookup(m, [b"u0"])
+    again = client.register_model(name, num_layers=L, num_kv_heads=H, head_dim=D, block_size=BS,
+                                  cache_dtype="k2v2")
+    assert again.created and again.model_id == m.model_id and again.fingerprint != m.fingerprint
+    assert client.lookup(again, [b"u0", b"u1"]).hits == 0
+
+
 def test_pin_unpin_delete(client, rng):
     m = register(client)
     hs = hashes("p", 3)

@@ -18,11 +18,12 @@ from .tensors import bf16_to_float32, float32_to_bf16
 from .layerwise import LayerwiseLoader, LayerwiseSaver
 from .sharded import ShardedClient
 from .types import (Block, BlockData, EvictResult, Format, LayerFormat, LookupResult, Model,
-                    ModelStats, PutResult, Stats, TierBytes)
+                    ModelInfo, ModelStats, PutResult, Stats, TierBytes, UnregisterResult)
 
 __all__ = [
     "Client", "Sequence", "DataPlane", "Block", "BlockData", "EvictResult", "Format", "LayerFormat",
-    "LookupResult", "Model", "ModelStats", "PutResult", "Stats", "TierBytes",
+    "LookupResult", "Model", "ModelInfo", "ModelStats", "PutResult", "Stats", "TierBytes",
+    "UnregisterResult",
     "TqkvError", "InvalidArgument", "NotFound", "FailedPrecondition", "AlreadyExists",
     "ResourceExhausted", "DataLoss", "Unavailable", "Unauthenticated", "PermissionDenied",
     "DeadlineExceeded", "Aborted", "bf16_to_float32", "float32_to_bf16",

@@ -24,7 +24,7 @@ from .data_plane import DataPlane
 from ._requests import (Sequence, _append_request, _as_block, _attend_outputs, _attend_request,  # noqa: F401
                         _block_proto, _hash_bytes, _hashes, _raw_block, _seq_id, model_ref)
 from .types import (TIER_NAMES, Block, BlockData, EvictResult, Format, LookupResult, Model,
-                    PutResult, Stats)
+                    ModelInfo, PutResult, Stats, UnregisterResult)
 
 _DEFAULT_MAX_MESSAGE = 1 << 30
 
@@ -393,6 +393,22 @@ class Client:
         r = self._call("Evict", self._admin.Evict,
                        pb.EvictRequest(model_id=model_id, max_bytes=max_bytes, drop=drop))
         return EvictResult(r.blocks, r.bytes)
+
+    def list_models(self):
+        """The caller's tenant's registered models: a list of `ModelInfo`."""
+        r = self._call("ListModels", self._kv.ListModels, pb.ListModelsRequest())
+        return [ModelInfo.from_proto(m) for m in r.models]
+
+    def unregister_model(self, model_id, force=False):
+        """Admin: unregisters a model so its name may be registered again with
+        another layout. Raises FailedPrecondition while it has stored blocks,
+        live sequences or staged blocks, unless `force`, which removes them
+        first (pinned and on-disk blocks included). Returns UnregisterResult."""
+        if isinstance(model_id, Model):
+            model_id = model_id.model_id
+        r = self._call("UnregisterModel", self._admin.UnregisterModel,
+                       pb.UnregisterModelRequest(model_id=model_id, force=force))
+        return UnregisterResult(r.blocks, r.bytes, r.sequences, r.staged)
 
     def stats(self, model_id=0):
         """Per-model, per-tier byte accounting of the caller's tenant."""

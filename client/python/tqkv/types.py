@@ -168,6 +168,36 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class ModelInfo:
+    """A registered model as `Client.list_models` reports it: `model` works in
+    every data call; the stored blocks (each once), their bytes and the
+    model's live decode sequences."""
+    model: Model
+    blocks: int
+    bytes: int
+    sequences: int
+
+    @classmethod
+    def from_proto(cls, m):
+        lay = m.registration.layout
+        model = Model(model_id=m.model_id, fingerprint=m.layout_fingerprint,
+                      format=Format.from_proto(m.format), created=False, name=m.model_name,
+                      num_layers=lay.num_layers, num_kv_heads=lay.num_kv_heads,
+                      num_q_heads=lay.num_q_heads, head_dim=lay.head_dim,
+                      block_size=lay.block_size)
+        return cls(model, m.blocks, m.bytes, m.sequences)
+
+
+@dataclass(frozen=True)
+class UnregisterResult:
+    """What a forced unregistration removed."""
+    blocks: int
+    bytes: int
+    sequences: int
+    staged: int
+
+
+@dataclass(frozen=True)
 class EvictResult:
     blocks: int
     bytes: int
