@@ -172,6 +172,8 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   gauge("tqkv_host_capacity_bytes", "Host tier byte budget.",
         static_cast<double>(st.host_capacity_bytes));
   gauge("tqkv_disk_used_bytes", "Disk tier payload bytes.", static_cast<double>(st.disk_used_bytes));
+  gauge("tqkv_disk_index_loading", "1 while the disk tier's index is loading (counts cover the blocks indexed so far).",
+        st.index_loading ? 1.0 : 0.0);
   gauge("tqkv_disk_capacity_bytes", "Disk tier byte budget (0 without a disk tier).",
         st.disk_enabled ? static_cast<double>(st.disk_capacity_bytes) : 0.0);
   gauge("tqkv_sequences", "Live decode sequences.", static_cast<double>(service_->sequences().size()));

@@ -184,6 +184,8 @@ absl::StatusOr<ModelRegistry::RegisterResult> ModelRegistry::Register(
 }
 
 absl::Status ModelRegistry::DropLeftovers(const std::string& tenant, uint64_t model_id) {
+  // Every block on disk must be indexed to know that none is left.
+  TQ_RETURN_IF_ERROR(store_->AwaitIndexLoaded());
   if (store_->ResidencyOf(tenant, model_id).blocks == 0) return absl::OkStatus();
   return DropModelBlocks(store_, tenant, model_id).status();
 }

@@ -98,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   so.tenant_host_quota_bytes = options.tenant_host_quota_bytes;
   so.disk_capacity_bytes = options.disk_budget_bytes;
   so.disk_min_free_bytes = options.disk_min_free_bytes;
+  so.load_index_in_background = options.disk_index_in_background;
   so.max_pin_ttl = options.service.max_pin_ttl;
   so.clock = s->clock_;
   if (!options.data_dir.empty()) {
@@ -120,7 +121,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     so.at_rest_cipher = s->at_rest_.get();
     note(absl::StrCat("disk tier payloads encrypted at rest with key id ", s->at_rest_->current_key_id()));
   }
+  s->started_ = absl::Now();
   TQ_ASSIGN_OR_RETURN(s->store_, storage::BlockStore::Open(so));
+  s->index_loading_ = s->store_->Stats().index_loading;
+  if (s->index_loading_) note("indexing the disk tier in the background; serving meanwhile");
   s->registry_ = std::make_unique<ModelRegistry>(
       s->store_.get(), ModelRegistryOptions{.max_models_per_tenant = options.max_models_per_tenant,
                                             .max_codec_build_work = options.max_codec_build_work});
@@ -239,6 +243,23 @@ void Server::MaintenanceLoop() {
   while (!stop_maintenance_.WaitForNotificationWithTimeout(options_.maintenance_interval)) {
     service_->Maintain();
     if (auto r = auth_->ReloadIfChanged()) LogAuthReload(*r).IgnoreError();  // an edited auth file
+    if (index_loading_) ReportIndexLoaded();
+  }
+}
+
+void Server::ReportIndexLoaded() {
+  const storage::StoreStats st = store_->Stats();
+  if (st.index_loading) return;
+  index_loading_ = false;
+  const absl::Status s = store_->AwaitIndexLoaded();  // done: returns at once
+  if (!log_) return;
+  if (s.ok()) {
+    log_->Write(absl::StrCat("tqkv-server: disk tier indexed: ", st.blocks, " blocks (", st.disk_used_bytes,
+                             " bytes on disk) ", absl::FormatDuration(absl::Trunc(absl::Now() - started_, absl::Milliseconds(1))),
+                             " after start"));
+  } else {
+    log_->Write(absl::StrCat("tqkv-server: indexing the disk tier failed: ", s.ToString(),
+                             "; blocks it did not reach are not served"));
   }
 }
 

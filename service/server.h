@@ -126,6 +126,10 @@ struct ServerOptions {
   // Free bytes the disk tier's file system keeps
   // (BlockStoreOptions::disk_min_free_bytes). Default: 1 GiB.
   uint64_t disk_min_free_bytes = uint64_t{1} << 30;
+  // Serve while the disk tier's index loads (BlockStoreOptions::
+  // load_index_in_background): every stored block answers from the start;
+  // the log says when the index is complete. Default: true.
+  bool disk_index_in_background = true;
   // Models one tenant may register. Default: 256.
   int max_models_per_tenant = 256;
   // Most arithmetic one registration's codec may take to build
@@ -206,6 +210,8 @@ class Server {
  private:
   explicit Server(const ServerOptions& options);
   void MaintenanceLoop();
+  // Logs the end of the disk index load once it has ended.
+  void ReportIndexLoaded();
   // Logs an auth reload's outcome; returns its status.
   absl::Status LogAuthReload(const absl::StatusOr<std::string>& r);
 
@@ -233,6 +239,9 @@ class Server {
   std::string address_, metrics_address_, data_address_;
   absl::Notification stop_maintenance_;
   std::thread maintenance_;
+  // The disk index was loading at start; the maintenance loop logs its end.
+  bool index_loading_ = false;
+  absl::Time started_;
   bool shut_down_ = false;
 };
 

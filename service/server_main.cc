@@ -107,6 +107,9 @@ ABSL_FLAG(tqkv::ByteSize, disk_budget_bytes, tqkv::ByteSize{uint64_t{64} << 30},
 ABSL_FLAG(tqkv::ByteSize, disk_min_free_bytes, tqkv::ByteSize{uint64_t{1} << 30},
           "free bytes the disk tier's file system keeps: a spill that would leave less is dropped and a durable put "
           "refused (RESOURCE_EXHAUSTED), as on a full disk, before RocksDB runs out of room (0: off)");
+ABSL_FLAG(bool, disk_index_in_background, true,
+          "serve while the disk tier's index loads (a block not indexed yet is read from disk when asked for); "
+          "false: index every block before serving");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message received or sent");
 ABSL_FLAG(int, max_models_per_tenant, 256,
           "models one tenant may register; one more gets RESOURCE_EXHAUSTED (models on disk always load)");
@@ -244,6 +247,7 @@ int main(int argc, char** argv) {
   o.tenant_host_quota_bytes = absl::GetFlag(FLAGS_tenant_host_quota_bytes).bytes;
   o.disk_budget_bytes = absl::GetFlag(FLAGS_disk_budget_bytes).bytes;
   o.disk_min_free_bytes = absl::GetFlag(FLAGS_disk_min_free_bytes).bytes;
+  o.disk_index_in_background = absl::GetFlag(FLAGS_disk_index_in_background);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.max_models_per_tenant = absl::GetFlag(FLAGS_max_models_per_tenant);
   o.max_codec_build_work = absl::GetFlag(FLAGS_max_codec_build_work);

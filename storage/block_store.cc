@@ -102,6 +102,15 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const BlockStoreOpt
                                                       .min_free_bytes = options.disk_min_free_bytes}));
   }
   std::unique_ptr<BlockStore> store(new BlockStore(options, std::move(spill)));
+  if (options.load_index_in_background && store->spill_ != nullptr) {
+    {
+      absl::MutexLock l(&store->mu_);
+      store->loading_ = true;
+      store->index_loaded_ = false;
+    }
+    store->loader_ = std::thread([s = store.get()] { s->LoadFromDisk().IgnoreError(); });  // in load_status_
+    return store;
+  }
   TQ_RETURN_IF_ERROR(store->LoadFromDisk());
   return store;
 }
@@ -115,35 +124,84 @@ BlockStore::BlockStore(const BlockStoreOptions& options, std::unique_ptr<SpillSt
              .high_watermark = options.host_high_watermark,
              .low_watermark = options.host_low_watermark}) {}
 
-BlockStore::~BlockStore() = default;
+BlockStore::~BlockStore() {
+  stop_loading_ = true;
+  if (loader_.joinable()) loader_.join();
+}
 
 absl::Status BlockStore::LoadFromDisk() {
   if (spill_ == nullptr) return absl::OkStatus();
-  absl::Time now = clock_->Now();
-  std::vector<std::string> corrupt;
-  absl::MutexLock l(&mu_);
-  // An estimate: a few percent over or under costs one rehash at most.
-  index_.Reserve(spill_->EstimatedBlocks());
-  TQ_RETURN_IF_ERROR(spill_->ScanBlocks(
-      [&](BlockKey key, DiskBlockMeta meta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        BlockRecord r;
-        r.key = std::move(key);
-        r.parent_hash = std::move(meta.parent_hash);
-        r.accounting = meta.accounting;
-        r.size_bytes = meta.size_bytes;
-        // A format 1 record's checksum is of the payload alone.
-        r.checksum = meta.version == 1 ? meta.checksum ^ KeyTag(r.key) : meta.checksum;
-        r.on_disk = true;
-        r.visible = true;
-        r.last_access = now;
-        index_.Insert(std::move(r));
-      },
-      &corrupt));
-  if (!corrupt.empty()) {
-    counters_.checksum_failures += corrupt.size();
-    TQ_RETURN_IF_ERROR(spill_->DeleteEncodedKeys(corrupt));
+  const absl::Time now = clock_->Now();
+  {
+    absl::MutexLock l(&mu_);
+    // An estimate: a few percent over or under costs one rehash at most.
+    index_.Reserve(spill_->EstimatedBlocks());
   }
-  return absl::OkStatus();
+  // Indexed in batches, each under the lock: calls interleave with the scan
+  // (a batch holds the lock ~1 ms).
+  constexpr size_t kBatch = 1024;
+  std::vector<std::pair<BlockKey, DiskBlockMeta>> batch;
+  batch.reserve(kBatch);
+  uint64_t scanned = 0;
+  auto flush = [&] {
+    if (options_.before_index_batch_for_test) options_.before_index_batch_for_test(scanned);
+    scanned += batch.size();
+    absl::MutexLock l(&mu_);
+    for (auto& [key, meta] : batch) InsertLoadedLocked(std::move(key), std::move(meta), now);
+    batch.clear();
+  };
+  std::vector<std::string> corrupt;
+  absl::Status s = spill_->ScanBlocks(
+      [&](BlockKey key, DiskBlockMeta meta) {
+        batch.emplace_back(std::move(key), std::move(meta));
+        if (batch.size() == kBatch) flush();
+        return !stop_loading_.load(std::memory_order_relaxed);
+      },
+      &corrupt);
+  flush();
+  if (s.ok() && !corrupt.empty()) {
+    {
+      absl::MutexLock l(&mu_);
+      counters_.checksum_failures += corrupt.size();
+    }
+    s = spill_->DeleteEncodedKeys(corrupt);
+  }
+  absl::MutexLock l(&mu_);
+  loading_ = false;
+  index_loaded_ = true;
+  removed_while_loading_.clear();
+  load_status_ = s;
+  return s;
+}
+
+void BlockStore::InsertLoadedLocked(BlockKey key, DiskBlockMeta meta, absl::Time now) {
+  if (index_.Find(key) != nullptr || removed_while_loading_.contains(key)) return;
+  BlockRecord r;
+  // A format 1 record's checksum is of the payload alone.
+  r.checksum = meta.version == 1 ? meta.checksum ^ KeyTag(key) : meta.checksum;
+  r.key = std::move(key);
+  r.parent_hash = std::move(meta.parent_hash);
+  r.accounting = meta.accounting;
+  r.size_bytes = meta.size_bytes;
+  r.on_disk = true;
+  r.visible = true;
+  r.last_access = now;
+  index_.Insert(std::move(r));
+}
+
+BlockRecord* BlockStore::FindLocked(const BlockKey& key) {
+  BlockRecord* r = index_.Find(key);
+  if (r != nullptr || !loading_ || removed_while_loading_.contains(key)) return r;
+  absl::StatusOr<DiskBlockMeta> meta = spill_->ReadMeta(key);
+  if (!meta.ok()) return nullptr;  // absent; or damaged, which the scan deletes
+  InsertLoadedLocked(key, *std::move(meta), clock_->Now());
+  return index_.Find(key);
+}
+
+absl::Status BlockStore::AwaitIndexLoaded() {
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(&index_loaded_));
+  return load_status_;
 }
 
 // --------------------------------------------------------------- budgets
@@ -156,6 +214,7 @@ void BlockStore::DetachHostLocked(BlockRecord* r) {
 
 void BlockStore::EraseLocked(BlockRecord* r) {
   DetachHostLocked(r);
+  if (loading_) removed_while_loading_.insert(r->key);
   index_.Erase(r);
 }
 
@@ -225,10 +284,10 @@ absl::Status BlockStore::ReserveForTenantLocked(const std::string& tenant, uint6
 }
 
 BlockRecord* BlockStore::FindIdleLocked(const BlockKey& key) {
-  BlockRecord* r = index_.Find(key);
+  BlockRecord* r = FindLocked(key);
   while (r != nullptr && r->io_busy) {
     io_done_.Wait(&mu_);
-    r = index_.Find(key);
+    r = FindLocked(key);
   }
   return r;
 }
@@ -499,7 +558,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::CommitAll(std::vector<Put
   for (bool waited = true; waited;) {
     waited = false;
     for (Item& it : items) {
-      BlockRecord* r = index_.Find(it.key);
+      BlockRecord* r = FindLocked(it.key);
       if (r != nullptr && r->io_busy) {
         io_done_.Wait(&mu_);
         waited = true;
@@ -637,7 +696,7 @@ absl::StatusOr<LookupResult> BlockStore::Lookup(absl::string_view tenant, uint64
       index_.Prefetch(ahead);
     }
     key.block_hash = chain[i];
-    BlockRecord* r = index_.Find(key);
+    BlockRecord* r = FindLocked(key);
     if (r == nullptr || !r->visible) break;
     Tier tier = r->best_tier();
     result.tiers.push_back(tier);
@@ -656,7 +715,7 @@ absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
     uint64_t generation = 0;
     {
       absl::MutexLock l(&mu_);
-      BlockRecord* r = index_.Find(key);
+      BlockRecord* r = FindLocked(key);
       if (r == nullptr || !r->visible) {
         counters_.get_misses++;
         return absl::NotFoundError(absl::StrCat("no block ", DebugString(key)));
@@ -742,7 +801,7 @@ absl::Status BlockStore::PinAll(std::span<const BlockKey> keys, absl::Duration t
   absl::MutexLock l(&mu_);
   std::vector<BlockRecord*> records(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    records[i] = index_.Find(keys[i]);
+    records[i] = FindLocked(keys[i]);
     if (records[i] == nullptr || !records[i]->visible) {
       if (missing != nullptr) *missing = i;
       return absl::NotFoundError(absl::StrCat("no block ", DebugString(keys[i])));
@@ -763,7 +822,7 @@ absl::Status BlockStore::PinAll(std::span<const BlockKey> keys, absl::Duration t
 
 absl::Status BlockStore::Unpin(const BlockKey& key) {
   absl::MutexLock l(&mu_);
-  BlockRecord* r = index_.Find(key);
+  BlockRecord* r = FindLocked(key);
   if (r == nullptr || !r->visible) {
     return absl::NotFoundError(absl::StrCat("no block ", DebugString(key)));
   }
@@ -856,6 +915,8 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
       }
     }
   }
+  // A drop walks the whole index: every block on disk must be in it.
+  mu_.Await(absl::Condition(&index_loaded_));
   absl::Time now = clock_->Now();
   std::vector<BlockRecord*> victims;
   index_.ForEach([&](BlockRecord* r) {
@@ -907,6 +968,7 @@ StoreStats BlockStore::Stats() {
   s.host_used_bytes = pool_.used_bytes();
   s.host_reserved_bytes = reserved_bytes_;
   s.disk_enabled = spill_ != nullptr;
+  s.index_loading = loading_;
   s.disk_capacity_bytes = spill_ != nullptr ? options_.disk_capacity_bytes : 0;
   s.disk_used_bytes = index_.disk_bytes();
   return s;

@@ -221,7 +221,10 @@ absl::StatusOr<SpillStore::RepairReport> SpillStore::Repair(const SpillStoreOpti
       blocks.clear();
       corrupt.clear();
       scanned = (*opened)->ScanBlocks(
-          [&](BlockKey key, DiskBlockMeta meta) { blocks.emplace_back(std::move(key), std::move(meta)); },
+          [&](BlockKey key, DiskBlockMeta meta) {
+            blocks.emplace_back(std::move(key), std::move(meta));
+            return true;
+          },
           &corrupt);
     }
     if (scanned.ok()) {
@@ -354,7 +357,7 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockK
   return open;
 }
 
-absl::Status SpillStore::ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMeta)> on_block,
+absl::Status SpillStore::ScanBlocks(absl::FunctionRef<bool(BlockKey, DiskBlockMeta)> on_block,
                                     std::vector<std::string>* corrupt_keys) {
   // One pass in key order: large reads ahead, and the table blocks kept
   // out of the block cache (the scan would evict what reads need).
@@ -371,10 +374,17 @@ absl::Status SpillStore::ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMe
       if (corrupt_keys != nullptr) corrupt_keys->emplace_back(raw_key);
       continue;
     }
-    on_block(*std::move(key), *std::move(meta));
+    if (!on_block(*std::move(key), *std::move(meta))) return absl::OkStatus();
   }
   if (it->status().IsCorruption()) return Damaged(path_, it->status());
   return FromRocks(it->status(), "scanning block meta");
+}
+
+absl::StatusOr<DiskBlockMeta> SpillStore::ReadMeta(const BlockKey& key) {
+  rocksdb::PinnableSlice bytes;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), EncodeBlockKey(key), &bytes);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("reading the meta of block ", DebugString(key)));
+  return DecodeDiskBlockMeta(absl::string_view(bytes.data(), bytes.size()));
 }
 
 uint64_t SpillStore::EstimatedBlocks() {

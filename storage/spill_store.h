@@ -209,11 +209,17 @@ class SpillStore {
   // with its index).
   absl::StatusOr<std::unique_ptr<HostBuffer>> ReadPayload(const BlockKey& key);
 
-  // Calls on_block for every block in block_meta, in key order. Entries whose
-  // key or meta fail to decode are not passed on; their encoded keys are
-  // appended to *corrupt_keys (may be null) for DeleteEncodedKeys.
-  absl::Status ScanBlocks(absl::FunctionRef<void(BlockKey, DiskBlockMeta)> on_block,
+  // Calls on_block for every block in block_meta, in key order, until it
+  // returns false. Entries whose key or meta fail to decode are not passed
+  // on; their encoded keys are appended to *corrupt_keys (may be null) for
+  // DeleteEncodedKeys. The scan reads one snapshot: writes after it starts
+  // are not seen.
+  absl::Status ScanBlocks(absl::FunctionRef<bool(BlockKey, DiskBlockMeta)> on_block,
                           std::vector<std::string>* corrupt_keys);
+
+  // The meta of one block as stored now: NOT_FOUND if absent, DATA_LOSS if
+  // it does not decode.
+  absl::StatusOr<DiskBlockMeta> ReadMeta(const BlockKey& key);
 
   // RocksDB's estimate of the blocks in block_meta (exact after a clean
   // close; 0 when it has none).

@@ -100,7 +100,7 @@ TEST(SpillStore, WritesReadsDeletesAndSurvivesReopen) {
   std::map<std::string, DiskBlockMeta> seen;
   std::vector<std::string> corrupt;
   ASSERT_TRUE(store
-                  ->ScanBlocks([&](BlockKey k, DiskBlockMeta m) { seen[DebugString(k)] = m; },
+                  ->ScanBlocks([&](BlockKey k, DiskBlockMeta m) { return seen.emplace(DebugString(k), m).second; },
                                &corrupt)
                   .ok());
   EXPECT_TRUE(corrupt.empty());
@@ -122,7 +122,7 @@ TEST(SpillStore, ScanReportsCorruptMetaAndDeletesIt) {
   ASSERT_TRUE(store->OverwriteMetaForTest(b, "garbage").ok());
   int good = 0;
   std::vector<std::string> corrupt;
-  ASSERT_TRUE(store->ScanBlocks([&](BlockKey, DiskBlockMeta) { ++good; }, &corrupt).ok());
+  ASSERT_TRUE(store->ScanBlocks([&](BlockKey, DiskBlockMeta) { return ++good > 0; }, &corrupt).ok());
   EXPECT_EQ(good, 1);
   ASSERT_EQ(corrupt.size(), 1u);
   EXPECT_EQ(corrupt[0], EncodeBlockKey(b));
