@@ -106,7 +106,6 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const BlockStoreOpt
     {
       absl::MutexLock l(&store->mu_);
       store->loading_ = true;
-      store->index_loaded_ = false;
     }
     store->loader_ = std::thread([s = store.get()] { s->LoadFromDisk().IgnoreError(); });  // in load_status_
     return store;
@@ -168,7 +167,6 @@ absl::Status BlockStore::LoadFromDisk() {
   }
   absl::MutexLock l(&mu_);
   loading_ = false;
-  index_loaded_ = true;
   removed_while_loading_.clear();
   load_status_ = s;
   return s;
@@ -198,9 +196,13 @@ BlockRecord* BlockStore::FindLocked(const BlockKey& key) {
   return index_.Find(key);
 }
 
+void BlockStore::AwaitIndexLoadedLocked() {
+  mu_.Await(absl::Condition(+[](bool* loading) { return !*loading; }, &loading_));
+}
+
 absl::Status BlockStore::AwaitIndexLoaded() {
   absl::MutexLock l(&mu_);
-  mu_.Await(absl::Condition(&index_loaded_));
+  AwaitIndexLoadedLocked();
   return load_status_;
 }
 
@@ -916,7 +918,7 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
     }
   }
   // A drop walks the whole index: every block on disk must be in it.
-  mu_.Await(absl::Condition(&index_loaded_));
+  AwaitIndexLoadedLocked();
   absl::Time now = clock_->Now();
   std::vector<BlockRecord*> victims;
   index_.ForEach([&](BlockRecord* r) {

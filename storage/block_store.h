@@ -437,6 +437,8 @@ class BlockStore {
   // The record of `key`; while the index loads, a block not indexed yet is
   // read from the disk tier's meta and indexed first. Null if absent.
   BlockRecord* FindLocked(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (releasing mu_) until the index scan has ended.
+  void AwaitIndexLoadedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void ReleaseHandle(const std::string& tenant, uint64_t size_bytes);
   absl::Status ReserveHostLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -498,7 +500,6 @@ class BlockStore {
   // keys erased from the index are kept in removed_while_loading_ so that
   // the scan (a snapshot) does not bring them back.
   bool loading_ ABSL_GUARDED_BY(mu_) = false;
-  bool index_loaded_ ABSL_GUARDED_BY(mu_) = true;  // !loading_, for Await
   absl::Status load_status_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<BlockKey> removed_while_loading_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_loading_{false};
