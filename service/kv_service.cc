@@ -358,6 +358,8 @@ absl::StatusOr<v1::UnregisterModelResponse> KvService::UnregisterModel(
   if (req.model_id() == 0) return absl::InvalidArgumentError("model_id is required");
   v1::UnregisterModelResponse resp;
   TQ_RETURN_IF_ERROR(registry_->Unregister(id.tenant, req.model_id(), [&](const RegisteredModel& m) -> absl::Status {
+    // The refusal counts every stored block, so the disk index must be whole.
+    TQ_RETURN_IF_ERROR(store_->AwaitIndexLoaded());
     const uint64_t blocks = store_->ResidencyOf(id.tenant, m.model_id).blocks;
     const size_t sequences = sequences_.CountOfModel(id.tenant, m.model_id);
     const size_t staged = staging_.CountOfModel(id.tenant, m.model_id);
