@@ -16,6 +16,7 @@
 #include "gpu/kernels/attention_mma.cuh"
 #include "gpu/kernels/attention_rowset.cuh"
 #include "gpu/kernels/attention_staged.cuh"
+#include "gpu/kernels/profile_hooks.cuh"
 #include "gpu/launch_util.h"
 
 namespace tqkv::gpu {
@@ -456,6 +457,8 @@ size_t FormatsKernelSmemBytes(const AttentionLaunch& a, int sk, int sv, int head
 
 int GenericHeadChunks(int group) { return (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock; }
 
+const char* ProfileHookName() { return profile::kHookName; }
+
 cudaError_t LaunchAttention(const AttentionLaunch& a, const AttentionPlan& plan, cudaStream_t stream) {
   if (a.num_queries == 0) return cudaSuccess;
   if (a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || a.dim <= 0 || plan.dims.group != a.q_heads / a.kv_heads)
@@ -488,6 +491,7 @@ cudaError_t LaunchAttention(const AttentionLaunch& a, const AttentionPlan& plan,
     default: e = cudaErrorNotSupported;
   }
   if (e != cudaSuccess) return e;
+  if (profile::kRowsetCut >= 2 && plan.kernel == K::kRowSets) return e;
   return plan.fast_merge ? LaunchFastMerge(l, d, recs, stream) : ByVpl<MergeF>(l.host_v, l, d, recs, stream);
 }
 

@@ -1023,6 +1023,10 @@ class CudaBackend : public ComputeBackend {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const CudaBackendOptions& options) {
+  if (const char* hook = ProfileHookName(); hook != nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("these kernels were built with the profiling hook ", hook,
+                                                      " (--define=tqkv_profile), whose outputs are wrong: rebuild "
+                                                      "without it to serve"));
   const int n = CudaDeviceCount();
   if (n <= 0)
     return absl::UnavailableError("no CUDA device or driver available (cudaGetDeviceCount found none)");

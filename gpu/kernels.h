@@ -189,6 +189,11 @@ struct AttentionLaunch {
 // shapes, cudaErrorNotSupported for a plan no served kernel runs.
 cudaError_t LaunchAttention(const AttentionLaunch& a, const AttentionPlan& plan, cudaStream_t stream);
 
+// The profiling hook these kernels were built with (gpu/kernels/
+// profile_hooks.cuh: --define=tqkv_profile=HOOK), or null in every build
+// that may serve: a hook makes outputs wrong.
+const char* ProfileHookName();
+
 }  // namespace tqkv::gpu
 
 #endif  // TQKV_GPU_KERNELS_H_

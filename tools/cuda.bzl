@@ -24,6 +24,16 @@ NVCC_FLAGS = [
     "-lineinfo",
 ]
 
+# The profiling hooks of gpu/kernels/profile_hooks.cuh, by
+# --define=tqkv_profile=NAME (config settings in tools/BUILD).
+PROFILE_HOOKS = ["rowset_no_tiles", "rowset_no_merge", "rowset_no_prologue", "encode_fwht4", "encode_no_fwht"]
+
+def _profile_flag():
+    cases = {"//conditions:default": ""}
+    for i, hook in enumerate(PROFILE_HOOKS):
+        cases["//tools:profile_" + hook] = " -DTQKV_PROFILE_HOOK=%d" % (i + 1)
+    return select(cases)
+
 def cuda_library(name, srcs, hdrs = [], nvcc_srcs = [], cc_srcs = [], deps = [], copts = [], **kwargs):
     """A cc_library whose srcs are .cu files compiled by nvcc.
 
@@ -50,7 +60,7 @@ def cuda_library(name, srcs, hdrs = [], nvcc_srcs = [], cc_srcs = [], deps = [],
                 " ".join(NVCC_FLAGS),
                 " ".join(copts),
                 src,
-            ),
+            ) + _profile_flag(),
             message = "nvcc %s" % src,
         )
         objs.append(obj)

@@ -36,6 +36,7 @@
 #define TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 
 #include "gpu/kernels/attention_staged.cuh"
+#include "gpu/kernels/profile_hooks.cuh"
 
 namespace tqkv::gpu {
 
@@ -179,8 +180,9 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   if (tid < 16) cent[tid] = ck;
   if (tid < (1 << VB)) cent[16 + tid] = cv;
   __syncthreads();  // centroids (and barrier init) visible
-  BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable, !L::kSharedKV>(rs_smem, cent, tid,
-                                                                                         blockDim.x);
+  if constexpr (profile::kRowsetCut < 3)
+    BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable, !L::kSharedKV>(rs_smem, cent, tid,
+                                                                                           blockDim.x);
   // Per-lane read bases in this warp's first stage (its stage p + 2k adds
   // 2k·kStage, an immediate): the fragment layout of TokMTiles with the
   // row-set token strides. The query fragments need no other warp's work
@@ -197,9 +199,11 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
               Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * g + L::kVRow * head + 16u * VB), lane, t1);
   uint32_t* qa_copy = rs_smem + L::kQa / 4 + head * 16 * 32 + lane;
   if (rotates) {
+    if constexpr (profile::kRowsetCut < 3) {
 #pragma unroll
-    for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
-    tiles.QueryFromLanes(qy, a.scale);
+      for (int h = 0; h < G; ++h) qrot.Apply(qy[h], lane);
+      tiles.QueryFromLanes(qy, a.scale);
+    }
     if constexpr (P == 2) tiles.StoreQuery(qa_copy);
   } else if (!fold) {
     tiles.QueryFromMemory(a, d, states, nullptr, qi, kvh, G);
@@ -231,7 +235,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   auto step = [&](int j, int k) {
     const int page = static_cast<int>(pages.Next(j, lane));  // tile n + S's
     MbarWait(mbar0 + 8u * (par + P * k), static_cast<uint32_t>(j / kHalf) & 1u);
-    tiles.Tile(t0 + 16 * (par + P * j), L::kStage * P * k, L::kStage * P * k);
+    if constexpr (profile::kRowsetCut < 1) tiles.Tile(t0 + 16 * (par + P * j), L::kStage * P * k, L::kStage * P * k);
     __syncwarp();
     if (lane == 0) __threadfence_block();  // this warp's reads of the stage before its count
     release(j, k, page);
@@ -243,8 +247,9 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
     const uint32_t phase = static_cast<uint32_t>(j / kHalf) & 1u;
     MbarWait(mbar0 + 8u * (par + P * k), phase);
     MbarWait(mbar0 + 8u * (par + P * (k + 1)), phase);
-    tiles.Tiles2({t0 + 16 * (par + P * j), t0 + 16 * (par + P * (j + 1))},
-                 {L::kStage * P * k, L::kStage * P * (k + 1)}, {L::kStage * P * k, L::kStage * P * (k + 1)});
+    if constexpr (profile::kRowsetCut < 1)
+      tiles.Tiles2({t0 + 16 * (par + P * j), t0 + 16 * (par + P * (j + 1))},
+                   {L::kStage * P * k, L::kStage * P * (k + 1)}, {L::kStage * P * k, L::kStage * P * (k + 1)});
     __syncwarp();
     if (lane == 0) __threadfence_block();
     release(j, k, page0);

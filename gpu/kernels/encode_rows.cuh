@@ -33,6 +33,7 @@
 #define TQKV_GPU_KERNELS_ENCODE_ROWS_CUH_
 
 #include "gpu/kernels/encode_fast.cuh"
+#include "gpu/kernels/profile_hooks.cuh"
 
 namespace tqkv::gpu {
 
@@ -86,15 +87,22 @@ __device__ __forceinline__ void FwhtHalfRow(float (&x)[64], int u) {
         x[j + xb] = __fsub_rn(p, q);
       }
   };
-  stage(1);
-  stage(2);
-  stage(4);
-  stage(8);
-  const float sg = u ? -1.0f : 1.0f;  // u = 0: x + other, u = 1: other − x
+  constexpr int kStages = profile::kEncodeFwhtStages;  // 7 but in a profiling build
+  if constexpr (kStages == 7) {
+    stage(1);
+    stage(2);
+    stage(4);
+  }
+  if constexpr (kStages >= 4) {
+    stage(8);
+    const float sg = u ? -1.0f : 1.0f;  // u = 0: x + other, u = 1: other − x
 #pragma unroll
-  for (int j = 0; j < 64; ++j) x[j] = __fmaf_rn(sg, x[j], __shfl_xor_sync(kFullMask, x[j], 16));
-  stage(16);
-  stage(32);
+    for (int j = 0; j < 64; ++j) x[j] = __fmaf_rn(sg, x[j], __shfl_xor_sync(kFullMask, x[j], 16));
+    stage(16);
+    stage(32);
+  }
+  (void)stage;
+  (void)u;
 }
 
 template <int B, typename T, bool kLut, bool kIsK, int kBufs>
