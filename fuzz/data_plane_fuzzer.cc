@@ -43,7 +43,10 @@ struct World {
   tqkv::fuzz::SharedParts shared;
   std::unique_ptr<tqkv::fuzz::ServiceHarness> harness;
   tqkv::service::Authenticator auth;  // off: tenant "default", admin
-  tqkv::service::RpcEnv env{&auth, nullptr, nullptr};
+  // As the server runs: backend work (puts, Attend, Append, dense gets) on
+  // a queue of its own, the rest on the loop.
+  tqkv::WorkQueue work{{.threads = 2, .capacity = 4}};
+  tqkv::service::RpcEnv env{&auth, nullptr, nullptr, &work};
   std::unique_ptr<tqkv::service::DataPlaneServer> server;
   std::string sequence_id;
   int port = 0;

@@ -7,6 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "service/data_plane_loop.h"
@@ -38,6 +41,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
         " <= max_reply_bytes ", options.max_reply_bytes));
   std::unique_ptr<DataPlaneServer> s(new DataPlaneServer());
   s->options_ = options;
+  s->env_ = env;
   s->shared_.replies = std::make_unique<TenantBudget>(TenantBudgetLimits{
       .total = options.max_reply_bytes,
       .per_tenant = options.max_reply_bytes_per_tenant,
@@ -67,6 +71,9 @@ void DataPlaneServer::Shutdown() {
   for (auto& loop : loops_) loop->Stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
+  // Requests still on the backend work queue use the loops' connections:
+  // they finish first.
+  while (shared_.tasks.load(std::memory_order_acquire) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   loops_.clear();  // closes every connection
   if (listen_fd_ >= 0) close(listen_fd_);
   listen_fd_ = -1;
@@ -80,6 +87,11 @@ DataPlaneServer::Stats DataPlaneServer::GetStats() const {
   s.budget_refusals = shared_.budget_refusals.load(std::memory_order_relaxed);
   s.frame_timeouts = shared_.frame_timeouts.load(std::memory_order_relaxed);
   s.reply_bytes = shared_.replies != nullptr ? shared_.replies->used() : 0;
+  if (const WorkQueue* q = env_ != nullptr ? env_->backend_work : nullptr; q != nullptr) {
+    s.work_waiting = q->waiting();
+    s.work_capacity = q->capacity();
+    s.work_refusals = q->refusals();
+  }
   return s;
 }
 

@@ -171,6 +171,9 @@ class DataPlaneServer {
     uint64_t budget_refusals = 0;     // frames refused for the budget, since start
     uint64_t frame_timeouts = 0;      // frames failed for frame_timeout, since start
     uint64_t reply_bytes = 0;         // charged to max_reply_bytes now
+    // The backend work queue (RpcEnv::backend_work; zeros without one):
+    // requests waiting, its capacity, and submissions it refused (full).
+    uint64_t work_waiting = 0, work_capacity = 0, work_refusals = 0;
   };
   Stats GetStats() const;
 
@@ -185,6 +188,7 @@ class DataPlaneServer {
   DataPlaneServer() = default;
 
   DataPlaneOptions options_;
+  const RpcEnv* env_ = nullptr;
   std::string address_;
   int listen_fd_ = -1;
   std::unique_ptr<DataPlaneTlsContext> tls_;  // null: plain TCP; used by the loops
@@ -195,6 +199,7 @@ class DataPlaneServer {
     std::atomic<uint64_t> buffered_bytes{0};  // charged to max_buffered_bytes
     std::atomic<uint64_t> budget_refusals{0};
     std::atomic<uint64_t> frame_timeouts{0};
+    std::atomic<int> tasks{0};  // requests handed to the backend work queue, not yet back
     std::unique_ptr<TenantBudget> replies;  // unwritten reply payloads (max_reply_bytes)
   };
   Shared shared_;

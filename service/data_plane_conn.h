@@ -16,9 +16,11 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "proto/tqkv/v1/tqkv.pb.h"
 #include "service/data_plane_tls.h"
 #include "service/put_session.h"
 #include "service/tenant_budget.h"
@@ -35,8 +37,29 @@ struct Reply {
   std::vector<storage::BlockData> blocks;
   std::unique_ptr<uint8_t[]> owned;  // a dense get's decoded K/V, an Attend's raw outputs (iovecs point into it)
   TenantBudget::Reservation charge;  // the payload's bytes in the data plane's reply budget
-  std::vector<iovec> parts;  // non-empty; parts[0] covers `head`
+  std::vector<iovec> parts;  // non-empty once filled; parts[0] covers `head`
   size_t next = 0;           // first part not fully written
+  // The place of the reply of a request being served off the loop (on the
+  // backend work queue): nothing at or after it is written until it is
+  // filled.
+  bool pending = false;
+};
+
+// A served request's reply and what its payload points into, before it is
+// queued: built where the request is served (the loop's thread or a
+// backend work-queue worker), queued on the loop's thread.
+struct Served {
+  absl::Status status;
+  v1::DataPlaneReply head;
+  std::vector<iovec> payload;
+  uint64_t payload_bytes = 0;
+  std::vector<storage::BlockData> blocks;
+  std::unique_ptr<uint8_t[]> owned;
+  TenantBudget::Reservation charge;
+  bool authenticated = false;  // its credentials held: the connection is authenticated from now on
+  const char* method = "";     // for the call's metrics and log line
+  std::chrono::steady_clock::time_point start;
+  uint64_t frame_bytes = 0;
 };
 
 // A connection's received bytes. Unlike std::string it grows without
@@ -44,6 +67,17 @@ struct Reply {
 // a scratch buffer (a copy of every byte received).
 class InputBuffer {
  public:
+  InputBuffer() = default;
+  // A moved-from buffer is empty (the bytes, and pointers into them, move).
+  InputBuffer(InputBuffer&& o) noexcept
+      : data_(std::move(o.data_)), size_(std::exchange(o.size_, 0)), capacity_(std::exchange(o.capacity_, 0)) {}
+  InputBuffer& operator=(InputBuffer&& o) noexcept {
+    data_ = std::move(o.data_);
+    size_ = std::exchange(o.size_, 0);
+    capacity_ = std::exchange(o.capacity_, 0);
+    return *this;
+  }
+
   const char* data() const { return data_.get(); }
   size_t size() const { return size_; }
   size_t capacity() const { return capacity_; }
@@ -114,6 +148,17 @@ struct Conn {
   std::chrono::steady_clock::time_point frame_start;
   std::chrono::steady_clock::time_point last_active;  // last event (idle timeout)
   uint32_t interest = 0;   // epoll events registered
+  // A frame is being served off the loop (on the backend work queue); its
+  // reply's place is a pending Reply in `out`. Meanwhile the next frame is
+  // read and charged but not served, and the connection is not destroyed
+  // (the task uses it): a close marks it `closed` and is finished when the
+  // task's reply comes back.
+  bool busy = false;
+  bool closed = false;
+  // A complete frame waits: for the busy one, or (`stalled`) for room in
+  // the work queue. Nothing more is read until it is served.
+  bool waiting = false;
+  bool stalled = false;
   std::deque<Reply> out;
   uint64_t queued = 0;     // unwritten reply bytes
   // The open put stream (DataPlanePut frames up to the commit frame): its

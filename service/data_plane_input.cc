@@ -65,10 +65,10 @@ bool DataPlaneServer::Loop::ReadInput(Conn* c) {
       // after its whole body has been buffered.
       Process(c);
       if (!until_blocked && static_cast<size_t>(n) < want) return true;
-      // Under reply backpressure plain TCP stops reading (the socket
-      // holds the rest); TLS reads on, since OpenSSL may hold bytes that
-      // epoll does not see.
-      if (!until_blocked && c->queued >= options_.max_queued_reply_bytes) return true;
+      // Under reply backpressure, or with a complete frame waiting, plain
+      // TCP stops reading (the socket holds the rest); TLS reads on, since
+      // OpenSSL may hold bytes that epoll does not see.
+      if (!until_blocked && (c->queued >= options_.max_queued_reply_bytes || c->waiting)) return true;
       continue;
     }
     if (n == 0) {  // the client is done sending: answer what is complete, then close
@@ -84,7 +84,8 @@ bool DataPlaneServer::Loop::ReadInput(Conn* c) {
 }
 
 void DataPlaneServer::Loop::Process(Conn* c) {
-  while (!c->failed && c->queued < options_.max_queued_reply_bytes) {
+  c->waiting = false;
+  while (!c->failed && !c->closed && c->queued < options_.max_queued_reply_bytes) {
     const size_t avail = c->in.size() - c->in_off;
     const char* p = c->in.data() + c->in_off;
     if (!c->preface_ok) {
@@ -126,9 +127,20 @@ void DataPlaneServer::Loop::Process(Conn* c) {
       if (c->charged == 0) Charge(c, frame, avail);
       break;
     }
+    if (c->busy) {  // served after the reply of the one being served off the loop
+      c->waiting = true;
+      break;
+    }
     v1::DataPlaneRequest req;
     if (!req.ParseFromArray(p + prefix, static_cast<int>(n))) {
       Fail(c, absl::InvalidArgumentError("request frame is not a DataPlaneRequest"));
+      break;
+    }
+    if (env_->backend_work != nullptr && UsesBackend(req)) {
+      if (Submit(c, &req, prefix, n, payload, frame)) continue;  // its next frame is read meanwhile
+      c->waiting = true;  // the work queue is full: offered again shortly
+      if (!c->stalled) stalled_.push_back(c);
+      c->stalled = true;
       break;
     }
     c->in_off += frame;

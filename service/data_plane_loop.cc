@@ -83,6 +83,8 @@ void DataPlaneServer::Loop::Run() {
     std::optional<std::chrono::steady_clock::time_point> wake;
     if (accept_paused_) wake = accept_resume_;
     if (!conns_.empty()) wake = std::min(wake.value_or(next_sweep_), next_sweep_);
+    // A frame the full work queue refused is offered again every millisecond.
+    if (!stalled_.empty()) wake = std::min(wake.value_or(now + kStalledRetry), now + kStalledRetry);
     int timeout_ms = -1;
     if (wake) {
       const auto left = *wake - std::chrono::steady_clock::now();
@@ -92,6 +94,7 @@ void DataPlaneServer::Loop::Run() {
     const int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;
+    bool finished = false;
     for (int i = 0; i < n; ++i) {
       void* tag = events[i].data.ptr;
       if (tag == &kWakeTag) {
@@ -104,6 +107,7 @@ void DataPlaneServer::Loop::Run() {
           adopted.swap(adopted_);
         }
         for (auto& [fd, peer] : adopted) Register(fd, std::move(peer));
+        finished = true;
         continue;
       }
       if (tag == &kListenTag) {
@@ -111,6 +115,15 @@ void DataPlaneServer::Loop::Run() {
         continue;
       }
       OnEvent(static_cast<Conn*>(tag), events[i].events);
+    }
+    // Work that may close connections runs once the events (which point at
+    // connections) have been handled: replies of requests served off the
+    // loop, and frames the full work queue refused, offered again.
+    if (finished) TakeFinished();
+    if (!stalled_.empty()) {
+      std::vector<Conn*> stalled;
+      stalled.swap(stalled_);
+      for (Conn* c : stalled) Resume(c);
     }
   }
 }
@@ -203,7 +216,7 @@ void DataPlaneServer::Loop::CloseIdle(std::chrono::steady_clock::time_point now)
   for (auto& [fd, c] : conns_) {
     if (now - c->last_active > limit || (c->failed && c->skip > 0 && now >= c->linger_until)) {
       idle.push_back(c.get());
-    } else if (c->charged > 0 && now - c->frame_start > frame_limit) {
+    } else if (c->charged > c->in.size() - c->in_off && now - c->frame_start > frame_limit) {  // still arriving
       slow.push_back(c.get());
     }
   }
@@ -236,15 +249,23 @@ void DataPlaneServer::Loop::OnEvent(Conn* c, uint32_t events) {
     if (!c->tls->established()) return UpdateInterest(c);
     events |= EPOLLIN;  // application data may have come with the handshake's last flight
   }
+  if (c->busy && (events & (EPOLLHUP | EPOLLERR))) {  // gone: its pending reply has no reader
+    Close(c);
+    return;
+  }
   if ((events & EPOLLIN) || (c->tls_read_wants_write && (events & EPOLLOUT))) {
     if (!ReadInput(c)) return;
     Process(c);
   }
-  if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) || !c->out.empty()) {
+  if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) || Writable(c)) {
     if (!Flush(c)) return;
     Process(c);  // requests held back by backpressure
     if (!Flush(c)) return;
   }
+  Settle(c);
+}
+
+void DataPlaneServer::Loop::Settle(Conn* c) {
   if (c->closing && c->out.empty()) {
     if (c->skip == 0) {
       Close(c);
@@ -279,8 +300,8 @@ bool DataPlaneServer::Loop::Handshake(Conn* c) {
 
 void DataPlaneServer::Loop::UpdateInterest(Conn* c) {
   uint32_t want = 0;
-  if ((!c->closing || c->skip > 0) && c->queued < options_.max_queued_reply_bytes) want |= EPOLLIN;
-  if (!c->out.empty()) want |= EPOLLOUT;
+  if ((!c->closing || c->skip > 0) && c->queued < options_.max_queued_reply_bytes && !c->waiting) want |= EPOLLIN;
+  if (Writable(c)) want |= EPOLLOUT;
   if (c->tls != nullptr) {
     if (c->tls_write_wants_read || !c->tls->established()) want |= EPOLLIN;
     if (c->tls_read_wants_write) want |= EPOLLOUT;
@@ -296,6 +317,18 @@ void DataPlaneServer::Loop::UpdateInterest(Conn* c) {
 }
 
 void DataPlaneServer::Loop::Close(Conn* c) {
+  if (c->stalled) {
+    if (auto it = std::find(stalled_.begin(), stalled_.end(), c); it != stalled_.end()) stalled_.erase(it);
+    c->stalled = false;
+  }
+  if (c->busy) {  // its task still uses it: the descriptor stays ours (no new connection reuses it) until then
+    if (!c->closed) {
+      (void)epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+      shutdown(c->fd, SHUT_RDWR);
+      c->closed = true;
+    }
+    return;
+  }
   const int fd = c->fd;
   (void)epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // close() removes it in any case
   close(fd);

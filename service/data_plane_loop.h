@@ -57,6 +57,7 @@ inline std::string ErrnoText(const char* what) { return absl::StrCat(what, ": ",
 class DataPlaneServer::Loop {
  public:
   using Conn = data_plane_internal::Conn;
+  using Served = data_plane_internal::Served;
 
   // `options`, `service`, `env`, `shared` and `tls` (null: plain TCP) are
   // not owned and must outlive the loop; `listen_fd` stays the caller's.
@@ -117,7 +118,12 @@ class DataPlaneServer::Loop {
   bool Handshake(Conn* c);
   // Registers the epoll events `c` needs now.
   void UpdateInterest(Conn* c);
-  // Closes and destroys *c, returning its budget charge.
+  // After reading or writing: closes a connection that is done (its
+  // replies written) or half-closes one still draining a failed frame,
+  // else updates its events.
+  void Settle(Conn* c);
+  // Closes and destroys *c, returning its budget charge. A busy connection
+  // is shut down and marked closed instead; TakeFinished destroys it.
   void Close(Conn* c);
 
   // data_plane_input.cc
@@ -154,13 +160,35 @@ class DataPlaneServer::Loop {
   // data_plane_serve.cc
 
   // The identity a request's credentials (and the connection's client
-  // certificate, where the auth file maps certificates) name, as on gRPC;
-  // marks the connection authenticated when they hold.
-  absl::StatusOr<Identity> Identify(Conn* c, const v1::DataPlaneRequest& req);
-  // Serves one request frame (with its raw payload, empty on a connection
-  // without them; `frame_bytes` on the wire in all): queues its reply and
-  // records the call with the bytes received and sent.
+  // certificate, where the auth file maps certificates) name, as on gRPC.
+  absl::StatusOr<Identity> Identify(const Conn* c, const v1::DataPlaneRequest& req) const;
+  // Whether a request's work is the backend's (puts, Attend, Append, dense
+  // and device gets): served on env_->backend_work when there is one.
+  static bool UsesBackend(const v1::DataPlaneRequest& req);
+  // Serves one request frame on the loop's thread (with its raw payload,
+  // empty on a connection without them; `frame_bytes` on the wire in all):
+  // queues its reply and records the call.
   void Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> payload, uint64_t frame_bytes);
+  // Serves one request: its reply, not yet queued. Touches no loop state:
+  // of `c` only its put stream and what is fixed at accept (peer, TLS
+  // identity), so it may run on a work-queue worker while `c` is busy.
+  Served Compute(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> payload, uint64_t frame_bytes);
+  // Queues `s` as `c`'s reply in `slot` (a new one, or the pending place of
+  // a request served off the loop) and records the call.
+  void Deliver(Conn* c, data_plane_internal::Reply* slot, Served s);
+  // Hands the complete frame at c->in_off (`prefix` bytes, an `n`-byte
+  // request, `payload` bytes; `frame` in all) to the backend work queue: the
+  // task takes the input buffer holding it (and its budget charge), c->in
+  // keeps what came after it, and a pending reply holds its place. False,
+  // with nothing changed, when the queue is full.
+  bool Submit(Conn* c, v1::DataPlaneRequest* req, size_t prefix, uint32_t n, uint64_t payload, size_t frame);
+  // Queues the replies of requests served off the loop (called on the
+  // wake-up their tasks send) and serves on their connections.
+  void TakeFinished();
+  // Serves on after a pause (a reply came back, or the work queue had no
+  // room): reads what TLS holds, serves waiting frames, writes, updates the
+  // connection's events.
+  void Resume(Conn* c);
   // One frame of a put stream (see the proto's "Puts") with its raw
   // payload; fills *head on a commit. A frame whose identity fails fails
   // its stream (its blocks would be missing from the commit otherwise).
@@ -177,6 +205,11 @@ class DataPlaneServer::Loop {
   // memory the caller keeps alive through the new c->out.back().
   void Queue(Conn* c, const v1::DataPlaneReply& head, std::vector<iovec> payload,
              uint64_t payload_bytes);
+  // Makes *r (in c->out) that reply.
+  void Fill(Conn* c, data_plane_internal::Reply* r, const v1::DataPlaneReply& head, std::vector<iovec> payload,
+            uint64_t payload_bytes);
+  // Whether c->out has bytes to write now (replies before a pending one).
+  static bool Writable(const Conn* c) { return !c->out.empty() && !c->out.front().pending; }
   // Writes queued replies until done or the socket is full; false if the
   // connection was closed on an error.
   bool Flush(Conn* c);
@@ -198,7 +231,14 @@ class DataPlaneServer::Loop {
   size_t next_peer_ = 0;
   absl::Mutex mu_;
   std::vector<std::pair<int, std::string>> adopted_ ABSL_GUARDED_BY(mu_);
+  // Requests served off the loop, their replies waiting to be queued.
+  struct Finished {
+    Conn* c;
+    Served served;
+  };
+  std::vector<Finished> finished_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
+  std::vector<Conn*> stalled_;  // connections whose frame found the work queue full
   char scratch_[64 << 10];  // ReadInput's reads outside a charged frame's body
   char record_[data_plane_internal::kTlsRecordBytes];  // WriteTls's gathered record
   // Accepting pauses for kAcceptBackoff when the process is out of
@@ -209,6 +249,7 @@ class DataPlaneServer::Loop {
   // closing at once, with its bytes unread, would reset the connection and
   // could destroy the reply before the client reads it.
   static constexpr std::chrono::seconds kFailedLinger{2};
+  static constexpr std::chrono::milliseconds kStalledRetry{1};
   bool accept_paused_ = false;
   std::chrono::steady_clock::time_point accept_resume_;
   std::chrono::steady_clock::time_point next_sweep_ = std::chrono::steady_clock::now();

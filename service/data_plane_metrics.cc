@@ -36,6 +36,15 @@ std::vector<prometheus::MetricFamily> DataPlaneCollector::Collect() const {
   add("tqkv_data_plane_frame_timeouts_total",
       "Data-plane request frames failed (DEADLINE_EXCEEDED) for not arriving within --data_frame_timeout_s.",
       MetricType::Counter, static_cast<double>(st.frame_timeouts));
+  add("tqkv_work_queue_waiting",
+      "Requests waiting for a backend work thread (--work_threads): puts, Attend, Append and dense gets.",
+      MetricType::Gauge, static_cast<double>(st.work_waiting));
+  add("tqkv_work_queue_capacity", "Requests the backend work queue holds at most (--work_queue).", MetricType::Gauge,
+      static_cast<double>(st.work_capacity));
+  add("tqkv_work_queue_full_total",
+      "Requests the full backend work queue refused: data-plane ones are held back and offered again, gRPC ones "
+      "fail with RESOURCE_EXHAUSTED.",
+      MetricType::Counter, static_cast<double>(st.work_refusals));
   return out;
 }
 

@@ -7,6 +7,9 @@
 //   tqkv_data_plane_budget_refusals_total         frames refused for it
 //   tqkv_data_plane_frame_timeouts_total          frames failed for
 //       --data_frame_timeout_s
+//   tqkv_work_queue_waiting, _capacity            the backend work queue
+//       (--work_threads, --work_queue): requests waiting, its bound
+//   tqkv_work_queue_full_total                    requests it refused
 //
 // Thread safety: thread-safe (GetStats is).
 #ifndef TQKV_SERVICE_DATA_PLANE_METRICS_H_

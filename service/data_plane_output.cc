@@ -18,7 +18,12 @@ constexpr int kMaxIov = 64;
 
 void DataPlaneServer::Loop::Queue(Conn* c, const v1::DataPlaneReply& head, std::vector<iovec> payload,
                                   uint64_t payload_bytes) {
-  Reply& r = c->out.emplace_back();
+  Fill(c, &c->out.emplace_back(), head, std::move(payload), payload_bytes);
+}
+
+void DataPlaneServer::Loop::Fill(Conn* c, Reply* slot, const v1::DataPlaneReply& head, std::vector<iovec> payload,
+                                 uint64_t payload_bytes) {
+  Reply& r = *slot;
   const uint32_t h = static_cast<uint32_t>(head.ByteSizeLong());
   r.head_bytes = kReplyPrefixBytes + h;
   r.head = std::make_unique_for_overwrite<char[]>(r.head_bytes);
@@ -33,10 +38,10 @@ void DataPlaneServer::Loop::Queue(Conn* c, const v1::DataPlaneReply& head, std::
 
 bool DataPlaneServer::Loop::Flush(Conn* c) {
   if (c->tls != nullptr && !c->tls->established()) return true;  // after the handshake
-  while (!c->out.empty()) {
+  while (Writable(c)) {
     iovec iov[kMaxIov];
     int n = 0;
-    for (auto it = c->out.begin(); it != c->out.end() && n < kMaxIov; ++it)
+    for (auto it = c->out.begin(); it != c->out.end() && !it->pending && n < kMaxIov; ++it)
       for (size_t k = it->next; k < it->parts.size() && n < kMaxIov; ++k) iov[n++] = it->parts[k];
     msghdr m{};
     m.msg_iov = iov;

@@ -1,43 +1,82 @@
 // DataPlaneServer::Loop: serving one request (data_plane_loop.h).
 #include "service/data_plane_loop.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <optional>
+#include <utility>
 
 #include "service/convert.h"
 
 namespace tqkv::service {
 
-absl::StatusOr<Identity> DataPlaneServer::Loop::Identify(Conn* c, const v1::DataPlaneRequest& req) {
+using data_plane_internal::InputBuffer;
+using data_plane_internal::Reply;
+using data_plane_internal::Served;
+
+absl::StatusOr<Identity> DataPlaneServer::Loop::Identify(const Conn* c, const v1::DataPlaneRequest& req) const {
   // As on gRPC (rpc_scope.cc): the client certificate counts where the
   // auth file maps certificates.
   static const PeerCertificate kNone;
   const PeerCertificate* peer = c->tls != nullptr ? &c->tls->peer() : &kNone;
-  absl::StatusOr<Identity> id = env_->auth->uses_certificates() ? env_->auth->Authenticate(req.authorization(), peer)
-                                                                : env_->auth->Authenticate(req.authorization());
-  if (id.ok()) c->authenticated = true;
-  return id;
+  return env_->auth->uses_certificates() ? env_->auth->Authenticate(req.authorization(), peer)
+                                         : env_->auth->Authenticate(req.authorization());
+}
+
+bool DataPlaneServer::Loop::UsesBackend(const v1::DataPlaneRequest& req) {
+  switch (req.op_case()) {
+    case v1::DataPlaneRequest::kAttend:
+    case v1::DataPlaneRequest::kAppend:
+    case v1::DataPlaneRequest::kPut:
+      return true;
+    case v1::DataPlaneRequest::kGetBlocks:
+      return req.get_blocks().dense() || req.get_blocks().has_device_out();
+    default:
+      return false;
+  }
 }
 
 void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> raw_in,
                                   uint64_t frame_bytes) {
+  Deliver(c, &c->out.emplace_back(), Compute(c, request, raw_in, frame_bytes));
+}
+
+void DataPlaneServer::Loop::Deliver(Conn* c, Reply* slot, Served s) {
+  if (s.authenticated) c->authenticated = true;
+  Fill(c, slot, s.head, std::move(s.payload), s.payload_bytes);
+  slot->blocks = std::move(s.blocks);
+  slot->owned = std::move(s.owned);
+  slot->charge = std::move(s.charge);
+  RecordCall(*env_, s.method, c->peer, s.status,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count(), s.frame_bytes,
+             slot->head_bytes + s.payload_bytes);
+}
+
+Served DataPlaneServer::Loop::Compute(Conn* c, v1::DataPlaneRequest* request, absl::Span<const uint8_t> raw_in,
+                                      uint64_t frame_bytes) {
   const v1::DataPlaneRequest& req = *request;
-  const auto start = std::chrono::steady_clock::now();
+  Served out;
+  out.start = std::chrono::steady_clock::now();
+  out.frame_bytes = frame_bytes;
   const bool attend = req.op_case() == v1::DataPlaneRequest::kAttend;
   const bool append = req.op_case() == v1::DataPlaneRequest::kAppend;
   const bool put = req.op_case() == v1::DataPlaneRequest::kPut;
-  absl::Status status;
-  v1::DataPlaneReply head;
+  out.method = attend ? "DataAttend" : append ? "DataAppend" : put ? "DataPutBlocks" : "DataGetBlocks";
+  absl::Status& status = out.status;
+  v1::DataPlaneReply& head = out.head;
   GetPlan plan;
-  std::unique_ptr<uint8_t[]> owned;  // what the reply's payload points into, when not stored blocks
-  TenantBudget::Reservation charge;  // the reply's payload bytes, charged before they are built
-  std::vector<iovec> payload;
-  uint64_t payload_bytes = 0;
+  std::unique_ptr<uint8_t[]>& owned = out.owned;  // what the reply's payload points into, when not stored blocks
+  TenantBudget::Reservation& charge = out.charge;  // the reply's payload bytes, charged before they are built
+  std::vector<iovec>& payload = out.payload;
+  uint64_t& payload_bytes = out.payload_bytes;
   const absl::Status bad_payload =
       raw_in.empty() || attend || append || put
           ? absl::OkStatus()
           : absl::InvalidArgumentError("only attend, append and put frames carry a raw payload");
-  if (absl::StatusOr<Identity> id = Identify(c, req); put) {
+  absl::StatusOr<Identity> id = Identify(c, req);
+  out.authenticated = id.ok();
+  if (put) {
     status = ServePut(c, id, request->mutable_put(), raw_in, &head);
   } else if (!id.ok()) {
     status = id.status();
@@ -126,13 +165,8 @@ void DataPlaneServer::Loop::Serve(Conn* c, v1::DataPlaneRequest* request, absl::
     owned.reset();
     charge.Reset();
   }
-  Queue(c, head, std::move(payload), payload_bytes);
-  c->out.back().blocks = std::move(plan.blocks);
-  c->out.back().owned = std::move(owned);
-  c->out.back().charge = std::move(charge);
-  RecordCall(*env_, attend ? "DataAttend" : append ? "DataAppend" : put ? "DataPutBlocks" : "DataGetBlocks", c->peer, status,
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), frame_bytes,
-             c->out.back().head_bytes + payload_bytes);
+  out.blocks = std::move(plan.blocks);
+  return out;
 }
 
 absl::StatusOr<DeviceKvRef> DataPlaneServer::Loop::DeviceSource(const Conn* c, const v1::DeviceKv& d,
@@ -190,6 +224,83 @@ absl::Status DataPlaneServer::Loop::ServePut(Conn* c, const absl::StatusOr<Ident
     c->put_open = false;
   }
   return s;
+}
+
+
+bool DataPlaneServer::Loop::Submit(Conn* c, v1::DataPlaneRequest* req, size_t prefix, uint32_t n, uint64_t payload,
+                                   size_t frame) {
+  struct Task {
+    v1::DataPlaneRequest req;
+    InputBuffer input;  // holds the frame at `at`
+    size_t at = 0;
+    uint64_t charged = 0;
+  };
+  auto owned = std::make_unique<Task>();
+  Task* t = owned.get();
+  t->req.Swap(req);
+  t->at = c->in_off;
+  t->charged = std::exchange(c->charged, 0);
+  t->input = std::move(c->in);
+  // What came after the frame (the start of the next one) stays.
+  const size_t end = t->at + frame, rest = t->input.size() - end;
+  if (rest > 0) {
+    std::memcpy(c->in.Room(rest), t->input.data() + end, rest);
+    c->in.Received(rest);
+  }
+  WorkQueue::Task run = [this, c, t = std::move(owned), prefix, n, payload, frame] {
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(t->input.data() + t->at);
+    Served s = Compute(c, &t->req, {p + prefix + n, payload}, frame);
+    // The frame's bytes (and their share of the budget) are given back
+    // before the loop hears of it, so that its next frame can be charged.
+    t->input = InputBuffer();
+    shared_->buffered_bytes.fetch_sub(t->charged, std::memory_order_relaxed);
+    {
+      absl::MutexLock l(&mu_);
+      finished_.push_back({c, std::move(s)});
+    }
+    Wake();
+    shared_->tasks.fetch_sub(1, std::memory_order_release);  // last: Shutdown waits for it
+  };
+  shared_->tasks.fetch_add(1, std::memory_order_relaxed);
+  if (!env_->backend_work->TrySubmit(run)) {  // full: everything back as it was
+    shared_->tasks.fetch_sub(1, std::memory_order_relaxed);
+    c->in = std::move(t->input);
+    c->charged = t->charged;
+    req->Swap(&t->req);
+    return false;
+  }
+  c->in_off = 0;
+  c->busy = true;
+  c->out.emplace_back().pending = true;
+  return true;
+}
+
+void DataPlaneServer::Loop::TakeFinished() {
+  std::vector<Finished> finished;
+  {
+    absl::MutexLock l(&mu_);
+    finished.swap(finished_);
+  }
+  for (Finished& f : finished) {
+    Conn* c = f.c;
+    c->busy = false;
+    if (c->closed) {
+      Close(c);  // its reply has no reader
+      continue;
+    }
+    auto slot = std::find_if(c->out.begin(), c->out.end(), [](const Reply& r) { return r.pending; });
+    slot->pending = false;
+    Deliver(c, &*slot, std::move(f.served));
+    Resume(c);
+  }
+}
+
+void DataPlaneServer::Loop::Resume(Conn* c) {
+  c->stalled = false;
+  if (c->tls != nullptr && c->tls->established() && !ReadInput(c)) return;  // what OpenSSL holds, epoll does not see
+  Process(c);
+  if (!Flush(c)) return;
+  Settle(c);
 }
 
 }  // namespace tqkv::service

@@ -3,16 +3,14 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace tqkv::service {
 namespace {
 
-// Runs a unary call: fn(identity) -> StatusOr<Resp>.
-template <typename Req, typename Resp, typename Fn>
-grpc::ServerUnaryReactor* Unary(const RpcEnv* env, const char* method,
-                                grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
-                                Fn fn) {
-  RpcScope scope(*env, method, ctx);
-  scope.Received(req->ByteSizeLong());
+// A unary call's body: fn(identity) -> StatusOr<Resp> into *resp.
+template <typename Resp, typename Fn>
+absl::Status Call(RpcScope& scope, Resp* resp, Fn& fn) {
   absl::Status s = scope.identity().status();
   if (s.ok()) {
     absl::StatusOr<Resp> r = fn(*scope.identity());
@@ -23,8 +21,43 @@ grpc::ServerUnaryReactor* Unary(const RpcEnv* env, const char* method,
       s = r.status();
     }
   }
+  return s;
+}
+
+// Runs a unary call on the handler's thread.
+template <typename Req, typename Resp, typename Fn>
+grpc::ServerUnaryReactor* Unary(const RpcEnv* env, const char* method,
+                                grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
+                                Fn fn) {
+  RpcScope scope(*env, method, ctx);
+  scope.Received(req->ByteSizeLong());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(scope.Finish(s));
+  reactor->Finish(scope.Finish(Call(scope, resp, fn)));
+  return reactor;
+}
+
+absl::Status WorkQueueFull(const WorkQueue& q) {
+  return absl::ResourceExhaustedError(absl::StrCat("the server's backend work queue is full (", q.capacity(),
+                                                   " requests waiting, --work_queue); retry"));
+}
+
+// Runs a unary call whose work is the backend's (Append, Attend) on
+// env->backend_work when there is one, so that gRPC's threads never wait
+// for the GPU; RESOURCE_EXHAUSTED when that queue is full.
+template <typename Req, typename Resp, typename Fn>
+grpc::ServerUnaryReactor* UnaryOnBackend(const RpcEnv* env, const char* method,
+                                         grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
+                                         Fn fn) {
+  WorkQueue* q = env->backend_work;
+  if (q == nullptr) return Unary(env, method, ctx, req, resp, std::move(fn));
+  auto scope = std::make_unique<RpcScope>(*env, method, ctx);
+  scope->Received(req->ByteSizeLong());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  RpcScope* sc = scope.get();
+  WorkQueue::Task task = [scope = std::move(scope), reactor, resp, fn = std::move(fn)]() mutable {
+    reactor->Finish(scope->Finish(Call(*scope, resp, fn)));
+  };
+  if (!q->TrySubmit(task)) reactor->Finish(sc->Finish(WorkQueueFull(*q)));  // the task, untouched, still owns sc
   return reactor;
 }
 
@@ -32,7 +65,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
  public:
   PutReactor(KvService* service, const RpcEnv* env, grpc::CallbackServerContext* ctx,
              v1::PutBlocksResponse* resp)
-      : scope_(*env, "PutBlocks", ctx), ctx_(ctx), resp_(resp) {
+      : scope_(*env, "PutBlocks", ctx), ctx_(ctx), resp_(resp), work_(env->backend_work) {
     if (!scope_.identity().ok()) {
       Done(scope_.identity().status());
       return;
@@ -47,19 +80,19 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // end of the client's stream, or the call was cancelled
-      if (ctx_->IsCancelled()) {
-        Done(absl::CancelledError("PutBlocks stream cancelled; nothing committed"));
-        return;
-      }
-      absl::StatusOr<v1::PutBlocksResponse> r = session_->Finish();
-      if (r.ok()) {
-        *resp_ = std::move(*r);
-        scope_.Sent(resp_->ByteSizeLong());
-      }
-      Done(r.status());
+    if (!ok && ctx_->IsCancelled()) {  // not the end of the client's stream
+      Done(absl::CancelledError("PutBlocks stream cancelled; nothing committed"));
       return;
     }
+    // A message's blocks are encoded, and the commit made, on the backend
+    // work queue when there is one; no read is outstanding meanwhile.
+    OnBackend([this, ok] { ok ? Next() : Commit(); });
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
     scope_.Received(msg_.ByteSizeLong());
     absl::Status s = session_->OnMessage(msg_);
     if (!s.ok()) {
@@ -69,9 +102,20 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
     StartRead(&msg_);
   }
 
-  void OnDone() override { delete this; }
+  void Commit() {
+    absl::StatusOr<v1::PutBlocksResponse> r = session_->Finish();
+    if (r.ok()) {
+      *resp_ = std::move(*r);
+      scope_.Sent(resp_->ByteSizeLong());
+    }
+    Done(r.status());
+  }
 
- private:
+  void OnBackend(WorkQueue::Task work) {
+    if (work_ == nullptr) return std::move(work)();
+    if (!work_->TrySubmit(work)) Done(WorkQueueFull(*work_));
+  }
+
   void Done(const absl::Status& s) {
     session_.reset();  // releases uncommitted reservations before replying
     Finish(scope_.Finish(s));
@@ -80,6 +124,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
   RpcScope scope_;
   grpc::CallbackServerContext* const ctx_;
   v1::PutBlocksResponse* const resp_;
+  WorkQueue* const work_;  // null: the backend's work runs in the reactions
   std::unique_ptr<PutSession> session_;
   v1::PutBlocksRequest msg_;
 };
@@ -88,7 +133,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
  public:
   GetReactor(KvService* service, const RpcEnv* env, grpc::CallbackServerContext* ctx,
              const v1::GetBlocksRequest* req)
-      : service_(service), scope_(*env, "GetBlocks", ctx) {
+      : service_(service), scope_(*env, "GetBlocks", ctx), work_(env->backend_work) {
     scope_.Received(req->ByteSizeLong());
     if (!scope_.identity().ok()) {
       Done(scope_.identity().status());
@@ -104,7 +149,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
       return;
     }
     plan_ = std::move(*plan);
-    WriteNext();
+    Render();
   }
 
   void OnWriteDone(bool ok) override {
@@ -113,7 +158,7 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
       Done(absl::CancelledError("GetBlocks stream broken by the client"));
       return;
     }
-    WriteNext();
+    Render();
   }
 
   void OnDone() override { delete this; }
@@ -141,10 +186,19 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
     StartWrite(&out_);
   }
 
+  // The next message: a dense block is decoded on the backend work queue
+  // when there is one (no write is outstanding meanwhile).
+  void Render() {
+    if (!plan_.dense || work_ == nullptr || next_ == plan_.blocks.size()) return WriteNext();
+    WorkQueue::Task task = [this] { WriteNext(); };
+    if (!work_->TrySubmit(task)) Done(WorkQueueFull(*work_));
+  }
+
   void Done(const absl::Status& s) { Finish(scope_.Finish(s)); }
 
   KvService* const service_;
   RpcScope scope_;
+  WorkQueue* const work_;  // null: dense blocks are decoded in the reactions
   GetPlan plan_;
   size_t next_ = 0;
   v1::GetBlocksResponse out_;
@@ -205,15 +259,15 @@ grpc::ServerUnaryReactor* KvStoreHandler::CreateSequence(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* KvStoreHandler::Append(grpc::CallbackServerContext* ctx,
                                                  const v1::AppendRequest* req,
                                                  v1::AppendResponse* resp) {
-  return Unary(env_, "Append", ctx, req, resp,
-               [&](const Identity& id) { return service_->Append(id, *req); });
+  return UnaryOnBackend(env_, "Append", ctx, req, resp,
+                        [service = service_, req](const Identity& id) { return service->Append(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::Attend(grpc::CallbackServerContext* ctx,
                                                  const v1::AttendRequest* req,
                                                  v1::AttendResponse* resp) {
-  return Unary(env_, "Attend", ctx, req, resp,
-               [&](const Identity& id) { return service_->Attend(id, *req); });
+  return UnaryOnBackend(env_, "Attend", ctx, req, resp,
+                        [service = service_, req](const Identity& id) { return service->Attend(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::DropSequence(grpc::CallbackServerContext* ctx,

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/work_queue.h"
 #include "service/auth.h"
 #include "service/metrics.h"
 
@@ -60,6 +61,10 @@ struct RpcEnv {
   RpcMetrics* metrics = nullptr;  // may be null (no metrics)
   // Where failed calls (other than NOT_FOUND) are logged; null: not logged.
   LineLog* log = nullptr;
+  // Where requests' backend work (encoding, decoding, attention: the
+  // device's calls) runs, so that the threads serving the network never
+  // wait for it; null: on those threads.
+  WorkQueue* backend_work = nullptr;
 };
 
 // Records one finished call: per-method metrics (with the message bytes it

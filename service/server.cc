@@ -61,6 +61,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TQ_ASSIGN_OR_RETURN(auto listen, SplitHostPort(options.listen));
   if (options.max_message_bytes < 1024)
     return absl::InvalidArgumentError("--max_message_bytes must be at least 1024");
+  if (options.work_threads < 0 || options.work_threads > 64 || options.work_queue < 1)
+    return absl::InvalidArgumentError(absl::StrCat("--work_threads must be 0..64 (not ", options.work_threads,
+                                                   ") and --work_queue at least 1 (not ", options.work_queue, ")"));
   if (!options.auth_tokens_file.empty()) {
     TQ_ASSIGN_OR_RETURN(s->auth_, Authenticator::FromFile(options.auth_tokens_file));
   }
@@ -160,8 +163,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     s->metrics_address_ = s->metrics_http_->address();
   }
 
+  if (options.work_threads > 0)
+    s->backend_work_ = std::make_unique<WorkQueue>(WorkQueue::Options{
+        .threads = options.work_threads, .capacity = static_cast<size_t>(options.work_queue)});
   s->env_ = RpcEnv{s->auth_.get(), s->rpc_metrics_.get(),
-                   options.log_rpc_errors ? s->log_.get() : nullptr};
+                   options.log_rpc_errors ? s->log_.get() : nullptr, s->backend_work_.get()};
   s->kv_handler_ = std::make_unique<KvStoreHandler>(s->service_.get(), &s->env_);
   s->admin_handler_ = std::make_unique<AdminHandler>(s->service_.get(), &s->env_);
 

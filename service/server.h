@@ -67,6 +67,13 @@ struct ServerOptions {
   ServerTlsOptions tls;
   // Data-plane event loops. Default: 2.
   int data_threads = 2;
+  // Threads that run data-plane requests' backend work (puts, Attend,
+  // Append, dense and device gets: RpcEnv::backend_work), 0..64; 0: on the
+  // event loops. Default: 2.
+  int work_threads = 2;
+  // Requests waiting for a work thread at most (>= 1); more are held back
+  // unread until there is room. Default: 64.
+  int work_queue = 64;
   // Data-plane connections idle this long are closed. Default: 10 minutes.
   absl::Duration data_idle_timeout = absl::Minutes(10);
   // Most data-plane connections served at once. Default: 4096.
@@ -224,6 +231,7 @@ class Server {
   std::unique_ptr<ComputeBackend> backend_;
   std::string backend_note_;
   std::unique_ptr<KvService> service_;
+  std::unique_ptr<WorkQueue> backend_work_;  // used by the data plane: declared before it
   std::unique_ptr<Authenticator> auth_ = std::make_unique<Authenticator>();
   std::unique_ptr<LineLog> log_;
   std::shared_ptr<prometheus::Registry> prom_registry_;

@@ -40,6 +40,13 @@ ABSL_FLAG(std::string, data_advertise_host, "",
           "the pod's IP in Kubernetes; empty: the bound host (a wildcard means the host the client "
           "reached)");
 ABSL_FLAG(int, data_threads, 2, "data-plane event-loop threads");
+ABSL_FLAG(int, work_threads, 2,
+          "threads that run data-plane requests' backend work (puts, Attend, Append, dense gets), so that no "
+          "event loop waits for the GPU; 0: on the event loops (one GPU call then holds up every connection of "
+          "its loop)");
+ABSL_FLAG(int, work_queue, 64,
+          "data-plane requests waiting for a work thread at most; more are held back (their connections are not "
+          "read) until there is room");
 ABSL_FLAG(int, data_idle_timeout_s, 600,
           "close data-plane connections idle this many seconds (an open put stream on one commits nothing)");
 ABSL_FLAG(int, data_max_connections, 4096,
@@ -232,6 +239,8 @@ int main(int argc, char** argv) {
   o.data_advertise_host = absl::GetFlag(FLAGS_data_advertise_host);
   o.at_rest_key_file = absl::GetFlag(FLAGS_at_rest_key_file);
   o.data_threads = absl::GetFlag(FLAGS_data_threads);
+  o.work_threads = absl::GetFlag(FLAGS_work_threads);
+  o.work_queue = absl::GetFlag(FLAGS_work_queue);
   o.data_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_idle_timeout_s));
   o.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);
   o.data_max_buffered_bytes = absl::GetFlag(FLAGS_data_max_buffered_bytes).bytes;

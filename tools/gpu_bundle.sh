@@ -12,7 +12,8 @@
 # SKIP_E2E=1 leave out the kernel benchmarks, only the decode-vs-SDPA one,
 # only the every-format one (FORMATS_ARGS: its flags), only the
 # partial-block one, or the decode loop (SKIP_PUT_BENCH=1: its put/get
-# benchmark); E2E_ARGS: more decode_loop_bench flags, e.g. "--tensors inline").
+# benchmark); E2E_ARGS: more decode_loop_bench flags, e.g. "--tensors inline");
+# SERVER_ARGS: more tqkv-server flags for those (e.g. "--work_threads=0").
 # Same-host GPU memory (CUDA IPC): the Python client's torch tests and the
 # prefill benchmark (bench/prefill_ipc_bench.py) run against the bundle's
 # server with the bundle's stubs (SKIP_IPC=1 leaves them out).
@@ -90,7 +91,7 @@ fi
 if [ -z "${SKIP_E2E:-}" ]; then
   data="$(mktemp -d)"
   "$HERE/tqkv-server" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --data_dir "$data" \
-    --backend cuda --host_budget_bytes 48000000000 --threads 16 > "$LOGS/e2e_server.log" 2>&1 &
+    --backend cuda --host_budget_bytes 48000000000 --threads 16 ${SERVER_ARGS:-} > "$LOGS/e2e_server.log" 2>&1 &
   spid=$!
   addr=""
   for _ in $(seq 300); do
