@@ -33,7 +33,7 @@ class WorkQueue {
   struct Options {
     int threads = 1;          // workers, 1..64
     size_t capacity = 64;     // tasks waiting (not yet started) at most, >= 1
-    absl::Duration spin = absl::Microseconds(50);  // a worker's wait for work before it sleeps
+    absl::Duration spin = absl::Microseconds(200);  // a worker's wait for work before it sleeps
   };
   using Task = absl::AnyInvocable<void() &&>;
 

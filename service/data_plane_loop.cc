@@ -91,6 +91,7 @@ void DataPlaneServer::Loop::Run() {
       timeout_ms = static_cast<int>(
           std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(left).count()));
     }
+    if (in_flight_ > 0 && now < poll_until_) timeout_ms = 0;
     const int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;
@@ -119,7 +120,7 @@ void DataPlaneServer::Loop::Run() {
     // Work that may close connections runs once the events (which point at
     // connections) have been handled: replies of requests served off the
     // loop, and frames the full work queue refused, offered again.
-    if (finished) TakeFinished();
+    if (finished || finished_ready_.load(std::memory_order_acquire)) TakeFinished();
     if (!stalled_.empty()) {
       std::vector<Conn*> stalled;
       stalled.swap(stalled_);

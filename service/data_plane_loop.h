@@ -237,6 +237,15 @@ class DataPlaneServer::Loop {
     Served served;
   };
   std::vector<Finished> finished_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> finished_ready_{false};  // finished_ has entries (read without mu_ while polling)
+  // Requests of this loop on the work queue. While there are some, the
+  // loop polls (epoll without sleeping, and finished_ready_) until
+  // poll_until_ instead of sleeping until the task's wake-up: a decode
+  // step's per-layer reply is queued as soon as it is ready, as if it had
+  // been served on the loop.
+  int in_flight_ = 0;
+  std::chrono::steady_clock::time_point poll_until_;
+  static constexpr std::chrono::microseconds kPollWhileBusy{500};
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
   std::vector<Conn*> stalled_;  // connections whose frame found the work queue full
   char scratch_[64 << 10];  // ReadInput's reads outside a charged frame's body

@@ -258,6 +258,7 @@ bool DataPlaneServer::Loop::Submit(Conn* c, v1::DataPlaneRequest* req, size_t pr
       absl::MutexLock l(&mu_);
       finished_.push_back({c, std::move(s)});
     }
+    finished_ready_.store(true, std::memory_order_release);
     Wake();
     shared_->tasks.fetch_sub(1, std::memory_order_release);  // last: Shutdown waits for it
   };
@@ -272,11 +273,14 @@ bool DataPlaneServer::Loop::Submit(Conn* c, v1::DataPlaneRequest* req, size_t pr
   c->in_off = 0;
   c->busy = true;
   c->out.emplace_back().pending = true;
+  ++in_flight_;
+  poll_until_ = std::chrono::steady_clock::now() + kPollWhileBusy;
   return true;
 }
 
 void DataPlaneServer::Loop::TakeFinished() {
   std::vector<Finished> finished;
+  finished_ready_.store(false, std::memory_order_relaxed);  // before the swap: a later push sets it again
   {
     absl::MutexLock l(&mu_);
     finished.swap(finished_);
@@ -284,6 +288,7 @@ void DataPlaneServer::Loop::TakeFinished() {
   for (Finished& f : finished) {
     Conn* c = f.c;
     c->busy = false;
+    --in_flight_;
     if (c->closed) {
       Close(c);  // its reply has no reader
       continue;
