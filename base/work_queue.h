@@ -6,8 +6,8 @@
 // instead of queueing without bound.
 //
 // A worker that runs out of tasks spins for `spin` before it sleeps, so a
-// stream of short tasks (a decode step's call per layer, tens of
-// microseconds apart) does not pay a thread wake-up each.
+// stream of short tasks (tens of microseconds apart) does not pay a thread
+// wake-up each.
 //
 // Thread safety: TrySubmit and the accessors may be called from any
 // thread, also from a task.

@@ -162,8 +162,8 @@ class DataPlaneServer::Loop {
   // The identity a request's credentials (and the connection's client
   // certificate, where the auth file maps certificates) name, as on gRPC.
   absl::StatusOr<Identity> Identify(const Conn* c, const v1::DataPlaneRequest& req) const;
-  // Whether a request's work is the backend's (puts, Attend, Append, dense
-  // and device gets): served on env_->backend_work when there is one.
+  // Whether a request is bulk backend work (puts, dense and device gets):
+  // served on env_->backend_work when there is one.
   static bool UsesBackend(const v1::DataPlaneRequest& req);
   // Serves one request frame on the loop's thread (with its raw payload,
   // empty on a connection without them; `frame_bytes` on the wire in all):
@@ -240,9 +240,8 @@ class DataPlaneServer::Loop {
   std::atomic<bool> finished_ready_{false};  // finished_ has entries (read without mu_ while polling)
   // Requests of this loop on the work queue. While there are some, the
   // loop polls (epoll without sleeping, and finished_ready_) until
-  // poll_until_ instead of sleeping until the task's wake-up: a decode
-  // step's per-layer reply is queued as soon as it is ready, as if it had
-  // been served on the loop.
+  // poll_until_ instead of sleeping until the task's wake-up, so that a
+  // short request's reply is queued as soon as it is ready.
   int in_flight_ = 0;
   std::chrono::steady_clock::time_point poll_until_;
   static constexpr std::chrono::microseconds kPollWhileBusy{500};

@@ -37,7 +37,7 @@ std::vector<prometheus::MetricFamily> DataPlaneCollector::Collect() const {
       "Data-plane request frames failed (DEADLINE_EXCEEDED) for not arriving within --data_frame_timeout_s.",
       MetricType::Counter, static_cast<double>(st.frame_timeouts));
   add("tqkv_work_queue_waiting",
-      "Requests waiting for a backend work thread (--work_threads): puts, Attend, Append and dense gets.",
+      "Requests waiting for a backend work thread (--work_threads): puts and dense gets.",
       MetricType::Gauge, static_cast<double>(st.work_waiting));
   add("tqkv_work_queue_capacity", "Requests the backend work queue holds at most (--work_queue).", MetricType::Gauge,
       static_cast<double>(st.work_capacity));

@@ -26,13 +26,14 @@ absl::StatusOr<Identity> DataPlaneServer::Loop::Identify(const Conn* c, const v1
 
 bool DataPlaneServer::Loop::UsesBackend(const v1::DataPlaneRequest& req) {
   switch (req.op_case()) {
-    case v1::DataPlaneRequest::kAttend:
-    case v1::DataPlaneRequest::kAppend:
     case v1::DataPlaneRequest::kPut:
       return true;
     case v1::DataPlaneRequest::kGetBlocks:
       return req.get_blocks().dense() || req.get_blocks().has_device_out();
     default:
+      // Attend and Append (a decode step's call, tens of microseconds of
+      // GPU work) stay on the loop: on the H200 the hand-off to a worker and
+      // back added ~15 µs a call, 17% of a 32-layer step at 32K context.
       return false;
   }
 }

@@ -8,9 +8,13 @@
 namespace tqkv::service {
 namespace {
 
-// A unary call's body: fn(identity) -> StatusOr<Resp> into *resp.
-template <typename Resp, typename Fn>
-absl::Status Call(RpcScope& scope, Resp* resp, Fn& fn) {
+// Runs a unary call: fn(identity) -> StatusOr<Resp>.
+template <typename Req, typename Resp, typename Fn>
+grpc::ServerUnaryReactor* Unary(const RpcEnv* env, const char* method,
+                                grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
+                                Fn fn) {
+  RpcScope scope(*env, method, ctx);
+  scope.Received(req->ByteSizeLong());
   absl::Status s = scope.identity().status();
   if (s.ok()) {
     absl::StatusOr<Resp> r = fn(*scope.identity());
@@ -21,44 +25,16 @@ absl::Status Call(RpcScope& scope, Resp* resp, Fn& fn) {
       s = r.status();
     }
   }
-  return s;
-}
-
-// Runs a unary call on the handler's thread.
-template <typename Req, typename Resp, typename Fn>
-grpc::ServerUnaryReactor* Unary(const RpcEnv* env, const char* method,
-                                grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
-                                Fn fn) {
-  RpcScope scope(*env, method, ctx);
-  scope.Received(req->ByteSizeLong());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(scope.Finish(Call(scope, resp, fn)));
+  reactor->Finish(scope.Finish(s));
   return reactor;
 }
 
+// PutBlocks messages and dense GetBlocks blocks when the backend work queue
+// (RpcEnv::backend_work) is full.
 absl::Status WorkQueueFull(const WorkQueue& q) {
   return absl::ResourceExhaustedError(absl::StrCat("the server's backend work queue is full (", q.capacity(),
                                                    " requests waiting, --work_queue); retry"));
-}
-
-// Runs a unary call whose work is the backend's (Append, Attend) on
-// env->backend_work when there is one, so that gRPC's threads never wait
-// for the GPU; RESOURCE_EXHAUSTED when that queue is full.
-template <typename Req, typename Resp, typename Fn>
-grpc::ServerUnaryReactor* UnaryOnBackend(const RpcEnv* env, const char* method,
-                                         grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
-                                         Fn fn) {
-  WorkQueue* q = env->backend_work;
-  if (q == nullptr) return Unary(env, method, ctx, req, resp, std::move(fn));
-  auto scope = std::make_unique<RpcScope>(*env, method, ctx);
-  scope->Received(req->ByteSizeLong());
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  RpcScope* sc = scope.get();
-  WorkQueue::Task task = [scope = std::move(scope), reactor, resp, fn = std::move(fn)]() mutable {
-    reactor->Finish(scope->Finish(Call(*scope, resp, fn)));
-  };
-  if (!q->TrySubmit(task)) reactor->Finish(sc->Finish(WorkQueueFull(*q)));  // the task, untouched, still owns sc
-  return reactor;
 }
 
 class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
@@ -259,15 +235,15 @@ grpc::ServerUnaryReactor* KvStoreHandler::CreateSequence(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* KvStoreHandler::Append(grpc::CallbackServerContext* ctx,
                                                  const v1::AppendRequest* req,
                                                  v1::AppendResponse* resp) {
-  return UnaryOnBackend(env_, "Append", ctx, req, resp,
-                        [service = service_, req](const Identity& id) { return service->Append(id, *req); });
+  return Unary(env_, "Append", ctx, req, resp,
+               [&](const Identity& id) { return service_->Append(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::Attend(grpc::CallbackServerContext* ctx,
                                                  const v1::AttendRequest* req,
                                                  v1::AttendResponse* resp) {
-  return UnaryOnBackend(env_, "Attend", ctx, req, resp,
-                        [service = service_, req](const Identity& id) { return service->Attend(id, *req); });
+  return Unary(env_, "Attend", ctx, req, resp,
+               [&](const Identity& id) { return service_->Attend(id, *req); });
 }
 
 grpc::ServerUnaryReactor* KvStoreHandler::DropSequence(grpc::CallbackServerContext* ctx,

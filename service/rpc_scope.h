@@ -61,9 +61,9 @@ struct RpcEnv {
   RpcMetrics* metrics = nullptr;  // may be null (no metrics)
   // Where failed calls (other than NOT_FOUND) are logged; null: not logged.
   LineLog* log = nullptr;
-  // Where requests' backend work (encoding, decoding, attention: the
-  // device's calls) runs, so that the threads serving the network never
-  // wait for it; null: on those threads.
+  // Where bulk backend work runs (encoding puts, decoding dense gets), so
+  // that the threads serving the network never wait for it; null: on those
+  // threads. Decode calls (Attend, Append) run where they arrive.
   WorkQueue* backend_work = nullptr;
 };
 

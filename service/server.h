@@ -67,9 +67,9 @@ struct ServerOptions {
   ServerTlsOptions tls;
   // Data-plane event loops. Default: 2.
   int data_threads = 2;
-  // Threads that run data-plane requests' backend work (puts, Attend,
-  // Append, dense and device gets: RpcEnv::backend_work), 0..64; 0: on the
-  // event loops. Default: 2.
+  // Threads that run bulk backend work (puts, dense and device gets:
+  // RpcEnv::backend_work), 0..64; 0: on the threads that serve the
+  // network. Default: 2.
   int work_threads = 2;
   // Requests waiting for a work thread at most (>= 1); more are held back
   // unread until there is room. Default: 64.

@@ -41,9 +41,8 @@ ABSL_FLAG(std::string, data_advertise_host, "",
           "reached)");
 ABSL_FLAG(int, data_threads, 2, "data-plane event-loop threads");
 ABSL_FLAG(int, work_threads, 2,
-          "threads that run data-plane requests' backend work (puts, Attend, Append, dense gets), so that no "
-          "event loop waits for the GPU; 0: on the event loops (one GPU call then holds up every connection of "
-          "its loop)");
+          "threads that run bulk backend work (puts, dense gets; on gRPC too), so that no event loop waits for "
+          "an encode; 0: on the event loops (one encode then holds up every connection of its loop)");
 ABSL_FLAG(int, work_queue, 64,
           "data-plane requests waiting for a work thread at most; more are held back (their connections are not "
           "read) until there is room");

@@ -1,6 +1,5 @@
 // The data plane's backend work queue (--work_threads, --work_queue):
-// requests whose work is the backend's (puts, Attend, Append, dense gets)
-// are served off the event loops. Against the real server: frames sent
+// bulk backend work (puts, dense gets) is served off the event loops. Against the real server: frames sent
 // back to back, some served on the queue and some on the loop, are
 // answered in order; a queue of one with many clients holds connections
 // back instead of failing them, and every answer is the one a server
@@ -149,24 +148,23 @@ TEST_F(DataPlaneWorkTest, FramesSentBackToBackAreAnsweredInOrder) {
 }
 
 TEST_F(DataPlaneWorkTest, AFullQueueHoldsClientsBackAndTheirAnswersAreTheLoopsAnswers) {
-  // The answers of a server that serves on its loops...
+  // The dense blocks of a server that decodes on its loops...
   Start({"--work_threads=0"});
-  std::string id = NewSequence();
   std::vector<std::string> expected;
   {
     auto dp = Connect();
     ASSERT_NE(dp, nullptr);
-    for (int k = 0; k < 8; ++k) {
-      auto r = dp->Attend(Attend(id, k % 2, 70 + k).attend());
-      ASSERT_TRUE(r.ok()) << r.status();
-      expected.push_back(r->outputs(0).data());
+    for (int k = 0; k < 4; ++k) {
+      client::DataPlaneBlocks out;
+      absl::Status st = dp->GetBlocks(Get({chain_[k]}, /*dense=*/true).get_blocks(), &out);
+      ASSERT_TRUE(st.ok()) << st;
+      expected.emplace_back(out.payload(0));
     }
   }
   // ...are those of one whose queue holds a single request, under 12
   // clients at once: none fails.
   data_dir_.clear();
   Start({"--work_threads=1", "--work_queue=1"});
-  id = NewSequence();
   std::vector<std::thread> clients;
   std::atomic<int> failures{0}, mismatches{0};
   for (int c = 0; c < 12; ++c) {
@@ -176,15 +174,16 @@ TEST_F(DataPlaneWorkTest, AFullQueueHoldsClientsBackAndTheirAnswersAreTheLoopsAn
         failures.fetch_add(1);
         return;
       }
+      client::DataPlaneBlocks out;
       for (int round = 0; round < 10; ++round)
-        for (int k = 0; k < 8; ++k) {
-          auto r = dp->Attend(Attend(id, k % 2, 70 + k).attend());
-          if (!r.ok()) {
+        for (int k = 0; k < 4; ++k) {
+          absl::Status st = dp->GetBlocks(Get({chain_[k]}, /*dense=*/true).get_blocks(), &out);
+          if (!st.ok()) {
             failures.fetch_add(1);
-            ADD_FAILURE() << r.status();
+            ADD_FAILURE() << st;
             return;
           }
-          if (r->outputs(0).data() != expected[k]) mismatches.fetch_add(1);
+          if (out.payload(0) != expected[k]) mismatches.fetch_add(1);
         }
     });
   }
