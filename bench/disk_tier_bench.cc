@@ -17,9 +17,14 @@
 // fill's spill rate compares with it), and as many random block-sized reads
 // of it, cold, as the Gets make.
 //
+// With --shutdown_mib M (after the sizes; `--sizes ""` for none): a graceful
+// shutdown of a host tier holding M MiB (ShutdownRun).
+//
 // Usage: disk_tier_bench [--sizes 10000,1000000] [--block_bytes 1024]
 //                        [--host_blocks 4096] [--lookups 300] [--spills 20000]
 //                        [--dir /tmp] [--background_index 1]
+//                        [--shutdown_mib 0] [--shutdown_block_bytes 262144]
+//                        [--shutdown_deadline_s 30]
 #include <fcntl.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -97,6 +102,87 @@ std::pair<double, double> RawDevice(const std::string& dir, uint64_t bytes, int6
   return {write_mb_s, read_mb_s};
 }
 
+// Graceful shutdown as the server makes it (service/server.cc Shutdown): a
+// host tier holding `bytes` of `block`-byte blocks, one in ten put durable
+// (on disk at once), is evicted to disk under a deadline of `deadline_s`,
+// synced and closed; then reopened, where every durable block must be found.
+// Prints the shutdown's time against the deadline, what it spilled and what
+// it left (lost with the process), and the device's fdatasync'd sequential
+// write of the same bytes. Returns non-zero when a durable block is missing.
+int ShutdownRun(const std::string& root, uint64_t bytes, int64_t block, double deadline_s) {
+  const std::string dir = root + "/tqkv_shutdown_bench_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const int64_t n = static_cast<int64_t>(bytes / block);
+  storage::BlockStoreOptions o;
+  o.host_capacity_bytes = bytes + bytes / 8;
+  o.disk_path = dir;
+  o.disk_capacity_bytes = 2 * bytes;
+  auto store = storage::BlockStore::Open(o);
+  if (!store.ok()) {
+    std::fprintf(stderr, "disk_tier_bench: %s\n", std::string(store.status().message()).c_str());
+    return 1;
+  }
+  const storage::BlockAccounting acc{.dense_equivalent_bytes = static_cast<uint64_t>(4 * block),
+                                     .packed_k_bytes = static_cast<uint64_t>(block / 2),
+                                     .packed_v_bytes = static_cast<uint64_t>(block / 2),
+                                     .total_bytes = static_cast<uint64_t>(block)};
+  std::string payload(block, 's');
+  auto t0 = Clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(payload.data(), &i, sizeof i);
+    auto r = (*store)->Put({"bench", 2, Hash(i)}, "", acc, payload, {.durable = i % 10 == 0});
+    if (!r.ok()) {
+      std::fprintf(stderr, "disk_tier_bench: shutdown fill %lld: %s\n", (long long)i,
+                   std::string(r.status().message()).c_str());
+      return 1;
+    }
+  }
+  const double fill_s = Micros(t0, Clock::now()) / 1e6;
+  // The server's steps: every host block out (pinned ones too) until the
+  // deadline, then a WAL sync and the close.
+  t0 = Clock::now();
+  storage::EvictSpec all;
+  all.include_pinned = true;
+  all.deadline = absl::Now() + absl::Seconds(deadline_s);
+  auto ev = (*store)->Evict(all);
+  absl::Status synced = (*store)->Sync();
+  store->reset();
+  const double shutdown_s = Micros(t0, Clock::now()) / 1e6;
+  if (!ev.ok() || !synced.ok()) {
+    std::fprintf(stderr, "disk_tier_bench: shutdown: %s\n",
+                 std::string((ev.ok() ? synced : ev.status()).message()).c_str());
+    return 1;
+  }
+  o.load_index_in_background = false;  // every block is indexed before it is counted
+  store = storage::BlockStore::Open(o);
+  if (!store.ok()) {
+    std::fprintf(stderr, "disk_tier_bench: reopen: %s\n", std::string(store.status().message()).c_str());
+    return 1;
+  }
+  int64_t durable_missing = 0, found = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    auto hit = (*store)->Lookup("bench", 2, {Hash(i)});
+    const bool there = hit.ok() && hit->hits == 1;
+    found += there;
+    if (i % 10 == 0 && !there) ++durable_missing;
+  }
+  store->reset();
+  const auto [raw_write, raw_read] = RawDevice(root, bytes, block, 0);
+  (void)raw_read;
+  std::printf("\n[shutdown] %lld blocks of %lld bytes (%.2f GB) in host memory, one in ten durable, filled in %.1f s\n"
+              "  shutdown (spill until a %.0f s deadline, sync, close): %.1f s; spilled %llu blocks (%.2f GB, %.0f MB/s), "
+              "left %llu (%.2f GB, lost with the process)\n"
+              "  after the restart: %lld of %lld blocks, durable ones missing: %lld; the device's sequential write "
+              "with fdatasync: %.0f MB/s\n",
+              (long long)n, (long long)block, bytes / 1e9, fill_s, deadline_s, shutdown_s,
+              (unsigned long long)ev->blocks, ev->bytes / 1e9, ev->bytes / 1e6 / shutdown_s,
+              (unsigned long long)ev->left_blocks, ev->left_bytes / 1e9, (long long)found, (long long)n,
+              (long long)durable_missing, raw_write);
+  std::fflush(stdout);
+  std::filesystem::remove_all(dir);
+  return durable_missing == 0 ? 0 : 1;
+}
+
 // This process's resident set (VmRSS), in bytes; 0 if unreadable.
 double RssBytes() {
   std::ifstream in("/proc/self/status");
@@ -107,7 +193,8 @@ double RssBytes() {
 }
 
 int Run(int argc, char** argv) {
-  auto args = cli::Args::Parse(argc, argv, 1, {"sizes", "block_bytes", "host_blocks", "lookups", "spills", "dir", "background_index"});
+  auto args = cli::Args::Parse(argc, argv, 1, {"sizes", "block_bytes", "host_blocks", "lookups", "spills", "dir", "background_index", "shutdown_mib",
+                                                   "shutdown_block_bytes", "shutdown_deadline_s"});
   if (!args.ok()) {
     std::fprintf(stderr, "disk_tier_bench: %s\n", std::string(args.status().message()).c_str());
     return 2;
@@ -115,8 +202,10 @@ int Run(int argc, char** argv) {
   const int64_t block = *args->GetInt("block_bytes", 1024), host_blocks = *args->GetInt("host_blocks", 4096),
                 lookups = *args->GetInt("lookups", 300), spills = *args->GetInt("spills", 20000);
   const bool background_index = *args->GetInt("background_index", 1) != 0;
+  const int64_t shutdown_mib = *args->GetInt("shutdown_mib", 0);
   std::vector<int64_t> sizes;
-  for (absl::string_view s : absl::StrSplit(args->Get("sizes", "10000,1000000"), ',')) {
+  const std::string size_list = args->Get("sizes", "10000,1000000");
+  for (absl::string_view s : absl::StrSplit(size_list, ',', absl::SkipEmpty())) {
     int64_t n = 0;
     if (!absl::SimpleAtoi(s, &n) || n < 2000) {
       std::fprintf(stderr, "disk_tier_bench: bad size '%s' (at least 2000)\n", std::string(s).c_str());
@@ -256,6 +345,9 @@ int Run(int argc, char** argv) {
     store->reset();
   }
   std::filesystem::remove_all(dir);
+  if (shutdown_mib > 0)
+    return ShutdownRun(args->Get("dir", "/tmp"), static_cast<uint64_t>(shutdown_mib) << 20,
+                       *args->GetInt("shutdown_block_bytes", 262144), *args->GetInt("shutdown_deadline_s", 30));
   return 0;
 }
 
