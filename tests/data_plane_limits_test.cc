@@ -30,22 +30,6 @@ class DataPlaneLimitsTest : public ServerTest {
  protected:
   int RawConnect() { return testing::RawConnect(server_->data_address()); }
 
-  // The value of an unlabelled metric; -1 when it is missing.
-  double Metric(const std::string& name) {
-    auto text = HttpGet(server_->metrics_address(), "/metrics");
-    EXPECT_TRUE(text.ok()) << text.status();
-    const std::string key = "\n" + name + " ";
-    const size_t at = text.ok() ? text->find(key) : std::string::npos;
-    return at == std::string::npos ? -1 : std::stod(text->substr(at + key.size()));
-  }
-  // Waits (up to 10 s) until Metric(name) == want; returns the last value.
-  double AwaitMetric(const std::string& name, double want) {
-    double v = Metric(name);
-    for (const absl::Time end = absl::Now() + absl::Seconds(10); v != want && absl::Now() < end;
-         v = Metric(name))
-      absl::SleepFor(absl::Milliseconds(20));
-    return v;
-  }
   // The server's resident set in bytes.
   uint64_t ServerRss() {
     std::ifstream f(absl::StrCat("/proc/", server_->pid(), "/status"));

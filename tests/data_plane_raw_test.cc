@@ -66,16 +66,7 @@ class DataPlaneRawTest : public ServerTest {
   }
 
   // A sequence over chain_ with a 5-token tail (the same one each time).
-  std::string NewSequence() {
-    v1::CreateSequenceRequest cs;
-    *cs.mutable_model() = model_;
-    for (const auto& h : chain_) cs.add_block_hashes(h);
-    *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 51);
-    *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 52);
-    auto seq = client_->CreateSequence(cs);
-    EXPECT_TRUE(seq.ok()) << seq.status();
-    return seq.ok() ? seq->sequence_id() : "";
-  }
+  std::string NewSequence() { return ServerTest::NewSequence(model_, chain_, 5, 51); }
 
   // One item with a query and a new token, from `seed`.
   static v1::AttendItem Step(const std::string& id, uint64_t seed) {

@@ -32,15 +32,6 @@ class DataPlaneWorkTest : public ServerTest {
     PutDense(model_, chain_, 300);
   }
 
-  // The value of an unlabelled metric; -1 when it is missing.
-  double Metric(const std::string& name) {
-    auto text = HttpGet(server_->metrics_address(), "/metrics");
-    EXPECT_TRUE(text.ok()) << text.status();
-    const std::string key = "\n" + name + " ";
-    const size_t at = text.ok() ? text->find(key) : std::string::npos;
-    return at == std::string::npos ? -1 : std::stod(text->substr(at + key.size()));
-  }
-
   std::unique_ptr<client::DataPlaneClient> Connect() {
     client::DataPlaneClientOptions o;
     o.target = server_->data_address();
@@ -49,16 +40,7 @@ class DataPlaneWorkTest : public ServerTest {
     return c.ok() ? std::move(*c) : nullptr;
   }
 
-  std::string NewSequence() {
-    v1::CreateSequenceRequest cs;
-    *cs.mutable_model() = model_;
-    for (const auto& h : chain_) cs.add_block_hashes(h);
-    *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, 3, 2, 64}, 31);
-    *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 3, 2, 64}, 32);
-    auto seq = client_->CreateSequence(cs);
-    EXPECT_TRUE(seq.ok()) << seq.status();
-    return seq.ok() ? seq->sequence_id() : "";
-  }
+  std::string NewSequence() { return ServerTest::NewSequence(model_, chain_, 3, 31); }
 
   // Attend of a query alone (no new token): the same answer however often.
   static v1::DataPlaneRequest Attend(const std::string& id, int layer, uint64_t seed) {
@@ -218,11 +200,8 @@ TEST_F(DataPlaneWorkTest, ConnectionsClosedWhileTheirRequestRunsLeaveTheServerSe
   v1::StatsRequest sr;
   auto stats = client_->Stats(sr);
   ASSERT_TRUE(stats.ok()) << stats.status();
-  for (const char* gauge : {"tqkv_data_plane_buffered_bytes", "tqkv_data_plane_reply_bytes"}) {
-    double v = Metric(gauge);
-    for (int i = 0; i < 500 && v != 0; ++i, v = Metric(gauge)) absl::SleepFor(absl::Milliseconds(20));
-    EXPECT_EQ(v, 0) << gauge;
-  }
+  EXPECT_EQ(AwaitMetric("tqkv_data_plane_buffered_bytes", 0), 0);
+  EXPECT_EQ(AwaitMetric("tqkv_data_plane_reply_bytes", 0), 0);
   EXPECT_EQ(Metric("tqkv_data_plane_connections"), 1);
 }
 

@@ -1,5 +1,7 @@
 #include "tests/fixture.h"
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "codec/dtype.h"
 
 namespace tqkv::testing {
@@ -55,6 +57,33 @@ std::vector<v1::PutBlock> ServerTest::PutDense(const v1::ModelRef& model,
   auto r = client_->PutBlocks(h, blocks);
   EXPECT_TRUE(r.ok()) << r.status();
   return blocks;
+}
+
+std::string ServerTest::NewSequence(const v1::ModelRef& model, const std::vector<std::string>& chain,
+                                    int tail_tokens, uint64_t seed) {
+  v1::CreateSequenceRequest cs;
+  *cs.mutable_model() = model;
+  for (const auto& h : chain) cs.add_block_hashes(h);
+  *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, tail_tokens, 2, 64}, seed);
+  *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, tail_tokens, 2, 64}, seed + 1);
+  auto seq = client_->CreateSequence(cs);
+  EXPECT_TRUE(seq.ok()) << seq.status();
+  return seq.ok() ? seq->sequence_id() : "";
+}
+
+double ServerTest::Metric(const std::string& name) {
+  auto text = HttpGet(server_->metrics_address(), "/metrics");
+  EXPECT_TRUE(text.ok()) << text.status();
+  const std::string key = "\n" + name + " ";
+  const size_t at = text.ok() ? text->find(key) : std::string::npos;
+  return at == std::string::npos ? -1 : std::stod(text->substr(at + key.size()));
+}
+
+double ServerTest::AwaitMetric(const std::string& name, double want) {
+  double v = Metric(name);
+  for (const absl::Time end = absl::Now() + absl::Seconds(10); v != want && absl::Now() < end; v = Metric(name))
+    absl::SleepFor(absl::Milliseconds(20));
+  return v;
 }
 
 v1::ModelStats ServerTest::ModelStats(const v1::ModelRef& model) {

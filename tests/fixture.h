@@ -45,6 +45,15 @@ class ServerTest : public ::testing::Test {
                                      bool durable = false);
   // Stats of one model (asserts success).
   v1::ModelStats ModelStats(const v1::ModelRef& model);
+  // A decode sequence over `chain` of `model` (client::SmallModel's
+  // layout) with a dense tail of `tail_tokens` tokens, K and V from seeds
+  // `seed` and `seed + 1`; its id ("" after a failure, which is reported).
+  std::string NewSequence(const v1::ModelRef& model, const std::vector<std::string>& chain, int tail_tokens,
+                          uint64_t seed);
+  // The value of an unlabelled metric of server_; -1 when it is missing.
+  double Metric(const std::string& name);
+  // Waits (up to 10 s) until Metric(name) == want; returns the last value.
+  double AwaitMetric(const std::string& name, double want);
   // Total blocks of a model over all tiers where the tier matches (or all
   // tiers when tier is TIER_UNSPECIFIED).
   uint64_t Blocks(const v1::ModelRef& model, v1::Tier tier = v1::TIER_UNSPECIFIED);
