@@ -288,10 +288,7 @@ absl::Status Server::Shutdown() {
   metrics_http_.reset();  // no scrape may run while the store goes away
   service_.reset();  // sequences release their block references
   if (store_ && options_.spill_on_shutdown && store_->Stats().disk_enabled) {
-    storage::EvictSpec all;
-    all.include_pinned = true;  // pins end with the process; keep the bytes
-    all.deadline = clock_->Now() + options_.shutdown_spill_deadline;
-    absl::StatusOr<storage::EvictResult> r = store_->Evict(all);
+    absl::StatusOr<storage::EvictResult> r = store_->SpillForShutdown(options_.shutdown_spill_deadline);
     if (!r.ok()) status.Update(r.status());
     if (r.ok() && log_) {
       std::string line = absl::StrCat("tqkv-server: shutdown moved ", r->blocks, " blocks (", r->bytes,

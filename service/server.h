@@ -155,9 +155,10 @@ struct ServerOptions {
   // On graceful shutdown, move every host-resident block to disk (as far
   // as the disk budget allows) so a restart finds it. Default: true.
   bool spill_on_shutdown = true;
-  // How long that spill may take: no new batch (64 MiB) starts after it;
-  // what is left in host memory is lost with the process, counted and
-  // logged. Durable blocks are on disk already. Default: 30 s (deploy/k8s's
+  // How long that spill may take, its WAL sync and the store's close
+  // included (BlockStore::SpillForShutdown: batches of 64 MiB, paced to end
+  // in time); what is left in host memory is lost with the process, counted
+  // and logged. Durable blocks are on disk already. Default: 30 s (deploy/k8s's
   // overlays set it to their host budget and size the termination grace
   // period to cover it).
   absl::Duration shutdown_spill_deadline = absl::Seconds(30);

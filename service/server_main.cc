@@ -139,7 +139,8 @@ ABSL_FLAG(tqkv::ByteSize, gpu_arena_bytes, tqkv::ByteSize{0},
 ABSL_FLAG(bool, spill_on_shutdown, true,
           "on SIGTERM/SIGINT move host-resident blocks to disk so a restart finds them");
 ABSL_FLAG(int, shutdown_spill_deadline_ms, 30000,
-          "how long the shutdown spill of host blocks to disk may take; what is left is lost (counted, logged)");
+          "how long the shutdown spill of host blocks to disk may take, its WAL sync and close included; what is left "
+          "is lost (counted, logged)");
 ABSL_FLAG(int, shutdown_grace_ms, 10000,
           "how long a graceful shutdown waits for in-flight RPCs before cancelling them");
 ABSL_FLAG(int, sequence_ttl_ms, 300000, "idle expiry of decode sequences that ask for ttl 0");

@@ -863,6 +863,15 @@ absl::Status BlockStore::Delete(const BlockKey& key) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<EvictResult> BlockStore::SpillForShutdown(absl::Duration budget) {
+  EvictSpec all;
+  all.include_pinned = true;
+  all.deadline = clock_->Now() + budget - std::min(budget / 10, absl::Seconds(3));
+  TQ_ASSIGN_OR_RETURN(EvictResult r, Evict(all));
+  TQ_RETURN_IF_ERROR(Sync());
+  return r;
+}
+
 absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
   if (spec.scope.has_value()) TQ_RETURN_IF_ERROR(ValidateTenant(spec.scope->tenant));
   const uint64_t limit =
@@ -875,8 +884,9 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
     // settled before the next; the last walk's skip counts stand.
     const uint64_t batch = std::max<uint64_t>(1, spec.batch_bytes);
     uint64_t budget = limit;
+    absl::Duration pace = absl::ZeroDuration();  // the last batch's time: the next one's likely time
     for (;;) {
-      if (clock_->Now() >= spec.deadline) {
+      if (clock_->Now() + pace >= spec.deadline) {
         const absl::Time now = clock_->Now();
         index_.ForEachHostLru([&](BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           if (InScope(*r, spec.scope) && !r->on_disk && !r->io_busy && r->visible &&
@@ -907,7 +917,9 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
       result.blocks += walk.blocks;  // blocks let go at once (already on disk, or dropped)
       result.bytes += walk.bytes;
       if (batch_plan.empty() && walk.blocks == 0) return result;  // nothing left to move
+      const absl::Time started = clock_->Now();
       absl::Status s = RunPlanLocked(&batch_plan);
+      pace = clock_->Now() - started;
       result.blocks += batch_plan.evicted_blocks;
       result.bytes += batch_plan.evicted_bytes;
       if (!s.ok()) return s;

@@ -248,7 +248,8 @@ struct EvictSpec {
   bool include_pinned = false;
   // drop=false: spills are written in RocksDB batches of about this many
   // payload bytes (bounding the memory a batch takes), and no new batch
-  // starts once the clock passes `deadline`. Defaults: 64 MiB, none.
+  // starts that would, taking as long as the one before it, end past
+  // `deadline`. Defaults: 64 MiB, none.
   uint64_t batch_bytes = uint64_t{64} << 20;
   absl::Time deadline = absl::InfiniteFuture();
 };
@@ -397,6 +398,13 @@ class BlockStore {
 
   // Administrative eviction; see EvictSpec. Disk errors are returned.
   absl::StatusOr<EvictResult> Evict(const EvictSpec& spec);
+
+  // A graceful shutdown's spill: every host block (pinned ones too: pins
+  // end with the process) moved to disk, oldest first, in batches that end
+  // before `budget` is spent less its last tenth (at most 3 s), which is
+  // kept for the WAL sync that follows and the close's memtable flush. The
+  // result counts what moved and what was left (lost with the process).
+  absl::StatusOr<EvictResult> SpillForShutdown(absl::Duration budget);
 
   // A consistent snapshot of usage, budgets and counters.
   StoreStats Stats();

@@ -373,6 +373,27 @@ TEST_F(BlockStoreDiskTest, SpillsRunInBatchesUntilTheDeadline) {
   EXPECT_EQ(s->Evict({.batch_bytes = 1})->blocks, 2u);
 }
 
+// The shutdown spill moves every host block, pinned ones too, within its
+// budget; with none left it moves nothing and counts what stays behind.
+TEST_F(BlockStoreDiskTest, ShutdownSpillMovesEveryHostBlockWithinItsBudget) {
+  {
+    auto s = OpenStore(2000);
+    for (int i = 0; i < 9; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+    ASSERT_TRUE(s->Pin(Key(3), absl::Minutes(5)).ok());
+    auto none = s->SpillForShutdown(absl::ZeroDuration());
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_EQ(none->blocks, 0u);
+    EXPECT_EQ(none->left_blocks, 9u);
+    auto all = s->SpillForShutdown(absl::Seconds(30));
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ(all->blocks, 9u);
+    EXPECT_EQ(all->left_blocks, 0u);
+    EXPECT_EQ(s->Stats().host_used_bytes, 0u);
+  }
+  auto s = OpenStore(2000);
+  for (int i = 0; i < 9; ++i) ExpectBlock(*s, Key(i), Tier::kDisk);
+}
+
 // Sync fsyncs the WAL behind spills; it succeeds with and without a disk tier
 // and the spilled blocks stay readable after it and after a reopen.
 TEST_F(BlockStoreDiskTest, SyncAfterSpills) {
