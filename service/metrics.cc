@@ -213,6 +213,9 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   counter("tqkv_evicted_bytes_total", "Bytes of evicted host copies.", c.evicted_bytes);
   counter("tqkv_spills_total", "Evictions that wrote the block to disk.", c.spills);
   counter("tqkv_spilled_bytes_total", "Bytes written to disk by evictions.", c.spilled_bytes);
+  counter("tqkv_written_behind_total",
+          "Host blocks copied to disk by write-behind (--write_behind_fraction), host copy kept.", c.written_behind);
+  counter("tqkv_written_behind_bytes_total", "Bytes copied to disk by write-behind.", c.written_behind_bytes);
   counter("tqkv_promotions_total", "Disk blocks copied back into host memory.", c.promotions);
   counter("tqkv_promoted_bytes_total", "Bytes promoted from disk to host.", c.promoted_bytes);
   counter("tqkv_drops_total", "Blocks removed by budget pressure or Evict(drop).", c.drops);

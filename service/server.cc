@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 
@@ -100,6 +101,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   so.host_capacity_bytes = options.host_budget_bytes;
   so.tenant_host_quota_bytes = options.tenant_host_quota_bytes;
   so.disk_capacity_bytes = options.disk_budget_bytes;
+  if (!(options.write_behind_fraction >= 0 && options.write_behind_fraction <= 1))
+    return absl::InvalidArgumentError(
+        absl::StrCat("--write_behind_fraction must be in [0, 1], not ", options.write_behind_fraction));
+  // 0 turns it off; any other fraction writes above at least one byte.
+  so.write_behind_above_bytes =
+      options.write_behind_fraction == 0
+          ? 0
+          : std::max<uint64_t>(1, static_cast<uint64_t>(options.write_behind_fraction *
+                                                         static_cast<double>(options.host_budget_bytes)));
   so.disk_min_free_bytes = options.disk_min_free_bytes;
   so.load_index_in_background = options.disk_index_in_background;
   so.max_pin_ttl = options.service.max_pin_ttl;

@@ -130,6 +130,11 @@ struct ServerOptions {
   uint64_t tenant_host_quota_bytes = 0;
   // Disk budget for spilled/durable payloads. Default: 64 GiB.
   uint64_t disk_budget_bytes = uint64_t{64} << 30;
+  // Write-behind (BlockStoreOptions::write_behind_above_bytes) above this
+  // fraction of host_budget_bytes held by blocks with no disk copy: the
+  // oldest are copied to disk in the background, so eviction and shutdown
+  // find them written. 0: off; at most 1. Default: 0.5.
+  double write_behind_fraction = 0.5;
   // Free bytes the disk tier's file system keeps
   // (BlockStoreOptions::disk_min_free_bytes). Default: 1 GiB.
   uint64_t disk_min_free_bytes = uint64_t{1} << 30;

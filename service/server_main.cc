@@ -110,6 +110,9 @@ ABSL_FLAG(tqkv::ByteSize, tenant_host_quota_bytes, tqkv::ByteSize{0},
           "host bytes one tenant's blocks may hold: at it a tenant evicts its own blocks, never another "
           "tenant's; a put that cannot make room is RESOURCE_EXHAUSTED naming the tenant (0: no limit)");
 ABSL_FLAG(tqkv::ByteSize, disk_budget_bytes, tqkv::ByteSize{uint64_t{64} << 30}, "disk budget for spilled/durable blocks");
+ABSL_FLAG(double, write_behind_fraction, 0.5,
+          "once blocks with no disk copy hold more than this fraction of the host budget, the oldest are written to "
+          "disk in the background (host copies kept), so eviction and shutdown find them written (0: off)");
 ABSL_FLAG(tqkv::ByteSize, disk_min_free_bytes, tqkv::ByteSize{uint64_t{1} << 30},
           "free bytes the disk tier's file system keeps: a spill that would leave less is dropped and a durable put "
           "refused (RESOURCE_EXHAUSTED), as on a full disk, before RocksDB runs out of room (0: off)");
@@ -255,6 +258,7 @@ int main(int argc, char** argv) {
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes).bytes;
   o.tenant_host_quota_bytes = absl::GetFlag(FLAGS_tenant_host_quota_bytes).bytes;
   o.disk_budget_bytes = absl::GetFlag(FLAGS_disk_budget_bytes).bytes;
+  o.write_behind_fraction = absl::GetFlag(FLAGS_write_behind_fraction);
   o.disk_min_free_bytes = absl::GetFlag(FLAGS_disk_min_free_bytes).bytes;
   o.disk_index_in_background = absl::GetFlag(FLAGS_disk_index_in_background);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

@@ -42,7 +42,14 @@ void BlockIndex::SetHostCopy(BlockRecord* r, std::shared_ptr<const HostBuffer> b
   bool has = buffer != nullptr;
   r->host = std::move(buffer);
   if (had != has) {
-    if (!r->on_disk) AddResidency(*r, has);
+    if (!r->on_disk) {
+      AddResidency(*r, has);
+      if (has) {
+        host_only_bytes_ += r->size_bytes;
+      } else {
+        host_only_bytes_ -= r->size_bytes;
+      }
+    }
     AddUsage(*r, Tier::kHost, has);
     if (has) {
       host_bytes_ += r->size_bytes;
@@ -56,7 +63,13 @@ void BlockIndex::SetHostCopy(BlockRecord* r, std::shared_ptr<const HostBuffer> b
 void BlockIndex::SetOnDisk(BlockRecord* r, bool on_disk) {
   if (r->on_disk != on_disk) {
     r->on_disk = on_disk;
-    if (r->host == nullptr) AddResidency(*r, on_disk);
+    if (r->host == nullptr) {
+      AddResidency(*r, on_disk);
+    } else if (on_disk) {
+      host_only_bytes_ -= r->size_bytes;
+    } else {
+      host_only_bytes_ += r->size_bytes;
+    }
     AddUsage(*r, Tier::kDisk, on_disk);
     if (on_disk) {
       disk_bytes_ += r->size_bytes;

@@ -150,6 +150,8 @@ class BlockIndex {
     return it == tenant_host_bytes_.end() ? 0 : it->second;
   }
   uint64_t disk_bytes() const { return disk_bytes_; }
+  // Bytes of host copies that have no disk copy.
+  uint64_t host_only_bytes() const { return host_only_bytes_; }
   size_t host_blocks() const { return host_lru_.size(); }
   size_t disk_only_blocks() const { return disk_only_lru_.size(); }
 
@@ -216,6 +218,7 @@ class BlockIndex {
   absl::flat_hash_map<std::string, uint64_t> tenant_host_bytes_;  // no zero entries
   uint64_t host_bytes_ = 0;
   uint64_t disk_bytes_ = 0;
+  uint64_t host_only_bytes_ = 0;
   uint64_t next_generation_ = 1;
 };
 

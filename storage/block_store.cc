@@ -29,6 +29,7 @@ struct BlockStore::IoPlan {
   std::vector<Write> writes;
   std::vector<Drop> drops;
   bool sync = false;
+  bool written_behind = false;  // the writes are write-behind copies (counted as such)
   // Filled by RunPlanLocked: spills whose host copy was released.
   uint64_t evicted_blocks = 0;
   uint64_t evicted_bytes = 0;
@@ -102,6 +103,8 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const BlockStoreOpt
                                                       .min_free_bytes = options.disk_min_free_bytes}));
   }
   std::unique_ptr<BlockStore> store(new BlockStore(options, std::move(spill)));
+  if (options.write_behind_above_bytes > 0 && store->spill_ != nullptr)
+    store->write_behind_ = std::thread([s = store.get()] { s->WriteBehindLoop(); });
   if (options.load_index_in_background && store->spill_ != nullptr) {
     {
       absl::MutexLock l(&store->mu_);
@@ -125,7 +128,46 @@ BlockStore::BlockStore(const BlockStoreOptions& options, std::unique_ptr<SpillSt
 
 BlockStore::~BlockStore() {
   stop_loading_ = true;
+  {
+    absl::MutexLock l(&mu_);
+    stop_writing_behind_ = true;
+  }
+  if (write_behind_.joinable()) write_behind_.join();
   if (loader_.joinable()) loader_.join();
+}
+
+void BlockStore::WriteBehindLoop() {
+  constexpr uint64_t kBatchBytes = uint64_t{64} << 20;
+  constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
+  absl::MutexLock l(&mu_);
+  while (!stop_writing_behind_) {
+    IoPlan plan;
+    if (index_.host_only_bytes() > options_.write_behind_above_bytes && clock_->Now() >= disk_full_until_)
+      PlanWriteBehindLocked(std::min(kBatchBytes, index_.host_only_bytes() - options_.write_behind_above_bytes),
+                            &plan);
+    if (plan.empty()) {
+      mu_.AwaitWithTimeout(absl::Condition(&stop_writing_behind_), kIdleWait);
+      continue;
+    }
+    (void)RunPlanLocked(&plan);  // a failure is counted (disk_errors); the blocks stay host-only, tried again later
+  }
+}
+
+void BlockStore::PlanWriteBehindLocked(uint64_t bytes, IoPlan* plan) {
+  const uint64_t cap = options_.disk_capacity_bytes;
+  uint64_t planned = 0;
+  index_.ForEachHostLru([&](BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (planned >= bytes) return false;
+    if (r->on_disk || r->io_busy || !r->visible) return true;
+    const uint64_t committed = index_.disk_bytes() + disk_reserved_bytes_ - disk_dropping_bytes_;
+    if (committed + r->size_bytes > cap) return false;  // only into free room: no disk block dropped for it
+    disk_reserved_bytes_ += r->size_bytes;
+    r->io_busy = true;
+    planned += r->size_bytes;
+    plan->writes.push_back({r, MetaOf(*r), r->host, /*evict_after=*/false});
+    plan->written_behind = true;
+    return true;
+  });
 }
 
 absl::Status BlockStore::LoadFromDisk() {
@@ -405,6 +447,10 @@ absl::Status BlockStore::RunPlanLocked(IoPlan* plan) {
     if (w.evict_after) host_spilling_bytes_ -= size;
     if (!s.ok()) continue;
     index_.SetOnDisk(r, true);
+    if (plan->written_behind) {
+      counters_.written_behind++;
+      counters_.written_behind_bytes += size;
+    }
     if (!w.evict_after) continue;
     counters_.spills++;
     counters_.spilled_bytes += size;

@@ -144,6 +144,15 @@ struct BlockStoreOptions {
   // owned; must outlive the store. Default: null (payloads in clear).
   const AtRestCipher* at_rest_cipher = nullptr;
 
+  // Write-behind: while host copies without a disk copy hold more than this
+  // many bytes, a thread writes the oldest of them to disk in batches of
+  // about 64 MiB, keeping the host copies, as far as the disk budget has
+  // room without dropping disk blocks. Eviction then only lets go of host
+  // memory, a shutdown has at most about this much left to write, and the
+  // written blocks survive a crash (WAL, as spills). 0: off (blocks reach
+  // disk when evicted). Default: 0.
+  uint64_t write_behind_above_bytes = 0;
+
   // Open returns before the disk tier is indexed and a thread indexes it
   // while the store serves ("Opening a large disk tier"). Default: false
   // (Open indexes every block before it returns).
@@ -280,6 +289,8 @@ struct StoreCounters {
   uint64_t evicted_bytes = 0;
   uint64_t spills = 0;  // evictions that wrote the block to disk
   uint64_t spilled_bytes = 0;
+  uint64_t written_behind = 0;  // host blocks copied to disk by write-behind (host copy kept)
+  uint64_t written_behind_bytes = 0;
   uint64_t promotions = 0;  // disk blocks copied into host memory by Get
   uint64_t promoted_bytes = 0;
   uint64_t drops = 0;  // blocks removed by budget pressure or Evict(drop)
@@ -447,6 +458,12 @@ class BlockStore {
   BlockRecord* FindLocked(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until the index scan has ended.
   void AwaitIndexLoadedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The write-behind thread: batches of the oldest host-only blocks written
+  // to disk while they exceed options_.write_behind_above_bytes.
+  void WriteBehindLoop();
+  // Plans writing up to `bytes` of the oldest idle, visible host-only
+  // blocks to disk (host copies kept) within the disk budget's free room.
+  void PlanWriteBehindLocked(uint64_t bytes, IoPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void ReleaseHandle(const std::string& tenant, uint64_t size_bytes);
   absl::Status ReserveHostLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -512,6 +529,10 @@ class BlockStore {
   absl::flat_hash_set<BlockKey> removed_while_loading_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_loading_{false};
   std::thread loader_;
+  // Write-behind (options_.write_behind_above_bytes): its thread runs until
+  // stop_writing_behind_.
+  bool stop_writing_behind_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread write_behind_;
   // Model records when there is no disk tier.
   std::map<std::pair<std::string, uint64_t>, std::string> memory_models_ ABSL_GUARDED_BY(mu_);
 };

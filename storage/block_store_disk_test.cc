@@ -26,11 +26,12 @@ std::vector<std::string> Chain(int n) {
 
 class BlockStoreDiskTest : public ::testing::Test {
  protected:
-  std::unique_ptr<BlockStore> OpenStore(uint64_t host = 1000, uint64_t disk = 1 << 20) {
+  std::unique_ptr<BlockStore> OpenStore(uint64_t host = 1000, uint64_t disk = 1 << 20, uint64_t write_behind = 0) {
     BlockStoreOptions o;
     o.host_capacity_bytes = host;
     o.disk_path = dir_.path();
     o.disk_capacity_bytes = disk;
+    o.write_behind_above_bytes = write_behind;
     o.clock = &clock_;
     auto store = BlockStore::Open(o);
     EXPECT_TRUE(store.ok()) << store.status();
@@ -392,6 +393,38 @@ TEST_F(BlockStoreDiskTest, ShutdownSpillMovesEveryHostBlockWithinItsBudget) {
   }
   auto s = OpenStore(2000);
   for (int i = 0; i < 9; ++i) ExpectBlock(*s, Key(i), Tier::kDisk);
+}
+
+// Write-behind copies the oldest host-only blocks to disk while they hold
+// more than its threshold, keeping the host copies, and only into the disk
+// budget's free room; eviction then writes nothing more for them.
+TEST_F(BlockStoreDiskTest, WriteBehindCopiesTheOldestHostBlocksToDisk) {
+  {
+    auto s = OpenStore(/*host=*/2000, /*disk=*/500, /*write_behind=*/300);
+    for (int i = 0; i < 9; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());
+    // 900 host-only bytes, 300 allowed: the oldest 600 are copied, but the
+    // disk budget has room for 500 only.
+    StoreStats st = s->Stats();
+    for (int i = 0; i < 500 && st.counters.written_behind < 5; ++i, st = s->Stats())
+      absl::SleepFor(absl::Milliseconds(10));
+    absl::SleepFor(absl::Milliseconds(200));  // and no more than that
+    st = s->Stats();
+    EXPECT_EQ(st.counters.written_behind, 5u);
+    EXPECT_EQ(st.counters.written_behind_bytes, 500u);
+    EXPECT_EQ(st.disk_used_bytes, 500u);
+    EXPECT_EQ(st.host_used_bytes, 900u);  // host copies kept
+    EXPECT_EQ(st.counters.drops, 0u);
+    for (int i = 0; i < 5; ++i) EXPECT_TRUE(s->SpillStoreForTest()->HasPayloadForTest(Key(i)));
+    EXPECT_FALSE(s->SpillStoreForTest()->HasPayloadForTest(Key(5)));
+    ExpectBlock(*s, Key(0), Tier::kHost);
+    // Evicting the written blocks writes nothing.
+    auto ev = s->Evict({.max_bytes = 400});
+    ASSERT_TRUE(ev.ok()) << ev.status();
+    EXPECT_EQ(ev->blocks, 4u);
+    EXPECT_EQ(s->Stats().counters.spills, 0u);
+  }
+  auto s = OpenStore(2000, 500);
+  for (int i = 0; i < 5; ++i) ExpectBlock(*s, Key(i), Tier::kDisk);
 }
 
 // Sync fsyncs the WAL behind spills; it succeeds with and without a disk tier
