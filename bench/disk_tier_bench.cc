@@ -24,7 +24,7 @@
 //                        [--host_blocks 4096] [--lookups 300] [--spills 20000]
 //                        [--dir /tmp] [--background_index 1]
 //                        [--shutdown_mib 0] [--shutdown_block_bytes 262144]
-//                        [--shutdown_deadline_s 30]
+//                        [--shutdown_deadline_s 30] [--shutdown_write_behind_pct 0]
 #include <fcntl.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -104,12 +104,14 @@ std::pair<double, double> RawDevice(const std::string& dir, uint64_t bytes, int6
 
 // Graceful shutdown as the server makes it (service/server.cc Shutdown): a
 // host tier holding `bytes` of `block`-byte blocks, one in ten put durable
-// (on disk at once), is evicted to disk under a deadline of `deadline_s`,
+// (on disk at once), with write-behind above `write_behind` of its budget
+// (the server's --write_behind_fraction; 0: off) while it fills, is evicted
+// to disk under a deadline of `deadline_s`,
 // synced and closed; then reopened, where every durable block must be found.
 // Prints the shutdown's time against the deadline, what it spilled and what
 // it left (lost with the process), and the device's fdatasync'd sequential
 // write of the same bytes. Returns non-zero when a durable block is missing.
-int ShutdownRun(const std::string& root, uint64_t bytes, int64_t block, double deadline_s) {
+int ShutdownRun(const std::string& root, uint64_t bytes, int64_t block, double deadline_s, double write_behind) {
   const std::string dir = root + "/tqkv_shutdown_bench_" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   const int64_t n = static_cast<int64_t>(bytes / block);
@@ -117,6 +119,7 @@ int ShutdownRun(const std::string& root, uint64_t bytes, int64_t block, double d
   o.host_capacity_bytes = bytes + bytes / 8;
   o.disk_path = dir;
   o.disk_capacity_bytes = 2 * bytes;
+  o.write_behind_above_bytes = static_cast<uint64_t>(write_behind * static_cast<double>(o.host_capacity_bytes));
   auto store = storage::BlockStore::Open(o);
   if (!store.ok()) {
     std::fprintf(stderr, "disk_tier_bench: %s\n", std::string(store.status().message()).c_str());
@@ -138,6 +141,7 @@ int ShutdownRun(const std::string& root, uint64_t bytes, int64_t block, double d
     }
   }
   const double fill_s = Micros(t0, Clock::now()) / 1e6;
+  const uint64_t written_behind = (*store)->Stats().counters.written_behind_bytes;
   // The server's steps: the shutdown spill, then the close.
   t0 = Clock::now();
   auto ev = (*store)->SpillForShutdown(absl::Seconds(deadline_s));
@@ -163,12 +167,14 @@ int ShutdownRun(const std::string& root, uint64_t bytes, int64_t block, double d
   store->reset();
   const auto [raw_write, raw_read] = RawDevice(root, bytes, block, 0);
   (void)raw_read;
-  std::printf("\n[shutdown] %lld blocks of %lld bytes (%.2f GB) in host memory, one in ten durable, filled in %.1f s\n"
+  std::printf("\n[shutdown] %lld blocks of %lld bytes (%.2f GB) in host memory, one in ten durable, filled in %.1f s "
+              "(written behind meanwhile: %.2f GB, above %.2f of the host budget)\n"
               "  shutdown (spill until a %.0f s deadline, sync, close): %.1f s; spilled %llu blocks (%.2f GB, %.0f MB/s), "
               "left %llu (%.2f GB, lost with the process)\n"
               "  after the restart: %lld of %lld blocks, durable ones missing: %lld; the device's sequential write "
               "with fdatasync: %.0f MB/s\n",
-              (long long)n, (long long)block, bytes / 1e9, fill_s, deadline_s, shutdown_s,
+              (long long)n, (long long)block, bytes / 1e9, fill_s, written_behind / 1e9, write_behind, deadline_s,
+              shutdown_s,
               (unsigned long long)ev->blocks, ev->bytes / 1e9, ev->bytes / 1e6 / shutdown_s,
               (unsigned long long)ev->left_blocks, ev->left_bytes / 1e9, (long long)found, (long long)n,
               (long long)durable_missing, raw_write);
@@ -188,7 +194,8 @@ double RssBytes() {
 
 int Run(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, 1, {"sizes", "block_bytes", "host_blocks", "lookups", "spills", "dir", "background_index", "shutdown_mib",
-                                                   "shutdown_block_bytes", "shutdown_deadline_s"});
+                                                   "shutdown_block_bytes", "shutdown_deadline_s",
+                                                   "shutdown_write_behind_pct"});
   if (!args.ok()) {
     std::fprintf(stderr, "disk_tier_bench: %s\n", std::string(args.status().message()).c_str());
     return 2;
@@ -341,7 +348,8 @@ int Run(int argc, char** argv) {
   std::filesystem::remove_all(dir);
   if (shutdown_mib > 0)
     return ShutdownRun(args->Get("dir", "/tmp"), static_cast<uint64_t>(shutdown_mib) << 20,
-                       *args->GetInt("shutdown_block_bytes", 262144), *args->GetInt("shutdown_deadline_s", 30));
+                       *args->GetInt("shutdown_block_bytes", 262144), *args->GetInt("shutdown_deadline_s", 30),
+                       *args->GetInt("shutdown_write_behind_pct", 0) / 100.0);
   return 0;
 }
 

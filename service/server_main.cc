@@ -110,9 +110,10 @@ ABSL_FLAG(tqkv::ByteSize, tenant_host_quota_bytes, tqkv::ByteSize{0},
           "host bytes one tenant's blocks may hold: at it a tenant evicts its own blocks, never another "
           "tenant's; a put that cannot make room is RESOURCE_EXHAUSTED naming the tenant (0: no limit)");
 ABSL_FLAG(tqkv::ByteSize, disk_budget_bytes, tqkv::ByteSize{uint64_t{64} << 30}, "disk budget for spilled/durable blocks");
-ABSL_FLAG(double, write_behind_fraction, 0.5,
+ABSL_FLAG(double, write_behind_fraction, 0,
           "once blocks with no disk copy hold more than this fraction of the host budget, the oldest are written to "
-          "disk in the background (host copies kept), so eviction and shutdown find them written (0: off)");
+          "disk in the background (host copies kept), so eviction and shutdown find them written; costs puts "
+          "throughput, durable ones most (0: off)");
 ABSL_FLAG(tqkv::ByteSize, disk_min_free_bytes, tqkv::ByteSize{uint64_t{1} << 30},
           "free bytes the disk tier's file system keeps: a spill that would leave less is dropped and a durable put "
           "refused (RESOURCE_EXHAUSTED), as on a full disk, before RocksDB runs out of room (0: off)");

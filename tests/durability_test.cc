@@ -94,6 +94,35 @@ TEST_F(DurabilityTest, KillNineKeepsDurableAndSpilledBlocks) {
   EXPECT_EQ(Lookup(model, volatile_only).hits(), 0u);
 }
 
+TEST_F(DurabilityTest, BlocksWrittenBehindSurviveKillNine) {
+  const size_t block_bytes = codec_->block_bytes();
+  // A host budget of 100 blocks, written behind above 20 of them: of 60
+  // blocks put (none durable, none evicted) the oldest 40 reach disk.
+  StartServer({"--host_budget_bytes=" + std::to_string(100 * block_bytes), "--write_behind_fraction=0.2"});
+  const v1::ModelRef model = RegisterSmall();
+  const auto chain = client::HashChain(41, 60);
+  const auto blocks = PutDense(model, chain, 5000);
+  EXPECT_EQ(AwaitMetric("tqkv_written_behind_total", 40), 40);
+  EXPECT_EQ(Blocks(model, v1::TIER_HOST), 60u);  // host copies kept
+  EXPECT_EQ(Blocks(model, v1::TIER_DISK), 40u);
+
+  Restart(/*kill9=*/true);
+  const v1::LookupResponse look = Lookup(model, chain);
+  EXPECT_EQ(look.hits(), 40u) << "the oldest 40 were on disk; the rest only in host memory";
+  const std::vector<std::string> behind(chain.begin(), chain.begin() + 40);
+  const auto got = Get(model, behind);
+  ASSERT_EQ(got.size(), 40u);
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(got[i].payload(), EncodeLocally(*codec_, backend_, blocks[i])) << "block " << i;
+}
+
+TEST_F(DurabilityTest, BadWriteBehindFractionsAreRefused) {
+  for (const std::string& bad : {"--write_behind_fraction=-0.1", "--write_behind_fraction=1.5"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_FALSE(ServerProcess::Start(::testing::TempDir() + "/bad-write-behind", {bad}).ok());
+  }
+}
+
 TEST_F(DurabilityTest, SmallHostBudgetSpillsAndServesFromDisk) {
   const size_t block_bytes = codec_->block_bytes();
   StartServer({"--host_budget_bytes=" + std::to_string(100 * block_bytes)});
