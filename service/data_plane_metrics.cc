@@ -43,7 +43,7 @@ std::vector<prometheus::MetricFamily> DataPlaneCollector::Collect() const {
       static_cast<double>(st.work_capacity));
   add("tqkv_work_queue_full_total",
       "Requests the full backend work queue refused: data-plane ones are held back and offered again, gRPC ones "
-      "fail with RESOURCE_EXHAUSTED.",
+      "run on their gRPC thread.",
       MetricType::Counter, static_cast<double>(st.work_refusals));
   return out;
 }

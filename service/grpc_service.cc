@@ -3,8 +3,6 @@
 #include <memory>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-
 namespace tqkv::service {
 namespace {
 
@@ -30,11 +28,11 @@ grpc::ServerUnaryReactor* Unary(const RpcEnv* env, const char* method,
   return reactor;
 }
 
-// PutBlocks messages and dense GetBlocks blocks when the backend work queue
-// (RpcEnv::backend_work) is full.
-absl::Status WorkQueueFull(const WorkQueue& q) {
-  return absl::ResourceExhaustedError(absl::StrCat("the server's backend work queue is full (", q.capacity(),
-                                                   " requests waiting, --work_queue); retry"));
+// Runs `work` on the backend work queue (RpcEnv::backend_work), or on
+// this thread when there is none or it is full: a gRPC call is not failed
+// for the server's own queueing.
+void OnBackend(WorkQueue* queue, WorkQueue::Task work) {
+  if (queue == nullptr || !queue->TrySubmit(work)) std::move(work)();
 }
 
 class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
@@ -62,7 +60,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
     }
     // A message's blocks are encoded, and the commit made, on the backend
     // work queue when there is one; no read is outstanding meanwhile.
-    OnBackend([this, ok] { ok ? Next() : Commit(); });
+    OnBackend(work_, [this, ok] { ok ? Next() : Commit(); });
   }
 
   void OnDone() override { delete this; }
@@ -85,11 +83,6 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutBlocksRequest> {
       scope_.Sent(resp_->ByteSizeLong());
     }
     Done(r.status());
-  }
-
-  void OnBackend(WorkQueue::Task work) {
-    if (work_ == nullptr) return std::move(work)();
-    if (!work_->TrySubmit(work)) Done(WorkQueueFull(*work_));
   }
 
   void Done(const absl::Status& s) {
@@ -165,9 +158,8 @@ class GetReactor final : public grpc::ServerWriteReactor<v1::GetBlocksResponse> 
   // The next message: a dense block is decoded on the backend work queue
   // when there is one (no write is outstanding meanwhile).
   void Render() {
-    if (!plan_.dense || work_ == nullptr || next_ == plan_.blocks.size()) return WriteNext();
-    WorkQueue::Task task = [this] { WriteNext(); };
-    if (!work_->TrySubmit(task)) Done(WorkQueueFull(*work_));
+    if (!plan_.dense || next_ == plan_.blocks.size()) return WriteNext();
+    OnBackend(work_, [this] { WriteNext(); });
   }
 
   void Done(const absl::Status& s) { Finish(scope_.Finish(s)); }

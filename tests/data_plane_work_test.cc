@@ -2,7 +2,8 @@
 // bulk backend work (puts, dense gets) is served off the event loops. Against the real server: frames sent
 // back to back, some served on the queue and some on the loop, are
 // answered in order; a queue of one with many clients holds connections
-// back instead of failing them, and every answer is the one a server
+// back instead of failing them (gRPC puts and dense gets run on their own
+// thread instead), and every answer is the one a server
 // without the queue gives; connections that close while their request is
 // on the queue leave the server serving with its budgets given back; and
 // --work_threads 0 serves everything on the loops.
@@ -175,6 +176,44 @@ TEST_F(DataPlaneWorkTest, AFullQueueHoldsClientsBackAndTheirAnswersAreTheLoopsAn
   EXPECT_EQ(Metric("tqkv_work_queue_capacity"), 1);
   EXPECT_GT(Metric("tqkv_work_queue_full_total"), 0);  // the queue was full, and no client saw it
   EXPECT_EQ(Metric("tqkv_work_queue_waiting"), 0);
+}
+
+TEST_F(DataPlaneWorkTest, GrpcPutsAndDenseGetsNeverFailForAFullQueue) {
+  Start({"--work_threads=1", "--work_queue=1"});
+  const v1::ModelLayout layout = client::SmallModel("x").layout();
+  std::vector<std::thread> clients;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < 8; ++c) {
+    clients.emplace_back([&, c] {
+      for (int round = 0; round < 5; ++round) {
+        std::vector<v1::PutBlock> blocks;
+        std::string parent;
+        for (int i = 0; i < 4; ++i) {
+          const std::string hash = client::ChainHash(parent, 900 + c, round * 4 + i);
+          blocks.push_back(client::DenseBlock(layout, hash, parent, 7000 + 100 * c + 4 * round + i));
+          parent = hash;
+        }
+        v1::PutHeader h;
+        *h.mutable_model() = model_;
+        auto put = client_->PutBlocks(h, blocks);
+        if (!put.ok() || put->committed() != 4) {
+          failures.fetch_add(1);
+          ADD_FAILURE() << put.status();
+        }
+        v1::GetBlocksRequest get;
+        *get.mutable_model() = model_;
+        get.add_block_hashes(blocks[0].block_hash());
+        get.set_dense(true);
+        auto got = client_->GetBlocks(get);
+        if (!got.ok() || got->size() != 1) {
+          failures.fetch_add(1);
+          ADD_FAILURE() << got.status();
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 TEST_F(DataPlaneWorkTest, ConnectionsClosedWhileTheirRequestRunsLeaveTheServerServing) {
