@@ -1,12 +1,13 @@
-// The data plane's backend work queue (--work_threads, --work_queue):
-// bulk backend work (puts, dense gets) is served off the event loops. Against the real server: frames sent
-// back to back, some served on the queue and some on the loop, are
-// answered in order; a queue of one with many clients holds connections
-// back instead of failing them (gRPC puts and dense gets run on their own
-// thread instead), and every answer is the one a server
-// without the queue gives; connections that close while their request is
-// on the queue leave the server serving with its budgets given back; and
-// --work_threads 0 serves everything on the loops.
+// The backend work queue (--work_threads, --work_queue): bulk backend work
+// (puts, dense gets) runs off the event loops and gRPC's threads. Against
+// the real server: frames sent back to back, some served on the queue and
+// some on the loop, are answered in order; a queue of one with many
+// data-plane clients holds connections back instead of failing them, and
+// every answer is the one a server without the queue gives; gRPC puts and
+// dense gets never fail for a full queue (they run on their own thread);
+// connections that close while their request is on the queue leave the
+// server serving with its budgets given back; --work_threads 0 serves
+// everything on the loops; bad flags are refused.
 #include <sys/socket.h>
 #include <unistd.h>
 
