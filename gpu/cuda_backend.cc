@@ -213,7 +213,9 @@ class CudaBackend : public ComputeBackend {
     TQ_RETURN_IF_ERROR(dev_.Reserve(st.size()));
     uint8_t* h = host_.as<uint8_t>();
     uint8_t* d = dev_.as<uint8_t>();
-    for (size_t b = 0; b < n; ++b) std::memcpy(h + pages_off + b * in_bytes, items[b].payload, in_bytes);
+    ParallelFor(
+        n, n * in_bytes, [&](size_t b) { std::memcpy(h + pages_off + b * in_bytes, items[b].payload, in_bytes); },
+        /*max_threads=*/8, /*min_bytes_per_thread=*/size_t{1} << 20);
     int64_t* slots = reinterpret_cast<int64_t*>(h + slots_off);
     for (size_t t = 0; t < n * s.block_size; ++t) slots[t] = static_cast<int64_t>(t);
     cudaStream_t sm = stream_.get();
@@ -230,20 +232,24 @@ class CudaBackend : public ComputeBackend {
                                             cudaMemcpyDeviceToHost, sm),
                             "download dense");
     TQ_RETURN_IF_ERROR(stream_.Synchronize("decode"));
-    for (size_t i = 0; i < layers; ++i) {
-      const uint8_t* ko = h + out_off + 2 * i * n * block_out;
-      for (size_t b = 0; b < n; ++b) {
-        for (int c = 0; c < 2; ++c) {
-          const MutableDenseView& t = c == 0 ? items[b].k[i] : items[b].v[i];
-          const uint8_t* src = ko + (c * n + b) * block_out;
-          if (t.dtype == dt) {
-            std::memcpy(t.data, src, block_out);
-          } else {
-            FromFloat(t.dtype, reinterpret_cast<const float*>(src), t.data, block_elems);
+    // Into the callers' buffers (megabytes for a frame of dense blocks, and
+    // often first touched here) on up to 8 threads, one per MiB.
+    ParallelFor(
+        layers * n, 2 * n * block_out * layers,
+        [&](size_t j) {
+          const size_t i = j / n, b = j % n;
+          const uint8_t* ko = h + out_off + 2 * i * n * block_out;
+          for (int c = 0; c < 2; ++c) {
+            const MutableDenseView& t = c == 0 ? items[b].k[i] : items[b].v[i];
+            const uint8_t* src = ko + (c * n + b) * block_out;
+            if (t.dtype == dt) {
+              std::memcpy(t.data, src, block_out);
+            } else {
+              FromFloat(t.dtype, reinterpret_cast<const float*>(src), t.data, block_elems);
+            }
           }
-        }
-      }
-    }
+        },
+        /*max_threads=*/8, /*min_bytes_per_thread=*/size_t{1} << 20);
     return absl::OkStatus();
   }
 

@@ -2,7 +2,8 @@
 # Builds the GPU tests and benchmarks here and bundles them, with their
 # non-glibc shared libraries, into a directory that runs on the GPU machine
 # (no Bazel there): kernel tests, kernel benchmarks (vs torch SDPA and the
-# copy ceiling, partial last blocks), the memory probe and the decode floor
+# copy ceiling, partial last blocks), the memory probe, the decode floor and
+# the backend encode probe
 # (bench/profiling/), and tqkv-server with the decode-loop benchmark and the
 # put/get benchmark (service_bench --mode put).
 # Usage: tools/gpu_bundle.sh [out_dir=dist/gpu]
@@ -28,7 +29,7 @@ TESTS=(codec_kernels_test attention_test cuda_backend_test cuda_ipc_test)
 bazel build -c opt //gpu:codec_kernels_test //gpu:attention_test //gpu:cuda_backend_test //gpu:cuda_ipc_test \
   //gpu:cuda_ipc_exporter //proto/tqkv/v1:tqkv_py_proto \
   //gpu:libtqkv_gpu_capi.so //bench:gpu_codec_bench //service:tqkv-server //bench:decode_loop_bench \
-  //bench/profiling:memory_probe //bench/profiling:decode_floor //bench:service_bench
+  //bench/profiling:memory_probe //bench/profiling:decode_floor //bench/profiling:encode_probe //bench:service_bench
 rm -rf "$DEST"
 mkdir -p "$DEST/lib"
 BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
@@ -45,14 +46,14 @@ find "$DEST/py" "$DEST/pyfallback" -name __pycache__ -prune -exec rm -rf {} +
 chmod -R u+w "$DEST/py" "$DEST/pyfallback"
 cp "$BIN/bench/gpu_codec_bench" "$BIN/gpu/libtqkv_gpu_capi.so" "$DEST/"
 cp "$BIN/service/tqkv-server" "$BIN/bench/decode_loop_bench" "$BIN/bench/profiling/memory_probe" \
-  "$BIN/bench/profiling/decode_floor" "$BIN/bench/service_bench" "$DEST/"
+  "$BIN/bench/profiling/decode_floor" "$BIN/bench/profiling/encode_probe" "$BIN/bench/service_bench" "$DEST/"
 cp bench/gpu_attention_bench.py bench/gpu_tail_bench.py bench/gpu_formats_bench.py "$DEST/"
 chmod u+w "$DEST"/*
 strip "$DEST"/*_test "$DEST/cuda_ipc_exporter" "$DEST/gpu_codec_bench" "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/memory_probe" \
-  "$DEST/decode_floor" "$DEST/service_bench"
+  "$DEST/decode_floor" "$DEST/encode_probe" "$DEST/service_bench"
 strip --strip-unneeded "$DEST/libtqkv_gpu_capi.so"
 bundle_copy_libs "$DEST" "$DEST"/*_test "$DEST/gpu_codec_bench" "$DEST/libtqkv_gpu_capi.so" \
-  "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/service_bench"
+  "$DEST/tqkv-server" "$DEST/decode_loop_bench" "$DEST/encode_probe" "$DEST/service_bench"
 chmod -R u+w "$DEST/lib" && strip --strip-unneeded "$DEST"/lib/* 2>/dev/null || true
 cat > "$DEST/run_all.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -71,6 +72,7 @@ if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
   timeout 180 "$HERE/gpu_codec_bench" 50 > "$LOGS/gpu_codec_bench.log" 2>&1; echo "gpu_codec_bench rc=$?" | tee -a "$LOGS/summary.txt"
   timeout 120 "$HERE/memory_probe" > "$LOGS/memory_probe.log" 2>&1; echo "memory_probe rc=$?" | tee -a "$LOGS/summary.txt"
   timeout 120 "$HERE/decode_floor" > "$LOGS/decode_floor.log" 2>&1; echo "decode_floor rc=$?" | tee -a "$LOGS/summary.txt"
+  timeout 120 "$HERE/encode_probe" 30 > "$LOGS/encode_probe.log" 2>&1; echo "encode_probe rc=$?" | tee -a "$LOGS/summary.txt"
   if [ -z "${SKIP_ATTENTION_BENCH:-}" ]; then
     timeout 300 python3 "$HERE/gpu_attention_bench.py" --lib "$HERE/libtqkv_gpu_capi.so" --iters 50 \
       > "$LOGS/gpu_attention_bench.log" 2>&1; echo "gpu_attention_bench rc=$?" | tee -a "$LOGS/summary.txt"
