@@ -51,8 +51,19 @@ __host__ __device__ constexpr bool LaneRowHeadsFit(int heads) {
   return heads > 0 && (heads % kLaneRowWarps == 0 || kLaneRowWarps % heads == 0);
 }
 __host__ __device__ constexpr int LaneRowBlockHeads(int heads) { return heads < kLaneRowWarps ? heads : kLaneRowWarps; }
-__host__ __device__ constexpr int LaneRowBlockTokens(int heads) {
-  return kLaneRowTokens * kLaneRowPasses * (kLaneRowWarps / LaneRowBlockHeads(heads));
+// Passes per warp: kLaneRowPasses for large encodes; fewer where the rows
+// are few, so that a small batch (a put frame: 16 tokens a block per
+// layer) spreads over up to kLaneRowTargetBlocks blocks per head group
+// instead of one block walking 32 passes in turn (~120 µs a launch,
+// whatever its rows; bench/profiling/encode_probe).
+inline constexpr int64_t kLaneRowTargetBlocks = 256;
+__host__ __device__ constexpr int LaneRowPasses(int64_t tokens, int heads) {
+  const int64_t per_pass = kLaneRowTokens * (kLaneRowWarps / LaneRowBlockHeads(heads)) * kLaneRowTargetBlocks;
+  const int64_t p = (tokens + per_pass - 1) / per_pass;
+  return p < 1 ? 1 : p > kLaneRowPasses ? kLaneRowPasses : static_cast<int>(p);
+}
+__host__ __device__ constexpr int64_t LaneRowBlockTokens(int64_t tokens, int heads) {
+  return kLaneRowTokens * LaneRowPasses(tokens, heads) * (kLaneRowWarps / LaneRowBlockHeads(heads));
 }
 // Blocks of 8 warps per SM the registers are budgeted for (<= 128; at 3
 // blocks, 80 registers spill 300-600 bytes), and the input buffers per
@@ -105,7 +116,7 @@ __device__ __forceinline__ void FwhtHalfRow(float (&x)[64], int u) {
   (void)u;
 }
 
-template <int B, typename T, bool kLut, bool kIsK, int kBufs>
+template <int B, typename T, bool kLut, bool kIsK, int kBufs, bool kFew>
 __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, int64_t tok0, LaneRowTables& tb,
                                                uint8_t* bufs) {
   static_assert(!std::is_same_v<T, float>, "lane rows: 16-bit input");
@@ -120,6 +131,9 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
   const int hb = LaneRowBlockHeads(a.heads), groups = kLaneRowWarps / hb;
   const int hw = warp % hb, tg = warp / hb;  // the warp's head in the block, token group
   const int h = h0 + hw;
+  // kFew: LaneRowPasses(tokens) < kLaneRowPasses (a separate instantiation:
+  // the full-size loop with a run-time bound ran 4-9% slower).
+  const int passes = kFew ? LaneRowPasses(a.tokens, a.heads) : kLaneRowPasses;
   const GpuComponent* comps = kIsK ? a.k_comp : a.v_comp;
   const GpuComponent& c = comps[h];
   const GpuGroup& gr = c.groups[0];
@@ -155,11 +169,11 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
   };
   auto slot_of = [&](int pass) -> int64_t {
     const int64_t t = first_token(pass) + r;
-    return pass < kLaneRowPasses && t < a.tokens ? __ldg(a.slots + t) : -1;
+    return pass < passes && t < a.tokens ? __ldg(a.slots + t) : -1;
   };
 #pragma unroll
   for (int p = 0; p + 1 < kBufs; ++p) {
-    load(p);
+    if (p < passes) load(p);
     CpAsyncCommit();
   }
   int64_t nslot = slot_of(0);
@@ -200,10 +214,11 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
   }
   __syncthreads();
 #pragma unroll 1
-  for (int pass = 0; pass < kLaneRowPasses; ++pass) {
+  for (int pass = 0; pass < passes; ++pass) {
+    if (kFew && first_token(pass) >= a.tokens) break;  // warp-uniform: the later passes are past the end too
     const int64_t slot = nslot;
     // Into the buffer the previous pass read (freed by its last __syncwarp).
-    if (pass + kBufs - 1 < kLaneRowPasses) load(pass + kBufs - 1);
+    if (pass + kBufs - 1 < passes) load(pass + kBufs - 1);
     CpAsyncCommit();  // possibly empty: one group per pass
     nslot = slot_of(pass + 1);
     CpAsyncWait<kBufs - 1>();  // this pass's group
@@ -307,19 +322,19 @@ __device__ __forceinline__ void EncodeLaneRows(const EncodeLaunch& a, int h0, in
   }
 }
 
-// grid: (heads / LaneRowBlockHeads × token blocks of LaneRowBlockTokens, 2
+// grid: (heads / LaneRowBlockHeads × token blocks of LaneRowBlockTokens(tokens, heads), 2
 // components); kLaneRowWarps warps; LaneRowSmemBytes(kBufs) of dynamic
 // shared memory.
-template <int KB, int VB, typename T, bool kLut, int kBufs>
+template <int KB, int VB, typename T, bool kLut, int kBufs, bool kFew>
 __global__ void __launch_bounds__(32 * kLaneRowWarps, kLaneRowMinBlocks) EncodeLaneRowsKernel(EncodeLaunch a) {
   extern __shared__ __align__(128) uint8_t lr_smem[];
   __shared__ __align__(16) LaneRowTables tables;
   if (*a.bad_slot != kNoBadSlot) return;
   const int head_groups = a.heads / LaneRowBlockHeads(a.heads);
   const int h0 = static_cast<int>(blockIdx.x % head_groups) * LaneRowBlockHeads(a.heads);
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.x / head_groups) * LaneRowBlockTokens(a.heads);
-  if (blockIdx.y == 0) EncodeLaneRows<KB, T, kLut, true, kBufs>(a, h0, tok0, tables, lr_smem);
-  else EncodeLaneRows<VB, T, kLut, false, kBufs>(a, h0, tok0, tables, lr_smem);
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.x / head_groups) * LaneRowBlockTokens(a.tokens, a.heads);
+  if (blockIdx.y == 0) EncodeLaneRows<KB, T, kLut, true, kBufs, kFew>(a, h0, tok0, tables, lr_smem);
+  else EncodeLaneRows<VB, T, kLut, false, kBufs, kFew>(a, h0, tok0, tables, lr_smem);
 }
 
 }  // namespace tqkv::gpu
