@@ -341,6 +341,48 @@ std::vector<Case> Cases() {
 INSTANTIATE_TEST_SUITE_P(AllFormats, CodecKernels, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return Name(i.param); });
 
+// The lane-row encode at every batch size it plans differently (a put
+// frame's 16 tokens a block; a few passes per warp; the full 32-pass loop
+// with a partial last block): the CPU codec's bytes, row for row.
+TEST(LaneRowEncode, EveryBatchSizeMatchesCpu) {
+  TQ_SKIP_WITHOUT_GPU();
+  const int heads = 8, bs = 16, dim = 128;
+  auto codec = *ModelCodec::Create({1, heads, 4 * heads, dim, bs}, {.format = "k4v4", .seed = 21}, nullptr);
+  auto tables = *DeviceCodecTables::Upload(*codec);
+  for (const int64_t tokens : {int64_t{16}, int64_t{64}, int64_t{4097}, int64_t{32 * 4096 + 37}}) {
+    SCOPED_TRACE(tokens);
+    const int64_t num_blocks = (tokens + bs - 1) / bs;
+    const std::vector<uint8_t> kin = Convert(RandomRows(tokens * heads, dim, 31, 2), DType::kF16);
+    const std::vector<uint8_t> vin = Convert(RandomRows(tokens * heads, dim, 32), DType::kF16);
+    std::vector<int64_t> slots(tokens);
+    for (int64_t t = 0; t < tokens; ++t) slots[t] = t;
+    PageGeometry kg = codec->k_geometry(0), vg = codec->v_geometry(0);
+    kg.num_blocks = vg.num_blocks = num_blocks;
+    std::vector<uint8_t> kp_cpu(kg.total_bytes(), 0xFF), vp_cpu(vg.total_bytes(), 0xFF);
+    ASSERT_TRUE(EncodeToPages(codec->layer(0), {kin.data(), DType::kF16, tokens, heads, dim},
+                              {vin.data(), DType::kF16, tokens, heads, dim}, slots.data(), {kp_cpu.data(), kg},
+                              {vp_cpu.data(), vg}, nullptr)
+                    .ok());
+    DeviceBuffer dk = ToDevice(kin), dv = ToDevice(vin), ds = ToDevice(slots), flag = *DeviceBuffer::Allocate(8);
+    DeviceBuffer kp = ToDevice(std::vector<uint8_t>(kg.total_bytes(), 0xFF));
+    DeviceBuffer vp = ToDevice(std::vector<uint8_t>(vg.total_bytes(), 0xFF));
+    EncodeLaunch a;
+    a.k = dk.get();
+    a.v = dv.get();
+    a.dtype = static_cast<int32_t>(DType::kF16);
+    a.tokens = tokens;
+    SetLayerPages(*codec, *tables, 0, kp.as<uint8_t>(), vp.as<uint8_t>(), num_blocks, ds.as<int64_t>(),
+                  flag.as<unsigned long long>(), &a);
+    a.host_k = &tables->host(0, 0, Component::kKey);
+    a.host_v = &tables->host(0, 0, Component::kValue);
+    ASSERT_TRUE(EncodeUsesLaneRows(a));
+    ASSERT_EQ(LaunchEncode(a, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(ToHost<uint8_t>(kp, kg.total_bytes()) == kp_cpu) << "K pages differ from the CPU codec";
+    EXPECT_TRUE(ToHost<uint8_t>(vp, vg.total_bytes()) == vp_cpu) << "V pages differ from the CPU codec";
+  }
+}
+
 // The specialised encode on special rows (fp32 and fp16 input, d = 128):
 // indices identical to the CPU codec and norms bit-identical (or both NaN),
 // through the tables and through the boundary search, and from fp16 through

@@ -2,9 +2,11 @@
 // attention through the device arena (hits, misses, LRU eviction, Forget).
 #include "gpu/cuda_backend.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -135,6 +137,71 @@ TEST(CudaBackend, EncodeBlocksMatchesCpuEncodeOfEachBlock) {
       }
     }
   }
+}
+
+// Bulk calls from several threads at once (as the server's work threads
+// make them), of different sizes: every encode is the CPU backend's bytes
+// and every decode its values.
+TEST(CudaBackend, ConcurrentBulkCallsMatchTheCpuBackend) {
+  TQ_SKIP_WITHOUT_GPU();
+  const int layers = 3, H = 8, dim = 128, bs = 16;
+  auto codec = TestCodec("k4v4", {layers, H, 4 * H, dim, bs});
+  CpuBackend cpu({.threads = 0});
+  auto gpu_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 4)});
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  ComputeBackend& gpu = **gpu_or;
+  const size_t bytes = codec->block_bytes(), layer_elems = size_t{bs} * H * dim;
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0}, failures{0};
+  for (int th = 0; th < 5; ++th) {
+    threads.emplace_back([&, th] {
+      for (int round = 0; round < 6; ++round) {
+        const int n = 1 + (th + round) % 5;
+        std::deque<std::vector<uint16_t>> halves;
+        std::vector<ComputeBackend::EncodeItem> items(n);
+        std::vector<std::vector<uint8_t>> got(n, std::vector<uint8_t>(bytes, 0x5A));
+        for (int b = 0; b < n; ++b) {
+          const int t = b == 0 ? 1 + round : bs;
+          for (int l = 0; l < layers; ++l)
+            for (int c = 0; c < 2; ++c) {
+              halves.push_back(ToHalf(RandomRows(t * H, dim, 1000 * th + 100 * round + 10 * b + 2 * l + c)));
+              (c == 0 ? items[b].k : items[b].v).push_back({halves.back().data(), DType::kF16, t, H, dim});
+            }
+          items[b].out = got[b].data();
+        }
+        if (!gpu.EncodeBlocks(*codec, 0, layers, items).ok()) {
+          failures++;
+          continue;
+        }
+        std::vector<ComputeBackend::DecodeItem> dec(n);
+        std::vector<std::vector<uint16_t>> out(n, std::vector<uint16_t>(2 * layers * layer_elems, 0xFFFF));
+        for (int b = 0; b < n; ++b) {
+          std::vector<uint8_t> want(bytes, 0x11);
+          if (!cpu.EncodeBlock(*codec, 0, layers, items[b].k, items[b].v, want.data()).ok() || got[b] != want)
+            mismatches++;
+          dec[b].payload = got[b].data();
+          for (int i = 0; i < 2 * layers; ++i)
+            (i < layers ? dec[b].k : dec[b].v).push_back({out[b].data() + i * layer_elems, DType::kF16, bs, H, dim});
+        }
+        if (!gpu.DecodeBlocks(*codec, 0, layers, dec).ok()) {
+          failures++;
+          continue;
+        }
+        for (int b = 0; b < n; ++b) {
+          std::vector<float> want(2 * layers * layer_elems), have(want.size());
+          std::vector<MutableDenseView> wk, wv;
+          for (int i = 0; i < 2 * layers; ++i)
+            (i < layers ? wk : wv).push_back({want.data() + i * layer_elems, DType::kF32, bs, H, dim});
+          if (!cpu.DecodeBlock(*codec, 0, layers, got[b].data(), wk, wv).ok()) mismatches++;
+          ToFloat(DType::kF16, out[b].data(), have.data(), have.size());
+          if (RelativeMse(want.data(), have.data(), want.size()) > 1e-6) mismatches++;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(CudaBackend, MatchesCpuBackend) {

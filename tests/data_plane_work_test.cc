@@ -265,7 +265,7 @@ TEST_F(DataPlaneWorkTest, WithoutWorkThreadsTheLoopsServeEverything) {
 }
 
 TEST_F(DataPlaneWorkTest, BadWorkQueueFlagsAreRefused) {
-  for (const std::string& bad : {"--work_threads=-1", "--work_threads=65", "--work_queue=0"}) {
+  for (const char* bad : {"--work_threads=-1", "--work_threads=65", "--work_queue=0"}) {
     SCOPED_TRACE(bad);
     auto p = ServerProcess::Start(::testing::TempDir() + "/bad-work-flags", {bad});
     EXPECT_FALSE(p.ok());
