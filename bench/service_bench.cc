@@ -48,6 +48,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "base/malloc_tuning.h"
 #include "client/cpp/data_plane_client.h"
 #include "proto/tqkv/v1/tqkv.grpc.pb.h"
 
@@ -774,6 +775,9 @@ Flags ParseFlags(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   Flags f = ParseFlags(argc, argv);
+  // The harness keeps its freed buffers for reuse as the server does, so
+  // that its own page faults do not set the pace.
+  tqkv::KeepFreedMemoryForReuse(size_t{256} << 20);
   // Debian's Abseil is built without NDEBUG, so absl::Mutex (under gRPC's
   // locks) tracks lock graphs for deadlock detection on every acquisition.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

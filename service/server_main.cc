@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/byte_size.h"
+#include "base/malloc_tuning.h"
 #include "google/protobuf/stubs/logging.h"
 #include "gpu/cuda_backend.h"
 #include "service/build_info.h"
@@ -106,6 +107,10 @@ ABSL_FLAG(std::string, at_rest_key_file, "",
 ABSL_FLAG(std::string, backend, "auto",
           "compute backend: auto (cuda if built in and a GPU is usable, else cpu), cpu, cuda");
 ABSL_FLAG(tqkv::ByteSize, host_budget_bytes, tqkv::ByteSize{uint64_t{1} << 30}, "host-memory budget for block payloads");
+ABSL_FLAG(tqkv::ByteSize, malloc_keep_free_bytes, tqkv::ByteSize{uint64_t{256} << 20},
+          "freed memory the allocator keeps at the top of each arena for reuse instead of returning it to the "
+          "kernel (blocks and frames are reused at the rate puts and evictions run; memory returned is faulted "
+          "in again page by page); 0: glibc's defaults");
 ABSL_FLAG(tqkv::ByteSize, tenant_host_quota_bytes, tqkv::ByteSize{0},
           "host bytes one tenant's blocks may hold: at it a tenant evicts its own blocks, never another "
           "tenant's; a put that cannot make room is RESOURCE_EXHAUSTED naming the tenant (0: no limit)");
@@ -202,6 +207,7 @@ int main(int argc, char** argv) {
   };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
+  tqkv::KeepFreedMemoryForReuse(absl::GetFlag(FLAGS_malloc_keep_free_bytes).bytes);
   tqkv::service::LineLog log(&std::cerr);
   // Debian's Abseil is built without NDEBUG, so every absl::Mutex
   // acquisition (ours and gRPC's) would update a lock graph for deadlock
