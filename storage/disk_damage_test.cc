@@ -2,9 +2,10 @@
 // torn write at the end of the WAL (a crash during an unacknowledged
 // write) is dropped; any other damage to the WAL, the MANIFEST or the meta
 // table fails Open with DATA_LOSS naming the repair path, and
-// tqkv-disk-repair (the real binary) then keeps what is intact; damage in
-// the payload table is DATA_LOSS for the blocks it hits. In every case a
-// block reads back with exactly its bytes or not at all.
+// tqkv-disk-repair (the real binary) then keeps what is intact, payloads
+// read back from the blob files included; damage in the payload table or a
+// blob file is DATA_LOSS for the blocks it hits. In every case a block
+// reads back with exactly its bytes or not at all.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -205,6 +206,9 @@ TEST_F(DiskDamageTest, ADamagedManifestFailsOpenAndRepairRebuildsEverything) {
   EXPECT_NE(out.find("rebuilt"), std::string::npos) << out;
   EXPECT_NE(out.find(std::to_string(kBlocks) + " blocks intact, 0 damaged"), std::string::npos)
       << out;
+  // The rebuilt database lost its blob files; the payloads came back from them.
+  EXPECT_NE(out.find(std::to_string(kBlocks) + " payloads read back from the blob files"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(db_ + "/blob_salvage"));
   auto s = Open(db_);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(Read(**s).exact, kBlocks);
@@ -273,10 +277,13 @@ TEST_F(DiskDamageTest, RepairWithTheKeyFileVerifiesSealedBlocks) {
   EXPECT_EQ(c.wrong + c.data_loss, 0);
 }
 
-TEST_F(DiskDamageTest, ADamagedPayloadTableIsDataLossForTheBlocksItHits) {
+// Payloads live in a blob file; the payload table holds the keys and their
+// blob references.
+TEST_F(DiskDamageTest, ADamagedPayloadFileIsDataLossForTheBlocksItHits) {
   WriteTables();
-  const fs::path table = TableOf(db_, "block_data");
-  FlipByte(table, fs::file_size(table) / 3);
+  const std::vector<fs::path> blobs = Files(db_, "", ".blob");
+  ASSERT_EQ(blobs.size(), 1u);
+  FlipByte(blobs[0], fs::file_size(blobs[0]) / 3);
   {
     auto s = Open(db_);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -291,6 +298,19 @@ TEST_F(DiskDamageTest, ADamagedPayloadTableIsDataLossForTheBlocksItHits) {
   std::string out;
   ASSERT_EQ(Repair(db_, &out), 0) << out;
   EXPECT_NE(out.find("0 damaged"), std::string::npos) << out;
+}
+
+TEST_F(DiskDamageTest, ADamagedPayloadTableIsDataLossForTheBlocksItHits) {
+  WriteTables();
+  const fs::path table = TableOf(db_, "block_data");
+  FlipByte(table, fs::file_size(table) / 3);
+  auto s = Open(db_);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Census c = Read(**s);
+  EXPECT_EQ(c.wrong, 0);
+  EXPECT_GE(c.data_loss, 1);
+  EXPECT_EQ(c.exact + c.data_loss, kBlocks);
+  EXPECT_EQ((*s)->Stats().counters.checksum_failures, static_cast<uint64_t>(c.data_loss));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "storage/at_rest_cipher.h"
 #include "storage/spill_store.h"
 
@@ -68,11 +69,14 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "tqkv-disk-repair: %s: %s%llu blocks intact, %llu damaged blocks deleted, %llu sealed "
-      "blocks kept unverified, %llu model records\n",
+      "blocks kept unverified, %llu model records%s\n",
       dir.c_str(), report->rebuilt ? "rebuilt from its table files; " : "",
       static_cast<unsigned long long>(report->intact_blocks),
       static_cast<unsigned long long>(report->dropped_blocks),
       static_cast<unsigned long long>(report->unverified_blocks),
-      static_cast<unsigned long long>(report->model_records));
+      static_cast<unsigned long long>(report->model_records),
+      report->salvaged_blocks == 0
+          ? ""
+          : absl::StrCat(" (", report->salvaged_blocks, " payloads read back from the blob files)").c_str());
   return 0;
 }

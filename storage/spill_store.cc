@@ -5,9 +5,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "rocksdb/db.h"
@@ -45,17 +49,28 @@ absl::Status Damaged(absl::string_view path, const rocksdb::Status& s) {
       " (or move the directory away to start with an empty disk tier)"));
 }
 
-// The store's column families (payloads uncompressed), for Open and Repair.
-// Payloads stay in table files, not RocksDB blob files: blob files read
-// cold 256 KiB blocks 2-3.5x faster (disk_tier_bench, build machine:
-// 510-974 vs 253-274 MB/s) and spill as fast, but RepairDB, which
-// tqkv-disk-repair needs for a damaged MANIFEST, drops every blob file
-// (facebook/rocksdb#13090, #13884): a repair would lose every payload.
+// The store's column families, for Open and Repair. Payloads: no
+// compression (packed pages do not compress); values of 4 KiB and more in
+// blob files (RocksDB's integrated BlobDB): a flush writes them once into
+// a 64 MiB blob file and compactions move keys and blob references, not
+// payloads. Measured with `disk_tier_bench --block_bytes 262144` (build
+// machine, bench/RESULTS.md "Disk tier at scale"): cold Gets 253-274 MB/s
+// from table files, 510-974 from blob files; spills 281-312 MB/s either
+// way. Blob garbage collection relocates the live blobs of the oldest
+// quarter of the blob files as compactions meet them, so a file holding
+// one hot block among deleted ones does not keep its space (spills
+// without it: 398-401 MB/s, on a fill that deletes nothing). RepairDB does
+// not carry blob files over (facebook/rocksdb#13090): Repair salvages
+// their payloads itself.
 std::vector<rocksdb::ColumnFamilyDescriptor> ColumnFamilies(const SpillStoreOptions& options) {
   rocksdb::ColumnFamilyOptions data_options;
   data_options.compression = rocksdb::kNoCompression;
   data_options.bottommost_compression = rocksdb::kNoCompression;
   data_options.write_buffer_size = options.data_write_buffer_bytes;
+  data_options.enable_blob_files = true;
+  data_options.min_blob_size = 4096;
+  data_options.blob_file_size = uint64_t{64} << 20;
+  data_options.enable_blob_garbage_collection = true;
   return {
       {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
       {kMetaCf, rocksdb::ColumnFamilyOptions()},
@@ -88,6 +103,61 @@ uint64_t GetFixed64(const char* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
   return v;
+}
+
+// Where Repair moves the blob files before RepairDB, which would drop them
+// (the database it rebuilds does not list them, and the next Open deletes
+// unlisted files); removed once their payloads are back.
+constexpr char kBlobSalvageDir[] = "blob_salvage";
+
+// Moves dir's blob files (NNNNNN.blob) into dir/kBlobSalvageDir.
+absl::Status SetBlobFilesAside(const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::path aside = std::filesystem::path(dir) / kBlobSalvageDir;
+  std::filesystem::create_directories(aside, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("creating ", aside.string(), ": ", ec.message()));
+  std::vector<std::filesystem::path> blobs;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_regular_file() && e.path().extension() == ".blob") blobs.push_back(e.path());
+  if (ec) return absl::UnavailableError(absl::StrCat("listing ", dir, ": ", ec.message()));
+  for (const std::filesystem::path& b : blobs) {
+    std::filesystem::rename(b, aside / b.filename(), ec);
+    if (ec) return absl::UnavailableError(absl::StrCat("moving ", b.string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Calls fn(key, value) for every whole record of the blob files in dir,
+// oldest file first (RocksDB's blob log format: a 30-byte header starting
+// with the magic number 0x00248f37; records of a 32-byte header — u64 key
+// length, u64 value length, u64 expiration, u32 header CRC, u32 blob CRC —
+// then the key and the value; a 32-byte footer). A file's reading stops at
+// the first record that does not fit (a file cut short). The caller checks
+// values against the block's own checksum, not RocksDB's CRCs.
+absl::Status ForEachBlobRecord(const std::filesystem::path& dir,
+                               absl::FunctionRef<void(absl::string_view, absl::string_view)> fn) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_regular_file() && e.path().extension() == ".blob") files.push_back(e.path());
+  if (ec) return absl::UnavailableError(absl::StrCat("listing ", dir.string(), ": ", ec.message()));
+  std::sort(files.begin(), files.end());  // zero-padded file numbers: oldest first
+  constexpr size_t kHeader = 30, kRecordHeader = 32;
+  for (const std::filesystem::path& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) return absl::UnavailableError(absl::StrCat("reading ", f.string()));
+    if (bytes.size() < kHeader || (GetFixed64(bytes.data()) & 0xffffffffu) != 0x00248f37u) continue;
+    for (size_t at = kHeader; bytes.size() - at >= kRecordHeader;) {
+      const uint64_t key_len = GetFixed64(bytes.data() + at), value_len = GetFixed64(bytes.data() + at + 8);
+      const uint64_t left = bytes.size() - at - kRecordHeader;
+      if (key_len > left || value_len > left - key_len) break;
+      const char* k = bytes.data() + at + kRecordHeader;
+      fn(absl::string_view(k, key_len), absl::string_view(k + key_len, value_len));
+      at += kRecordHeader + key_len + value_len;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -208,6 +278,7 @@ absl::StatusOr<SpillStore::RepairReport> SpillStore::Repair(const SpillStoreOpti
   keep.create_if_missing = false;
   keep.wal_recovery = SpillStoreOptions::WalRecovery::kKeepIntact;
   auto rebuild = [&]() -> absl::Status {
+    TQ_RETURN_IF_ERROR(SetBlobFilesAside(options.path));
     rocksdb::DBOptions db_options;
     db_options.info_log = RocksDbLog::Open(options.path + "/LOG");
     if (options.env != nullptr) db_options.env = options.env;
@@ -241,32 +312,85 @@ absl::StatusOr<SpillStore::RepairReport> SpillStore::Repair(const SpillStoreOpti
     TQ_RETURN_IF_ERROR(rebuild());
   }
 
-  std::vector<BlockKey> damaged;
-  for (const auto& [key, meta] : blocks) {
-    if (meta.sealed && options.cipher == nullptr) {
-      report.unverified_blocks++;
-      continue;
+  // A payload is good when it has the meta's size and checksum (opened
+  // first when sealed); a sealed one without the cipher when it reads at
+  // all (kept unverified: opening it later authenticates it). A cipher
+  // that cannot open it for another reason than damage (a key file without
+  // its key) fails the repair: it says nothing about the block.
+  auto good_payload = [&](const BlockKey& key, const DiskBlockMeta& meta,
+                          absl::string_view stored) -> absl::StatusOr<bool> {
+    if (meta.sealed && options.cipher == nullptr) return true;
+    std::unique_ptr<HostBuffer> opened;
+    absl::string_view plain = stored;
+    if (meta.sealed) {
+      absl::StatusOr<std::unique_ptr<HostBuffer>> o = options.cipher->Open(key.tenant, EncodeBlockKey(key), stored);
+      if (absl::IsDataLoss(o.status())) return false;
+      if (!o.ok()) return o.status();
+      opened = *std::move(o);
+      plain = opened->view();
     }
-    absl::StatusOr<std::unique_ptr<HostBuffer>> payload = store->ReadPayload(key);
-    bool good = payload.ok() && (*payload)->size() == meta.size_bytes &&
-                (meta.version == 1 ? PayloadChecksum((*payload)->view())
-                                   : BlockChecksum(key, (*payload)->view())) == meta.checksum;
-    if (!payload.ok() && !absl::IsDataLoss(payload.status()) &&
-        !absl::IsNotFound(payload.status())) {
-      return payload.status();  // an I/O error says nothing about the block
+    return plain.size() == meta.size_bytes &&
+           (meta.version == 1 ? PayloadChecksum(plain) : BlockChecksum(key, plain)) == meta.checksum;
+  };
+  auto count_kept = [&](const DiskBlockMeta& meta) {
+    (meta.sealed && options.cipher == nullptr ? report.unverified_blocks : report.intact_blocks)++;
+  };
+  std::vector<size_t> damaged;  // indices into blocks
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto& [key, meta] = blocks[i];
+    absl::StatusOr<std::string> stored = store->ReadStoredPayload(key);
+    if (!stored.ok() && !absl::IsDataLoss(stored.status()) && !absl::IsNotFound(stored.status()))
+      return stored.status();  // an I/O error says nothing about the block
+    bool good = false;
+    if (stored.ok()) {
+      TQ_ASSIGN_OR_RETURN(good, good_payload(key, meta, *stored));
     }
     if (good) {
-      report.intact_blocks++;
+      count_kept(meta);
     } else {
-      damaged.push_back(key);
+      damaged.push_back(i);
     }
   }
+  // Payloads of damaged blocks, from the blob files a rebuild set aside.
+  const std::filesystem::path aside = std::filesystem::path(options.path) / kBlobSalvageDir;
+  std::error_code ec;
+  if (std::filesystem::exists(aside, ec)) {
+    absl::flat_hash_map<std::string, size_t> wanted;  // encoded key → index into blocks
+    for (size_t i : damaged) wanted[EncodeBlockKey(blocks[i].first)] = i;
+    absl::flat_hash_map<size_t, std::string> found;
+    absl::Status opened = absl::OkStatus();
+    TQ_RETURN_IF_ERROR(ForEachBlobRecord(aside, [&](absl::string_view k, absl::string_view value) {
+      auto it = wanted.find(k);
+      if (it == wanted.end() || !opened.ok()) return;
+      const auto& [key, meta] = blocks[it->second];
+      absl::StatusOr<bool> good = good_payload(key, meta, value);
+      if (!good.ok()) opened = good.status();
+      if (good.ok() && *good) found[it->second] = std::string(value);  // a newer copy replaces it
+    }));
+    TQ_RETURN_IF_ERROR(opened);
+    rocksdb::WriteBatch batch;
+    for (const auto& [i, value] : found) {
+      const rocksdb::Status s = batch.Put(store->data_cf_.get(), EncodeBlockKey(blocks[i].first), ToSlice(value));
+      if (!s.ok()) return FromRocks(s, "building the salvage batch");
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    TQ_RETURN_IF_ERROR(store->WriteStatus(store->db_->Write(wo, &batch), "writing salvaged payloads"));
+    for (const auto& [i, value] : found) {
+      count_kept(blocks[i].second);
+      report.salvaged_blocks++;
+    }
+    std::erase_if(damaged, [&](size_t i) { return found.contains(i); });
+  }
+  std::vector<BlockKey> damaged_keys;
+  for (size_t i : damaged) damaged_keys.push_back(blocks[i].first);
   TQ_RETURN_IF_ERROR(store->DeleteEncodedKeys(corrupt));
-  TQ_RETURN_IF_ERROR(store->Apply({}, damaged, /*sync=*/true));
-  report.dropped_blocks = corrupt.size() + damaged.size();
+  TQ_RETURN_IF_ERROR(store->Apply({}, damaged_keys, /*sync=*/true));
+  report.dropped_blocks = corrupt.size() + damaged_keys.size();
   TQ_ASSIGN_OR_RETURN(std::vector<ModelRecord> models, store->ListModelRecords());
   report.model_records = models.size();
   TQ_RETURN_IF_ERROR(store->SyncWal());
+  std::filesystem::remove_all(aside, ec);  // the salvaged payloads are in the database now
   return report;
 }
 
@@ -342,12 +466,24 @@ absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
   return WriteStatus(db_->Write(wo, &batch), "writing spill batch");
 }
 
+absl::StatusOr<std::string> SpillStore::ReadStoredPayload(const BlockKey& key) {
+  std::string value;
+  const rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), data_cf_.get(), EncodeBlockKey(key), &value);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
+  return value;
+}
+
 absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockKey& key) {
   const std::string k = EncodeBlockKey(key);
   // The meta says whether the payload is sealed (written in the same batch).
   rocksdb::PinnableSlice meta_bytes, value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), k, &meta_bytes);
-  if (s.ok()) s = db_->Get(rocksdb::ReadOptions(), data_cf_.get(), k, &value);
+  // Every reader checks the payload against the meta's checksum (bound to
+  // the key), so RocksDB's own CRC32C of the same bytes (computed in
+  // software by Debian's build) is skipped.
+  rocksdb::ReadOptions data_read;
+  data_read.verify_checksums = false;
+  if (s.ok()) s = db_->Get(data_read, data_cf_.get(), k, &value);
   if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
   absl::StatusOr<DiskBlockMeta> meta = DecodeDiskBlockMeta(absl::string_view(meta_bytes.data(), meta_bytes.size()));
   if (!meta.ok()) return meta.status();

@@ -6,7 +6,8 @@
 //                 value: EncodeDiskBlockMeta (below), ~70 bytes + parent hash
 //   "block_data"  key: EncodeBlockKey(key)
 //                 value: the payload bytes, exactly as committed
-//                 (compression off: packed pages do not compress), or in a
+//                 (compression off: packed pages do not compress; values
+//                 of 4 KiB and more live in RocksDB blob files), or in a
 //                 format 3 record the payload sealed by AtRestCipher
 //                 (at_rest_cipher.h) with the tenant's key, bound to
 //                 EncodeBlockKey(key)
@@ -163,6 +164,9 @@ class SpillStore {
     uint64_t intact_blocks = 0;  // payload read back and matched its checksum
     uint64_t dropped_blocks = 0;  // damaged meta or payload: deleted
     uint64_t unverified_blocks = 0;  // sealed and no cipher given: kept as is
+    // Payloads read back from the blob files a rebuild set aside (counted in
+    // intact_blocks or unverified_blocks too).
+    uint64_t salvaged_blocks = 0;
     uint64_t model_records = 0;
   };
 
@@ -171,13 +175,19 @@ class SpillStore {
   // intact part of a damaged WAL (WalRecovery::kKeepIntact); when the
   // MANIFEST or a table file is damaged, first rebuilds the database from
   // the table files it can read (RocksDB's RepairDB; unreadable files go to
-  // lost/ under the directory). Then reads every block back and deletes the
+  // lost/ under the directory; blob files are set aside first, since the
+  // rebuilt database would not list them, and the payloads it lost are read
+  // back from them and checked). Then reads every block back and deletes the
   // ones whose meta or payload is damaged or fails its checksum, so the
   // store serves only correct bytes; records lost with a damaged WAL or
   // table are simply absent (clients miss them and put them again).
   // options.path must name an existing database. Errors: the RocksDB
   // errors that remain after the rebuild.
   static absl::StatusOr<RepairReport> Repair(const SpillStoreOptions& options);
+
+  // The stored bytes of a block's payload (sealed ones as sealed), or the
+  // RocksDB error mapped: NOT_FOUND, DATA_LOSS for damage.
+  absl::StatusOr<std::string> ReadStoredPayload(const BlockKey& key);
 
   // Closes the database.
   ~SpillStore();
