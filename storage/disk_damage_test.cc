@@ -158,8 +158,24 @@ class DiskDamageTest : public ::testing::Test {
     return image;
   }
 
+  // kBlocks durable blocks sealed with cipher_ (key id 1), in db_.
+  void WriteSealed() {
+    auto s = Open(db_, cipher_.get());
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int i = 0; i < kBlocks; ++i) ASSERT_TRUE(PutDurable(**s, i).ok());
+  }
+  // A key file (owner-only, as the tool requires) under the test's directory.
+  std::string KeyFile(const std::string& name, const std::string& keys) {
+    const std::string path = dir_.path() + "/" + name;
+    std::ofstream(path) << keys;
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+    return path;
+  }
+
+  static constexpr char kKeys[] = "1 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n";
   TempDir dir_;
   const std::string db_ = dir_.path() + "/db";
+  std::unique_ptr<AtRestCipher> cipher_ = *AtRestCipher::FromString(kKeys);
 };
 
 TEST_F(DiskDamageTest, AWriteTornByACrashIsDropped) {
@@ -236,24 +252,12 @@ TEST_F(DiskDamageTest, ADamagedMetaTableFailsOpenAndRepairServesOnlyExactBytes) 
 // ciphertext replaced under RocksDB's own checksums) is deleted and the
 // rest verified; a key file without the records' key stops the repair.
 TEST_F(DiskDamageTest, RepairWithTheKeyFileVerifiesSealedBlocks) {
-  constexpr char kKeys[] = "1 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n";
-  std::unique_ptr<AtRestCipher> cipher = *AtRestCipher::FromString(kKeys);
-  {
-    auto s = Open(db_, cipher.get());
-    ASSERT_TRUE(s.ok()) << s.status();
-    for (int i = 0; i < kBlocks; ++i) ASSERT_TRUE(PutDurable(**s, i).ok());
-  }
+  WriteSealed();
   {
     auto spill = SpillStore::Open({.path = db_});
     ASSERT_TRUE(spill.ok()) << spill.status();
     ASSERT_TRUE((*spill)->OverwritePayloadForTest(Key(3), std::string(kBlock + AtRestCipher::kOverheadBytes, 'x')).ok());
   }
-  auto key_file = [&](const std::string& name, const std::string& keys) {
-    const std::string path = dir_.path() + "/" + name;
-    std::ofstream(path) << keys;
-    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
-    return path;
-  };
   std::string out;
   ASSERT_EQ(Repair(db_, &out), 0) << out;
   EXPECT_NE(out.find("0 blocks intact, 0 damaged blocks deleted, " + std::to_string(kBlocks) +
@@ -261,15 +265,15 @@ TEST_F(DiskDamageTest, RepairWithTheKeyFileVerifiesSealedBlocks) {
             std::string::npos)
       << out;
   out.clear();
-  const std::string other = key_file("other-keys", "2 ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n");
+  const std::string other = KeyFile("other-keys", "2 ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n");
   EXPECT_EQ(Repair(db_, &out, "--at_rest_key_file " + other), 1) << out;
   EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
   out.clear();
-  ASSERT_EQ(Repair(db_, &out, "--at_rest_key_file=" + key_file("keys", kKeys)), 0) << out;
+  ASSERT_EQ(Repair(db_, &out, "--at_rest_key_file=" + KeyFile("keys", kKeys)), 0) << out;
   EXPECT_NE(out.find(std::to_string(kBlocks - 1) + " blocks intact, 1 damaged blocks deleted, 0 sealed"),
             std::string::npos)
       << out;
-  auto s = Open(db_, cipher.get());
+  auto s = Open(db_, cipher_.get());
   ASSERT_TRUE(s.ok()) << s.status();
   Census c = Read(**s);
   EXPECT_EQ(c.exact, kBlocks - 1);
@@ -280,19 +284,11 @@ TEST_F(DiskDamageTest, RepairWithTheKeyFileVerifiesSealedBlocks) {
 // Sealed payloads through a rebuild: read back from the blob files and
 // opened with the key file (checked), or kept unverified without it.
 TEST_F(DiskDamageTest, ARebuildReadsSealedPayloadsBack) {
-  constexpr char kKeys[] = "1 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n";
-  std::unique_ptr<AtRestCipher> cipher = *AtRestCipher::FromString(kKeys);
-  {
-    auto s = Open(db_, cipher.get());
-    ASSERT_TRUE(s.ok()) << s.status();
-    for (int i = 0; i < kBlocks; ++i) ASSERT_TRUE(PutDurable(**s, i).ok());
-  }
-  ASSERT_TRUE(Open(db_, cipher.get()).ok());  // the WAL's blocks into table and blob files
+  WriteSealed();
+  ASSERT_TRUE(Open(db_, cipher_.get()).ok());  // the WAL's blocks into table and blob files
   const std::string image = dir_.path() + "/image";
   fs::copy(db_, image);
-  const std::string key_file = dir_.path() + "/keys";
-  std::ofstream(key_file) << kKeys;
-  fs::permissions(key_file, fs::perms::owner_read | fs::perms::owner_write);
+  const std::string key_file = KeyFile("keys", kKeys);
   for (const std::string& dir : {db_, image}) {
     const fs::path manifest = Files(dir, "MANIFEST-", "").back();
     FlipByte(manifest, fs::file_size(manifest) / 2);
@@ -302,7 +298,7 @@ TEST_F(DiskDamageTest, ARebuildReadsSealedPayloadsBack) {
   EXPECT_NE(out.find(std::to_string(kBlocks) + " blocks intact, 0 damaged blocks deleted, 0 sealed"), std::string::npos)
       << out;
   EXPECT_NE(out.find(std::to_string(kBlocks) + " payloads read back"), std::string::npos) << out;
-  auto s = Open(db_, cipher.get());
+  auto s = Open(db_, cipher_.get());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(Read(**s).exact, kBlocks);
 
@@ -311,7 +307,7 @@ TEST_F(DiskDamageTest, ARebuildReadsSealedPayloadsBack) {
   EXPECT_NE(out.find("0 blocks intact, 0 damaged blocks deleted, " + std::to_string(kBlocks) + " sealed blocks kept unverified"),
             std::string::npos)
       << out;
-  auto t = Open(image, cipher.get());
+  auto t = Open(image, cipher_.get());
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(Read(**t).exact, kBlocks);
 }
