@@ -281,6 +281,25 @@ TEST_F(DiskDamageTest, RepairWithTheKeyFileVerifiesSealedBlocks) {
   EXPECT_EQ(c.wrong + c.data_loss, 0);
 }
 
+// A repair cut short after it set the blob files aside, then a new one: the
+// file set aside before and the database's own file of the same name are
+// both kept, and the payloads come from whichever copy checks.
+TEST_F(DiskDamageTest, ARepairCutShortKeepsEveryBlobFileItSetAside) {
+  WriteTables();
+  const fs::path blob = Files(db_, "", ".blob").at(0);
+  fs::create_directories(db_ + "/blob_salvage");
+  fs::copy_file(blob, db_ + "/blob_salvage/" + blob.filename().string());
+  FlipByte(blob, fs::file_size(blob) / 3);  // the database's copy: one payload damaged
+  const fs::path manifest = Files(db_, "MANIFEST-", "").back();
+  FlipByte(manifest, fs::file_size(manifest) / 2);
+  std::string out;
+  ASSERT_EQ(Repair(db_, &out), 0) << out;
+  EXPECT_NE(out.find(std::to_string(kBlocks) + " blocks intact, 0 damaged"), std::string::npos) << out;
+  auto s = Open(db_);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Read(**s).exact, kBlocks);
+}
+
 // Sealed payloads through a rebuild: read back from the blob files and
 // opened with the key file (checked), or kept unverified without it.
 TEST_F(DiskDamageTest, ARebuildReadsSealedPayloadsBack) {

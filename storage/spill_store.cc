@@ -124,7 +124,12 @@ absl::Status SetBlobFilesAside(const std::string& dir) {
     if (e.is_regular_file() && e.path().extension() == ".blob") blobs.push_back(e.path());
   if (ec) return absl::UnavailableError(absl::StrCat("listing ", dir, ": ", ec.message()));
   for (const std::filesystem::path& b : blobs) {
-    std::filesystem::rename(b, aside / b.filename(), ec);
+    // A repair cut short may have set aside a file of the same number (a
+    // rebuilt database numbers its files anew): both are kept.
+    std::filesystem::path to = aside / b.filename();
+    for (int n = 1; std::filesystem::exists(to, ec); ++n)
+      to = aside / absl::StrCat(b.stem().string(), ".", n, ".blob");
+    std::filesystem::rename(b, to, ec);
     if (ec) return absl::UnavailableError(absl::StrCat("moving ", b.string(), ": ", ec.message()));
   }
   return absl::OkStatus();
