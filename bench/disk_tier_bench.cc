@@ -42,6 +42,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/latency.h"
+#include "base/malloc_tuning.h"
 #include "client/cli/args.h"
 #include "storage/block_store.h"
 
@@ -356,4 +357,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace tqkv
 
-int main(int argc, char** argv) { return tqkv::Run(argc, argv); }
+int main(int argc, char** argv) {
+  tqkv::KeepFreedMemoryForReuse(size_t{256} << 20);  // as tqkv-server does (--malloc_keep_free_bytes)
+  return tqkv::Run(argc, argv);
+}
