@@ -250,6 +250,9 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   if (options.path.empty()) return absl::InvalidArgumentError("SpillStore needs a path");
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = options.create_if_missing;
+  // Buffered I/O (the page cache): direct reads measured no faster (cold
+  // 256 KiB Gets 534 MB/s, within the buffered runs' 564-691), and direct
+  // flushes and compactions made spills 5x slower (61 MB/s).
   // An existing database lacks a column family when nothing was ever written
   // to it and a repair rebuilt the database (RepairDB recreates only the
   // families its table files name): created empty.
