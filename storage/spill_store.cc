@@ -3,9 +3,9 @@
 #include <sys/statvfs.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -55,8 +55,8 @@ absl::Status Damaged(absl::string_view path, const rocksdb::Status& s) {
 // a 64 MiB blob file and compactions move keys and blob references, not
 // payloads. Measured with `disk_tier_bench --block_bytes 262144` (build
 // machine, bench/RESULTS.md "Disk tier at scale"): cold Gets 253-274 MB/s
-// from table files, 510-974 from blob files; spills 281-312 MB/s either
-// way. Blob garbage collection relocates the live blobs of the oldest
+// from table files, 564-691 from blob files; spills 281-312 and 290-335
+// MB/s. Blob garbage collection relocates the live blobs of the oldest
 // quarter of the blob files as compactions meet them, so a file holding
 // one hot block among deleted ones does not keep its space (spills
 // without it: 398-401 MB/s, on a fill that deletes nothing). RepairDB does
@@ -113,16 +113,25 @@ uint64_t GetFixed64(const char* p) {
 // unlisted files); removed once their payloads are back.
 constexpr char kBlobSalvageDir[] = "blob_salvage";
 
+// The blob files (*.blob) directly in dir, in name order: zero-padded
+// file numbers, so oldest first.
+absl::StatusOr<std::vector<std::filesystem::path>> BlobFilesIn(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_regular_file() && e.path().extension() == ".blob") files.push_back(e.path());
+  if (ec) return absl::UnavailableError(absl::StrCat("listing ", dir.string(), ": ", ec.message()));
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 // Moves dir's blob files (NNNNNN.blob) into dir/kBlobSalvageDir.
 absl::Status SetBlobFilesAside(const std::string& dir) {
   std::error_code ec;
   const std::filesystem::path aside = std::filesystem::path(dir) / kBlobSalvageDir;
   std::filesystem::create_directories(aside, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("creating ", aside.string(), ": ", ec.message()));
-  std::vector<std::filesystem::path> blobs;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.is_regular_file() && e.path().extension() == ".blob") blobs.push_back(e.path());
-  if (ec) return absl::UnavailableError(absl::StrCat("listing ", dir, ": ", ec.message()));
+  TQ_ASSIGN_OR_RETURN(const std::vector<std::filesystem::path> blobs, BlobFilesIn(dir));
   for (const std::filesystem::path& b : blobs) {
     // A repair cut short may have set aside a file of the same number (a
     // rebuilt database numbers its files anew): both are kept.
@@ -144,12 +153,7 @@ absl::Status SetBlobFilesAside(const std::string& dir) {
 // values against the block's own checksum, not RocksDB's CRCs.
 absl::Status ForEachBlobRecord(const std::filesystem::path& dir,
                                absl::FunctionRef<void(absl::string_view, absl::string_view)> fn) {
-  std::error_code ec;
-  std::vector<std::filesystem::path> files;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.is_regular_file() && e.path().extension() == ".blob") files.push_back(e.path());
-  if (ec) return absl::UnavailableError(absl::StrCat("listing ", dir.string(), ": ", ec.message()));
-  std::sort(files.begin(), files.end());  // zero-padded file numbers: oldest first
+  TQ_ASSIGN_OR_RETURN(const std::vector<std::filesystem::path> files, BlobFilesIn(dir));
   constexpr size_t kHeader = 30, kRecordHeader = 32;
   for (const std::filesystem::path& f : files) {
     std::ifstream in(f, std::ios::binary);
@@ -248,11 +252,11 @@ SpillStore::~SpillStore() {
 
 absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOptions& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("SpillStore needs a path");
-  rocksdb::DBOptions db_options;
-  db_options.create_if_missing = options.create_if_missing;
   // Buffered I/O (the page cache): direct reads measured no faster (cold
   // 256 KiB Gets 534 MB/s, within the buffered runs' 564-691), and direct
   // flushes and compactions made spills 5x slower (61 MB/s).
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = options.create_if_missing;
   // An existing database lacks a column family when nothing was ever written
   // to it and a repair rebuilt the database (RepairDB recreates only the
   // families its table files name): created empty.
