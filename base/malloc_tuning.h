@@ -17,6 +17,10 @@ namespace tqkv {
 // Call once, early in main, before threads start.
 void KeepFreedMemoryForReuse(size_t keep_free_bytes);
 
+// tqkv-server's default (--malloc_keep_free_bytes); the benchmarks' harnesses
+// use it too.
+inline constexpr size_t kDefaultKeepFreeBytes = size_t{256} << 20;
+
 }  // namespace tqkv
 
 #endif  // TQKV_BASE_MALLOC_TUNING_H_

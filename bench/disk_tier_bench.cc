@@ -41,8 +41,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "bench/latency.h"
 #include "base/malloc_tuning.h"
+#include "bench/latency.h"
 #include "client/cli/args.h"
 #include "storage/block_store.h"
 
@@ -358,6 +358,6 @@ int Run(int argc, char** argv) {
 }  // namespace tqkv
 
 int main(int argc, char** argv) {
-  tqkv::KeepFreedMemoryForReuse(size_t{256} << 20);  // as tqkv-server does (--malloc_keep_free_bytes)
+  tqkv::KeepFreedMemoryForReuse(tqkv::kDefaultKeepFreeBytes);  // as tqkv-server does
   return tqkv::Run(argc, argv);
 }

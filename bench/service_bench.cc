@@ -777,7 +777,7 @@ int main(int argc, char** argv) {
   Flags f = ParseFlags(argc, argv);
   // The harness keeps its freed buffers for reuse as the server does, so
   // that its own page faults do not set the pace.
-  tqkv::KeepFreedMemoryForReuse(size_t{256} << 20);
+  tqkv::KeepFreedMemoryForReuse(tqkv::kDefaultKeepFreeBytes);
   // Debian's Abseil is built without NDEBUG, so absl::Mutex (under gRPC's
   // locks) tracks lock graphs for deadlock detection on every acquisition.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

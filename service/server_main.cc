@@ -107,7 +107,7 @@ ABSL_FLAG(std::string, at_rest_key_file, "",
 ABSL_FLAG(std::string, backend, "auto",
           "compute backend: auto (cuda if built in and a GPU is usable, else cpu), cpu, cuda");
 ABSL_FLAG(tqkv::ByteSize, host_budget_bytes, tqkv::ByteSize{uint64_t{1} << 30}, "host-memory budget for block payloads");
-ABSL_FLAG(tqkv::ByteSize, malloc_keep_free_bytes, tqkv::ByteSize{uint64_t{256} << 20},
+ABSL_FLAG(tqkv::ByteSize, malloc_keep_free_bytes, tqkv::ByteSize{tqkv::kDefaultKeepFreeBytes},
           "freed memory the allocator keeps at the top of each arena for reuse instead of returning it to the "
           "kernel (blocks and frames are reused at the rate puts and evictions run; memory returned is faulted "
           "in again page by page); 0: glibc's defaults");
