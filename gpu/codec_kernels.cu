@@ -79,23 +79,23 @@ cudaError_t EncodeFastKV(const EncodeLaunch& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int KB, int VB, typename T, bool kLut, int kBufs>
-cudaError_t EncodeLaneRowsKV(const EncodeLaunch& a, cudaStream_t stream) {
-  const bool few = LaneRowPasses(a.tokens, a.heads) < kLaneRowPasses;
-  const void* kernel = few ? reinterpret_cast<const void*>(EncodeLaneRowsKernel<KB, VB, T, kLut, kBufs, true>)
-                           : reinterpret_cast<const void*>(EncodeLaneRowsKernel<KB, VB, T, kLut, kBufs, false>);
+template <int KB, int VB, typename T, bool kLut, int kBufs, bool kFew>
+cudaError_t LaunchLaneRows(const EncodeLaunch& a, cudaStream_t stream) {
   constexpr size_t smem = LaneRowSmemBytes(kBufs);
+  const void* kernel = reinterpret_cast<const void*>(EncodeLaneRowsKernel<KB, VB, T, kLut, kBufs, kFew>);
   cudaError_t e = AllowDynamicSmem(kernel, smem);
   if (e != cudaSuccess) return e;
   const int64_t per_block = LaneRowBlockTokens(a.tokens, a.heads);
   const int64_t blocks = a.heads / LaneRowBlockHeads(a.heads) * ((a.tokens + per_block - 1) / per_block);
   const dim3 grid(static_cast<unsigned>(blocks), 2);
-  if (few) {
-    EncodeLaneRowsKernel<KB, VB, T, kLut, kBufs, true><<<grid, 32 * kLaneRowWarps, smem, stream>>>(a);
-  } else {
-    EncodeLaneRowsKernel<KB, VB, T, kLut, kBufs, false><<<grid, 32 * kLaneRowWarps, smem, stream>>>(a);
-  }
+  EncodeLaneRowsKernel<KB, VB, T, kLut, kBufs, kFew><<<grid, 32 * kLaneRowWarps, smem, stream>>>(a);
   return cudaGetLastError();
+}
+
+template <int KB, int VB, typename T, bool kLut, int kBufs>
+cudaError_t EncodeLaneRowsKV(const EncodeLaunch& a, cudaStream_t stream) {
+  return LaneRowPasses(a.tokens, a.heads) < kLaneRowPasses ? LaunchLaneRows<KB, VB, T, kLut, kBufs, true>(a, stream)
+                                                           : LaunchLaneRows<KB, VB, T, kLut, kBufs, false>(a, stream);
 }
 
 // The variant the launch asks for: two lanes per row from 16-bit input
