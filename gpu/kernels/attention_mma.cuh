@@ -113,6 +113,7 @@ constexpr size_t MmaSmemBytes() {
 template <int KB, int VB, int G, int TPS, int KM = 0, int MB = MmaCtasPerSm(TPS)>
 __global__ void __launch_bounds__(32 * kMmaWarps, MB)
     MmaDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records) {
+  LaunchTailMergeEarly(a);
   using KU = MmaBits<KB>;
   using VU = MmaBits<VB>;
   using Raw = MmaTileRaw<KB, VB>;
