@@ -913,6 +913,7 @@ absl::StatusOr<EvictResult> BlockStore::SpillForShutdown(absl::Duration budget) 
   EvictSpec all;
   all.include_pinned = true;
   all.deadline = clock_->Now() + budget - std::min(budget / 10, absl::Seconds(3));
+  all.flush_by_deadline = true;
   TQ_ASSIGN_OR_RETURN(EvictResult r, Evict(all));
   TQ_RETURN_IF_ERROR(Sync());
   return r;
@@ -931,8 +932,16 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
     const uint64_t batch = std::max<uint64_t>(1, spec.batch_bytes);
     uint64_t budget = limit;
     absl::Duration pace = absl::ZeroDuration();  // the last batch's time: the next one's likely time
+    absl::Duration spilling = absl::ZeroDuration();  // the batches' time so far
+    uint64_t spilled = 0;                            // and their bytes
+    // The memtables' flush at the rate of the batches so far (each byte
+    // went to the WAL and the memtable; a flush writes it once).
+    auto flush_time = [&] {
+      if (!spec.flush_by_deadline || spill_ == nullptr || spilled == 0) return absl::ZeroDuration();
+      return spilling * (static_cast<double>(spill_->UnflushedBytes()) / static_cast<double>(spilled));
+    };
     for (;;) {
-      if (clock_->Now() + pace >= spec.deadline) {
+      if (clock_->Now() + pace + flush_time() >= spec.deadline) {
         const absl::Time now = clock_->Now();
         index_.ForEachHostLru([&](BlockRecord* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           if (InScope(*r, spec.scope) && !r->on_disk && !r->io_busy && r->visible &&
@@ -966,6 +975,8 @@ absl::StatusOr<EvictResult> BlockStore::Evict(const EvictSpec& spec) {
       const absl::Time started = clock_->Now();
       absl::Status s = RunPlanLocked(&batch_plan);
       pace = clock_->Now() - started;
+      spilling += pace;
+      spilled += batch_plan.evicted_bytes;
       result.blocks += batch_plan.evicted_blocks;
       result.bytes += batch_plan.evicted_bytes;
       if (!s.ok()) return s;

@@ -261,6 +261,11 @@ struct EvictSpec {
   // `deadline`. Defaults: 64 MiB, none.
   uint64_t batch_bytes = uint64_t{64} << 20;
   absl::Time deadline = absl::InfiniteFuture();
+  // drop=false with a deadline: also keep, before it, the time the disk
+  // tier's memtables take to flush at the spill rate measured so far (a
+  // close writes them), so that the flush ends by the deadline too.
+  // Default: false.
+  bool flush_by_deadline = false;
 };
 
 struct EvictResult {
@@ -412,9 +417,10 @@ class BlockStore {
 
   // A graceful shutdown's spill: every host block (pinned ones too: pins
   // end with the process) moved to disk, oldest first, in batches that end
-  // before `budget` is spent less its last tenth (at most 3 s), which is
-  // kept for the WAL sync that follows and the close's memtable flush. The
-  // result counts what moved and what was left (lost with the process).
+  // before `budget` is spent less the time the memtables take to flush
+  // (EvictSpec::flush_by_deadline) and less its last tenth (at most 3 s),
+  // kept for the WAL sync that follows and the close. The result counts
+  // what moved and what was left (lost with the process).
   absl::StatusOr<EvictResult> SpillForShutdown(absl::Duration budget);
 
   // A consistent snapshot of usage, budgets and counters.

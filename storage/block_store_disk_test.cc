@@ -374,6 +374,51 @@ TEST_F(BlockStoreDiskTest, SpillsRunInBatchesUntilTheDeadline) {
   EXPECT_EQ(s->Evict({.batch_bytes = 1})->blocks, 2u);
 }
 
+// A clock that moves `tick` forward on every reading: each spill batch of
+// Evict takes whole seconds of it.
+class TickingClock final : public Clock {
+ public:
+  explicit TickingClock(absl::Duration tick) : tick_(tick) {}
+  absl::Time Now() override {
+    clock_.Advance(tick_);
+    return clock_.Now();
+  }
+
+ private:
+  const absl::Duration tick_;
+  FakeClock clock_;
+};
+
+// With flush_by_deadline a spill against a deadline also keeps the time the
+// memtables take to flush at its batches' rate (a close writes them): it
+// stops earlier than the same spill without, after at least one batch.
+TEST(BlockStoreDiskFlushTest, DeadlineSpillKeepsTimeForTheMemtableFlush) {
+  auto moved = [](bool flush_by_deadline) -> uint64_t {
+    TempDir dir;
+    TickingClock clock(absl::Seconds(1));
+    BlockStoreOptions o;
+    o.host_capacity_bytes = 2000;
+    o.disk_path = dir.path();
+    o.disk_capacity_bytes = 1 << 20;
+    o.clock = &clock;
+    auto s = BlockStore::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return 0;
+    for (int i = 0; i < 9; ++i)
+      EXPECT_TRUE((*s)->Put(Key(i), "p", TestAccounting(100), TestPayload(Key(i), 100), {}).ok());
+    auto r = (*s)->Evict(
+        {.batch_bytes = 100, .deadline = clock.Now() + absl::Seconds(40), .flush_by_deadline = flush_by_deadline});
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return 0;
+    EXPECT_EQ(r->blocks + r->left_blocks, 9u);
+    return r->blocks;
+  };
+  const uint64_t plain = moved(false);
+  const uint64_t keeping_flush = moved(true);
+  EXPECT_GE(keeping_flush, 1u);
+  EXPECT_LT(keeping_flush, plain);
+}
+
 // The shutdown spill moves every host block, pinned ones too, within its
 // budget; with none left it moves nothing and counts what stays behind.
 TEST_F(BlockStoreDiskTest, ShutdownSpillMovesEveryHostBlockWithinItsBudget) {

@@ -551,6 +551,15 @@ uint64_t SpillStore::EstimatedBlocks() {
   return db_->GetIntProperty(meta_cf_.get(), "rocksdb.estimate-num-keys", &n) ? n : 0;
 }
 
+uint64_t SpillStore::UnflushedBytes() {
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* cf : {meta_cf_.get(), data_cf_.get()}) {
+    uint64_t n = 0;
+    if (db_->GetIntProperty(cf, "rocksdb.cur-size-all-mem-tables", &n)) total += n;
+  }
+  return total;
+}
+
 absl::Status SpillStore::DeleteEncodedKeys(absl::Span<const std::string> encoded_keys) {
   rocksdb::WriteBatch batch;
   for (const std::string& k : encoded_keys) {

@@ -235,6 +235,10 @@ class SpillStore {
   // close; 0 when it has none).
   uint64_t EstimatedBlocks();
 
+  // Bytes in the memtables of the block column families: what a close (or
+  // a flush) still writes to table and blob files.
+  uint64_t UnflushedBytes();
+
   // Deletes meta and data under raw encoded keys (cleanup of corrupt entries).
   absl::Status DeleteEncodedKeys(absl::Span<const std::string> encoded_keys);
 
