@@ -52,15 +52,21 @@ tqkv::gpu::AttentionLaunch PlanningLaunch(void* hp, int64_t num_queries, int64_t
   return a;
 }
 
-// The plan of `a` with a forced split count (0: planned) and kernel
-// (-1: the served choice, else an AttnKernel value).
-cudaError_t Plan(void* hp, const tqkv::gpu::AttentionLaunch& a, int splits, int kernel,
-                 tqkv::gpu::AttentionPlan* plan) {
+// A forced split count (0: planned) and kernel (-1: the served choice,
+// else an AttnKernel value).
+tqkv::gpu::PlanOverrides Overrides(int splits, int kernel) {
   tqkv::gpu::PlanOverrides o;
   o.splits = splits;
-  if (kernel >= tqkv::gpu::kNumAttnKernels) return cudaErrorInvalidValue;
   if (kernel >= 0) o.kernel = static_cast<tqkv::gpu::AttnKernel>(kernel);
-  const cudaError_t e = tqkv::gpu::PlanAttention(a, static_cast<Handle*>(hp)->device, plan, o);
+  return o;
+}
+
+// The plan of `a` with those overrides; the error is the last error.
+cudaError_t Plan(void* hp, const tqkv::gpu::AttentionLaunch& a, int splits, int kernel,
+                 tqkv::gpu::AttentionPlan* plan) {
+  if (kernel >= tqkv::gpu::kNumAttnKernels) return cudaErrorInvalidValue;
+  const cudaError_t e =
+      tqkv::gpu::PlanAttention(a, static_cast<Handle*>(hp)->device, plan, Overrides(splits, kernel));
   if (e != cudaSuccess) g_error = cudaGetErrorString(e);
   return e;
 }
@@ -137,12 +143,18 @@ const char* tqkv_gpu_attention_kernel_name(int id) {
 }
 
 // Workspace bytes of a decode/prefill call with `splits` (0: planned) on
-// `kernel` (-1: the served choice); 0 where that kernel cannot run it.
+// `kernel` (-1: the served choice), with or without dense tails (the
+// larger); 0 where that kernel cannot run it.
 uint64_t tqkv_gpu_attention_workspace(void* hp, int64_t num_queries, int64_t max_context, int64_t block_stride,
                                       int splits, int kernel) {
   tqkv::gpu::AttentionPlan plan;
-  const auto a = PlanningLaunch(hp, num_queries, max_context, block_stride);
-  return Plan(hp, a, splits, kernel, &plan) == cudaSuccess ? plan.workspace_bytes : 0;
+  auto a = PlanningLaunch(hp, num_queries, max_context, block_stride);
+  if (Plan(hp, a, splits, kernel, &plan) != cudaSuccess) return 0;
+  uint64_t bytes = plan.workspace_bytes;
+  a.has_tail = true;
+  if (tqkv::gpu::PlanAttention(a, static_cast<Handle*>(hp)->device, &plan, Overrides(splits, kernel)) == cudaSuccess)
+    bytes = std::max<uint64_t>(bytes, plan.workspace_bytes);
+  return bytes;
 }
 
 // Planned split count of a decode/prefill call on `kernel` (-1: the served
