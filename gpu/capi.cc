@@ -61,7 +61,8 @@ tqkv::gpu::PlanOverrides Overrides(int splits, int kernel) {
   return o;
 }
 
-// The plan of `a` with those overrides; the error is the last error.
+// The plan of `a` with those overrides; a failure is also kept as the
+// last error (tqkv_gpu_last_error).
 cudaError_t Plan(void* hp, const tqkv::gpu::AttentionLaunch& a, int splits, int kernel,
                  tqkv::gpu::AttentionPlan* plan) {
   if (kernel >= tqkv::gpu::kNumAttnKernels) return cudaErrorInvalidValue;
