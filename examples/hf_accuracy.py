@@ -8,12 +8,16 @@ DynamicCache, in one run:
      for token; else the first step where it departs), per-step relative
      logit difference, KL of the next-token
      distribution; time to first token, decode tokens/s and tqkv's share
-     of the step; the server's byte accounting;
+     of the step; the server's byte accounting. Beside them, in the same
+     run, two floors: the same model with transformers' eager attention
+     over a DynamicCache (what two correct fp16 kernels differ by), and
+     each format in the dense diagnostic mode (transformers' attention over
+     the dequantized K/V: the codec's own error, without tqkv's kernels);
   2. prefix reuse: a request sharing the prompt as its prefix computes only
      its suffix (the model's forward token count, the server's Lookup hit
      counter), its time to first token beside a cold request's;
   3. decode at a long context: tokens/s through tqkv Attend beside
-     transformers' SDPA over an fp16 DynamicCache.
+     transformers' SDPA (flash attention) over an fp16 DynamicCache.
 
     python3 examples/hf_accuracy.py --server bazel-bin/service/tqkv-server --backend cuda
 """
@@ -54,10 +58,16 @@ def main():
     ap.add_argument("--long", type=int, default=32768, help="long-context decode (0: skip)")
     ap.add_argument("--long-steps", type=int, default=32)
     ap.add_argument("--long-format", default="k4v4")
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds of decoding before measuring")
+    ap.add_argument("--cudnn-sdpa", action="store_true",
+                    help="let SDPA use cuDNN attention (it builds a plan for every new sequence length: "
+                         "each decode step of a fresh context costs tens of ms); default: flash attention")
     ap.add_argument("--json", default=None, help="write the results here too")
     args = ap.parse_args()
 
     device = "cuda" if args.backend != "cpu" and torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not args.cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     dtype = torch.float16 if device == "cuda" else torch.float32
     wire = "fp16" if dtype == torch.float16 else "fp32"
     results = {"prompt": args.prompt, "new": args.new, "shape": args.shape, "device": device}
@@ -67,12 +77,25 @@ def main():
         vocab = model.config.vocab_size
         prompt = random_model.random_prompt(args.prompt, vocab)
 
-        # Warm-up at the same shapes (kernels, allocator, GPU clocks).
-        random_model.greedy(model, prompt, DynamicCache(), min(args.new, 32))
+        # Warm-up at the same shapes (kernels, allocator, clocks): decode steps
+        # on the H200 host take several seconds to reach their steady speed.
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < args.warmup:
+            random_model.greedy(model, prompt, DynamicCache(), min(args.new, 32))
         ref_toks, ref_logits, ref_ttft, ref_dec = random_model.greedy(model, prompt, DynamicCache(), args.new)
         results["reference"] = dict(ttft_s=ref_ttft, tok_s=(args.new - 1) / ref_dec)
         print(f"reference (DynamicCache, SDPA): ttft {ref_ttft * 1e3:.1f} ms, "
               f"{(args.new - 1) / ref_dec:.1f} tok/s", flush=True)
+
+        # Floor 1: another correct fp16 attention kernel over the same cache type.
+        eager = random_model.random_llama(args.shape, device=device, dtype=dtype, attn="eager")
+        _, eager_logits, _, _ = random_model.greedy(eager, prompt, DynamicCache(), args.new, force=ref_toks)
+        del eager
+        c = random_model.compare(eager_logits, ref_logits)
+        results["floor_eager"] = c
+        print(f"floor, eager attention vs SDPA (DynamicCache): top1 {c['top1']:.4f} (first miss "
+              f"{c['first_diff']}) rel {c['rel']:.2e} (median {c['rel_median']:.2e}) KL {c['kl']:.2e}",
+              flush=True)
 
         stores = {}
         for fmt in args.formats.split(","):
@@ -89,11 +112,19 @@ def main():
                        stored_bytes=sum(t.bytes for t in st.tiers.values()),
                        dense_bytes=sum(t.dense_equivalent_bytes for t in st.tiers.values()))
             results[fmt] = row
-            print(f"{fmt}: top1 {c['top1']:.4f} (first miss {c['first_diff']}) rel {c['rel']:.2e} rel_max {c['rel_max']:.2e} "
+            # Floor 2: the codec alone (the stored blocks, dequantized, in transformers' attention).
+            with store.new_cache(prompt, mode="dense", reuse_prefix=False) as cache:
+                _, dense_logits, _, _ = random_model.greedy(model, prompt, cache, args.new, force=ref_toks)
+            dc = random_model.compare(dense_logits, ref_logits)
+            results[fmt + "_dense_mode"] = dc
+            print(f"{fmt}: top1 {c['top1']:.4f} (first miss {c['first_diff']}) rel {c['rel']:.2e} "
+                  f"(median {c['rel_median']:.2e}) rel_max {c['rel_max']:.2e} "
                   f"KL {c['kl']:.2e} | ttft {ttft * 1e3:.1f} ms, {row['tok_s']:.1f} tok/s, tqkv "
                   f"{row['attend_share'] * 100:.0f}% of the step, put {put:.2f} s | stored "
                   f"{row['stored_bytes'] / 2**20:.1f} MiB for {row['dense_bytes'] / 2**20:.1f} MiB fp16 "
                   f"(x{st.compression_ratio:.2f})", flush=True)
+            print(f"{fmt}, dense mode (codec only): top1 {dc['top1']:.4f} (first miss {dc['first_diff']}) "
+                  f"rel {dc['rel']:.2e} (median {dc['rel_median']:.2e}) KL {dc['kl']:.2e}", flush=True)
 
         # Prefix reuse: the prompt is stored under the first format; a new
         # request = prompt + its own suffix.

@@ -124,8 +124,8 @@ if [ -z "${SKIP_IPC:-}" ]; then
   if ! python3 -c "from proto.tqkv.v1 import tqkv_pb2" 2>/dev/null; then
     export PYTHONPATH="$HERE/pyfallback:$PYTHONPATH" PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python
   fi
-  (cd "$HERE/py/tests" && timeout 300 python3 -m pytest -q -p no:cacheprovider test_cuda_ipc.py) \
-    > "$LOGS/test_cuda_ipc.log" 2>&1; rc=$?
+  (cd "$HERE/py/tests" && timeout 300 python3 -m pytest -q -p no:cacheprovider test_cuda_ipc.py \
+    test_cuda_tensors.py) > "$LOGS/test_cuda_ipc.log" 2>&1; rc=$?
   echo "test_cuda_ipc rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1
   timeout 400 python3 "$HERE/py/prefill_ipc_bench.py" ${IPC_ARGS:-} > "$LOGS/prefill_ipc_bench.log" 2>&1
   echo "prefill_ipc_bench rc=$?" | tee -a "$LOGS/summary.txt"

@@ -76,9 +76,9 @@ def _append_request(sequence_id, layer, k, v):
 
 
 def _attend_request(layer, items, scale):
-    """AttendRequest of Client.attend's arguments, and per item whether q was torch."""
+    """AttendRequest of Client.attend's arguments, and the items' queries."""
     req = pb.AttendRequest(layer=layer, scale=scale)
-    torch_out = []
+    queries = []
     for item in items:
         seq, q = item[0], item[1]
         positions = item[2] if len(item) > 2 and item[2] is not None else ()
@@ -90,12 +90,16 @@ def _attend_request(layer, items, scale):
             msg.k.CopyFrom(tensors.to_proto(item[3]))
             msg.v.CopyFrom(tensors.to_proto(item[4]))
         req.items.append(msg)
-        torch_out.append(tensors.is_torch(q))
-    return req, torch_out
+        queries.append(q)
+    return req, queries
 
 
-def _attend_outputs(resp, torch_out, return_kernel_micros):
-    outs = [tensors.from_proto(t, as_torch=tt) for t, tt in zip(resp.outputs, torch_out)]
+def _attend_outputs(resp, queries, return_kernel_micros):
+    """The outputs as numpy arrays, or torch tensors on q's device where q was torch."""
+    outs = []
+    for t, q in zip(resp.outputs, queries):
+        out = tensors.from_proto(t, as_torch=tensors.is_torch(q))
+        outs.append(out.to(q.device) if tensors.is_cuda(q) else out)
     return (outs, resp.kernel_micros) if return_kernel_micros else outs
 
 

@@ -451,16 +451,17 @@ class Client:
         new tokens [tokens, kv_heads, d] appended to the sequence first, in
         the same call (both happen or neither). Returns one output
         [num_queries, q_heads, d] per item in q's dtype - a torch tensor when
-        q was one. scale 0: 1/sqrt(d). A call that appends is never retried.
+        q was one, on q's device. scale 0: 1/sqrt(d). A call that appends is
+        never retried.
         """
         items = list(items)
         retry = not any(len(it) > 3 for it in items)
         if self.data_address:
             return self._data_plane_call(lambda dp: dp.attend(
                 layer, items, scale, return_kernel_micros=return_kernel_micros), retry=retry)
-        req, torch_out = _attend_request(layer, items, scale)
+        req, queries = _attend_request(layer, items, scale)
         r = self._call("Attend", self._kv.Attend, req, retry=retry)
-        return _attend_outputs(r, torch_out, return_kernel_micros)
+        return _attend_outputs(r, queries, return_kernel_micros)
 
     def drop_sequence(self, sequence_id):
         self._call("DropSequence", self._kv.DropSequence,

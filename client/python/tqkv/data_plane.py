@@ -342,9 +342,10 @@ class DataPlane:
         """Client.attend over the data plane: same arguments, outputs and
         errors. The tensors travel as the frame's raw payload; the outputs
         are views of one buffer received in place (writable numpy arrays,
-        or torch CPU tensors over them where q was torch)."""
+        or torch CPU tensors over them where q was a CPU tensor; a CUDA
+        query's output is copied to its device)."""
         req = pb.AttendRequest(layer=layer, scale=scale)
-        payload, torch_out, out_bytes = [], [], 0
+        payload, queries, out_bytes = [], [], 0
         for item in items:
             seq, q = item[0], item[1]
             positions = item[2] if len(item) > 2 and item[2] is not None else ()
@@ -358,16 +359,17 @@ class DataPlane:
                 if field == "q":  # the output has q's dtype and shape
                     out_bytes += data.nbytes
             req.items.append(msg)
-            torch_out.append(tensors.is_torch(q))
+            queries.append(q)
         out = np.empty(out_bytes, dtype=np.uint8)
         reply, buf = self._exchange(pb.DataPlaneRequest(attend=req), "DataAttend", payload, out)
         if buf is not out:
             raise errors.TqkvError(f"data plane Attend reply has {len(buf)} payload bytes, expected {out_bytes}",
                                    code=grpc.StatusCode.INTERNAL, method="DataAttend")
         outs, at = [], 0
-        for t, tt in zip(reply.attend.outputs, torch_out):
+        for t, q in zip(reply.attend.outputs, queries):
             n = int(np.prod(t.shape)) * tensors.numpy_dtype(t.dtype).itemsize
-            outs.append(tensors.from_raw(t, out[at:at + n], as_torch=tt))
+            o = tensors.from_raw(t, out[at:at + n], as_torch=tensors.is_torch(q))
+            outs.append(o.to(q.device) if tensors.is_cuda(q) else o)
             at += n
         return (outs, reply.attend.kernel_micros) if return_kernel_micros else outs
 

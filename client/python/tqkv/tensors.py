@@ -71,6 +71,10 @@ def is_torch(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def is_cuda(x):
+    return is_torch(x) and x.is_cuda
+
+
 def _as_numpy(x):
     """(array, wire dtype) for a numpy array, array-like or torch tensor."""
     if is_torch(x):

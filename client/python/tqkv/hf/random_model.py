@@ -87,15 +87,17 @@ def greedy(model, input_ids, cache, steps, *, first_token=None, force=None):
 def compare(logits, ref):
     """Per-step comparison of next-token distributions, as a dict:
     rel: the largest per-step relative difference ||a-b||2 / ||b||2;
+    rel_median: its median over the steps;
     rel_max: the largest per-step max|a-b| / max|b|; kl: the mean KL(ref || a)
     in nats; top1: the fraction of steps whose argmaxes agree; first_diff:
     the first step whose argmaxes differ (-1: none)."""
     steps = min(len(logits), len(ref))
     a, b = logits[:steps].double(), ref[:steps].double()
-    rel = ((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item()
+    per_step = (a - b).norm(dim=-1) / b.norm(dim=-1)
+    rel, rel_median = per_step.max().item(), per_step.median().item()
     rel_max = ((a - b).abs().amax(-1) / b.abs().amax(-1)).max().item()
     pa, pb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
     kl = (pb.exp() * (pb - pa)).sum(-1).mean().item()
     agree = a.argmax(-1) == b.argmax(-1)
     first_diff = int((~agree).nonzero()[0, 0]) if not bool(agree.all()) else -1
-    return dict(rel=rel, rel_max=rel_max, kl=kl, top1=agree.double().mean().item(), first_diff=first_diff)
+    return dict(rel=rel, rel_median=rel_median, rel_max=rel_max, kl=kl, top1=agree.double().mean().item(), first_diff=first_diff)
