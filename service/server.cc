@@ -260,7 +260,19 @@ void Server::MaintenanceLoop() {
     service_->Maintain();
     if (auto r = auth_->ReloadIfChanged()) LogAuthReload(*r).IgnoreError();  // an edited auth file
     if (index_loading_) ReportIndexLoaded();
+    CollectDiskGarbage();
   }
+}
+
+void Server::CollectDiskGarbage() {
+  if (absl::Now() < disk_gc_after_) return;
+  const absl::StatusOr<uint64_t> freed = store_->CollectDiskGarbage();
+  if (!freed.ok()) disk_gc_after_ = absl::Now() + absl::Minutes(1);  // a full disk: retried, not every second
+  if (!log_ || (freed.ok() && *freed == 0)) return;
+  log_->Write(freed.ok() ? absl::StrCat("tqkv-server: disk tier: rewrote the blob files holding ", *freed,
+                                        " bytes of removed blocks")
+                         : absl::StrCat("tqkv-server: disk tier: collecting removed blocks' space failed: ",
+                                        freed.status().ToString()));
 }
 
 void Server::ReportIndexLoaded() {

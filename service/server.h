@@ -225,6 +225,8 @@ class Server {
  private:
   explicit Server(const ServerOptions& options);
   void MaintenanceLoop();
+  // BlockStore::CollectDiskGarbage, logged when it collects or fails.
+  void CollectDiskGarbage();
   // Logs the end of the disk index load once it has ended.
   void ReportIndexLoaded();
   // Logs an auth reload's outcome; returns its status.
@@ -254,6 +256,7 @@ class Server {
   std::shared_ptr<DataPlaneCollector> data_plane_collector_;  // reads data_plane_
   std::string address_, metrics_address_, data_address_;
   absl::Notification stop_maintenance_;
+  absl::Time disk_gc_after_ = absl::InfinitePast();  // CollectDiskGarbage waits after a failure
   std::thread maintenance_;
   // The disk index was loading at start; the maintenance loop logs its end.
   bool index_loading_ = false;

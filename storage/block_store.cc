@@ -44,6 +44,8 @@ constexpr int kMaxAdmissionRounds = 16;
 // of writing them for this long, then tries the disk again.
 constexpr absl::Duration kDiskFullRetryInterval = absl::Seconds(1);
 constexpr int kMaxGetAttempts = 4;
+// CollectDiskGarbage waits for at least this much blob garbage.
+constexpr uint64_t kMinDiskGarbageBytes = uint64_t{256} << 20;
 // A Lookup prefetches the index memory of the hash this far ahead of the
 // one it probes (each probe's cache misses overlap the next ones').
 constexpr size_t kLookupAhead = 8;
@@ -1066,6 +1068,14 @@ absl::StatusOr<std::string> BlockStore::GetModelRecord(absl::string_view tenant,
 }
 
 absl::Status BlockStore::Sync() { return spill_ ? spill_->SyncWal() : absl::OkStatus(); }
+
+absl::StatusOr<uint64_t> BlockStore::CollectDiskGarbage() {
+  if (spill_ == nullptr) return 0;
+  const SpillStore::BlobSpace space = spill_->BlobFileSpace();
+  if (space.garbage_bytes < kMinDiskGarbageBytes || space.garbage_bytes * 4 < space.file_bytes) return 0;
+  TQ_RETURN_IF_ERROR(spill_->CollectBlobGarbage(/*garbage_share=*/0.5));
+  return space.garbage_bytes / 2;
+}
 
 absl::Status BlockStore::DeleteModelRecord(absl::string_view tenant, uint64_t model_id) {
   if (spill_ != nullptr) return spill_->DeleteModelRecord(tenant, model_id);

@@ -444,6 +444,14 @@ class BlockStore {
   // RocksDB WAL): spills, unsynced deletes. OK without a disk tier (nothing
   // to sync); the RocksDB error otherwise.
   absl::Status Sync();
+
+  // Frees the disk space of removed blocks (SpillStore::CollectBlobGarbage)
+  // once it is a quarter of the disk tier's blob files and at least
+  // 256 MiB: the oldest files holding half of it are rewritten without it.
+  // Returns the garbage bytes it set out to free (0: none yet). Blocks while
+  // it runs; everything else goes on. For a periodic caller (the server's
+  // maintenance loop); OK without a disk tier.
+  absl::StatusOr<uint64_t> CollectDiskGarbage();
   absl::StatusOr<std::vector<ModelRecord>> ListModelRecords();
 
   // The disk tier (null without one), to corrupt entries in tests.

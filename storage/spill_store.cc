@@ -10,12 +10,14 @@
 #include <fstream>
 #include <iterator>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "rocksdb/db.h"
 #include "rocksdb/listener.h"
+#include "rocksdb/metadata.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
 #include "rocksdb/write_batch.h"
@@ -56,10 +58,13 @@ absl::Status Damaged(absl::string_view path, const rocksdb::Status& s) {
 // payloads. Measured with `disk_tier_bench --block_bytes 262144` (build
 // machine, bench/RESULTS.md "Disk tier at scale"): cold Gets 253-274 MB/s
 // from table files, 564-691 from blob files; spills 281-312 and 290-335
-// MB/s. Blob garbage collection relocates the live blobs of the oldest
-// quarter of the blob files as compactions meet them, so a file holding
-// one hot block among deleted ones does not keep its space (spills
-// without it: 398-401 MB/s, on a fill that deletes nothing). RepairDB does
+// MB/s. Compactions do not collect blob garbage by themselves: relocating
+// the live payloads of the oldest quarter of the files whenever a
+// compaction meets them took 38% of the CPU of a 256 KiB fill that deletes
+// nothing (perf, build machine); without it (A/B, same session) spills
+// 266-271 -> 316-377 MB/s and cold Gets 675-684 -> 790-829. The owner calls CollectBlobGarbage when
+// garbage has built up (BlockStore::CollectDiskGarbage), so a file holding
+// one hot block among deleted ones does not keep its space. RepairDB does
 // not carry blob files over (facebook/rocksdb#13090): Repair salvages
 // their payloads itself. Measured with payloads in table files and not
 // kept: universal compaction (Gets 436-472 MB/s, spills 265, and the space
@@ -75,8 +80,8 @@ std::vector<rocksdb::ColumnFamilyDescriptor> ColumnFamilies(const SpillStoreOpti
   data_options.write_buffer_size = options.data_write_buffer_bytes;
   data_options.enable_blob_files = true;
   data_options.min_blob_size = 4096;
-  data_options.blob_file_size = uint64_t{64} << 20;
-  data_options.enable_blob_garbage_collection = true;
+  data_options.blob_file_size = options.blob_file_bytes;
+  data_options.enable_blob_garbage_collection = false;
   return {
       {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
       {kMetaCf, rocksdb::ColumnFamilyOptions()},
@@ -561,6 +566,43 @@ uint64_t SpillStore::UnflushedBytes() {
     if (db_->GetIntProperty(cf, "rocksdb.cur-size-all-mem-tables", &n)) total += n;
   }
   return total;
+}
+
+SpillStore::BlobSpace SpillStore::BlobFileSpace() {
+  rocksdb::ColumnFamilyMetaData data;
+  db_->GetColumnFamilyMetaData(data_cf_.get(), &data);
+  BlobSpace space;
+  for (const rocksdb::BlobMetaData& f : data.blob_files) {
+    space.file_bytes += f.blob_file_size;
+    space.garbage_bytes += f.garbage_blob_bytes;
+  }
+  return space;
+}
+
+absl::Status SpillStore::CollectBlobGarbage(double garbage_share) {
+  rocksdb::ColumnFamilyMetaData data;
+  db_->GetColumnFamilyMetaData(data_cf_.get(), &data);
+  std::vector<const rocksdb::BlobMetaData*> files;  // oldest first
+  uint64_t garbage = 0;
+  for (const rocksdb::BlobMetaData& f : data.blob_files) {
+    files.push_back(&f);
+    garbage += f.garbage_blob_bytes;
+  }
+  std::sort(files.begin(), files.end(),
+            [](const auto* a, const auto* b) { return a->blob_file_number < b->blob_file_number; });
+  size_t oldest = 0;
+  for (uint64_t seen = 0; oldest < files.size() && seen < garbage_share * static_cast<double>(garbage);)
+    seen += files[oldest++]->garbage_blob_bytes;
+  rocksdb::CompactRangeOptions compact;
+  compact.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kForce;
+  // RocksDB relocates the blobs of files older than the one at index
+  // floor(cutoff * files): the first `oldest` of them.
+  compact.blob_garbage_collection_age_cutoff =
+      oldest >= files.size() ? 1.0 : (static_cast<double>(oldest) + 0.5) / static_cast<double>(files.size());
+  compact.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;  // every reference rewritten
+  compact.exclusive_manual_compaction = false;  // routine compactions go on
+  TQ_RETURN_IF_ERROR(ResumeIfStopped());
+  return WriteStatus(db_->CompactRange(compact, data_cf_.get(), nullptr, nullptr), "collecting blob garbage");
 }
 
 absl::Status SpillStore::DeleteEncodedKeys(absl::Span<const std::string> encoded_keys) {

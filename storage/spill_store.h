@@ -115,6 +115,8 @@ struct SpillStoreOptions {
   bool create_if_missing = true;
   // Memtable size of the block_data column family. Default: 64 MiB.
   uint64_t data_write_buffer_bytes = uint64_t{64} << 20;
+  // Size of the blob files payloads are written into. Default: 64 MiB.
+  uint64_t blob_file_bytes = uint64_t{64} << 20;
   // Seals every payload written (format 3 records); records already on
   // disk are read either way. Not owned; must outlive the store. Default:
   // null (payloads stored in clear; sealed records cannot be read).
@@ -238,6 +240,23 @@ class SpillStore {
   // Bytes in the memtables of the block column families: what a close (or
   // a flush) still writes to table and blob files.
   uint64_t UnflushedBytes();
+
+  // The blob files' bytes, and how many of them belong to deleted or
+  // overwritten payloads (garbage: counted once a compaction has dropped
+  // their keys; a file whose every payload is garbage is deleted).
+  struct BlobSpace {
+    uint64_t file_bytes = 0;
+    uint64_t garbage_bytes = 0;
+  };
+  BlobSpace BlobFileSpace();
+
+  // Rewrites the live payloads of the oldest blob files that together hold
+  // at least `garbage_share` (0, 1] of the garbage into new files, so those
+  // files and their garbage are deleted: a compaction of the block_data
+  // keys that blocks until it is done (reads and writes go on meanwhile).
+  // Compactions do not collect garbage by themselves: the store's owner
+  // calls this when BlobFileSpace shows enough of it.
+  absl::Status CollectBlobGarbage(double garbage_share);
 
   // Deletes meta and data under raw encoded keys (cleanup of corrupt entries).
   absl::Status DeleteEncodedKeys(absl::Span<const std::string> encoded_keys);
