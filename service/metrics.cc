@@ -172,6 +172,10 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   gauge("tqkv_host_capacity_bytes", "Host tier byte budget.",
         static_cast<double>(st.host_capacity_bytes));
   gauge("tqkv_disk_used_bytes", "Disk tier payload bytes.", static_cast<double>(st.disk_used_bytes));
+  gauge("tqkv_disk_file_bytes", "Bytes of the disk tier's payload files (removed blocks' bytes until collected).",
+        static_cast<double>(st.disk_file_bytes));
+  gauge("tqkv_disk_garbage_bytes", "Bytes of the disk tier's payload files that belong to removed blocks.",
+        static_cast<double>(st.disk_garbage_bytes));
   gauge("tqkv_disk_index_loading", "1 while the disk tier's index is loading (counts cover the blocks indexed so far).",
         st.index_loading ? 1.0 : 0.0);
   gauge("tqkv_disk_capacity_bytes", "Disk tier byte budget (0 without a disk tier).",

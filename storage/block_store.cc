@@ -1030,6 +1030,11 @@ ModelResidency BlockStore::ResidencyOf(absl::string_view tenant, uint64_t model_
 
 StoreStats BlockStore::Stats() {
   StoreStats s;
+  if (spill_ != nullptr) {
+    const SpillStore::BlobSpace space = spill_->BlobFileSpace();
+    s.disk_file_bytes = space.file_bytes;
+    s.disk_garbage_bytes = space.garbage_bytes;
+  }
   absl::MutexLock l(&mu_);
   s.usage = index_.Usage();
   s.residency = index_.Residency();

@@ -317,6 +317,11 @@ struct StoreStats {
   bool disk_enabled = false;
   uint64_t disk_capacity_bytes = 0;
   uint64_t disk_used_bytes = 0;  // payload bytes of blocks on disk
+  // The files holding those payloads (SpillStore::BlobFileSpace), and how
+  // many of their bytes belong to removed blocks (collected by
+  // CollectDiskGarbage).
+  uint64_t disk_file_bytes = 0;
+  uint64_t disk_garbage_bytes = 0;
   // The disk tier's index is still being loaded: counts cover the blocks
   // indexed so far (load_index_in_background).
   bool index_loading = false;

@@ -144,6 +144,28 @@ TEST_F(BlockStoreDiskTest, RestartFindsEverySpilledBlock) {
   EXPECT_EQ(got->payload->view(), TestPayload(Key(0, "other", 9), 333));
 }
 
+// Payloads of 4 KiB and more live in blob files: Stats counts the files'
+// bytes beside the payload bytes, and their garbage (none: nothing was
+// removed, and CollectDiskGarbage has nothing to do).
+TEST_F(BlockStoreDiskTest, StatsCountThePayloadFiles) {
+  constexpr size_t kSize = 8192;
+  {
+    auto s = OpenStore(1 << 20);
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(PutBlock(*s, Key(i), kSize).ok());
+    ASSERT_TRUE(s->Evict({}).ok());
+  }  // the close writes the memtable out
+  auto s = OpenStore(1 << 20);
+  const StoreStats st = s->Stats();
+  EXPECT_EQ(st.disk_used_bytes, 8 * kSize);
+  EXPECT_GE(st.disk_file_bytes, 8 * kSize);
+  EXPECT_LT(st.disk_file_bytes, 8 * kSize + 4096);
+  EXPECT_EQ(st.disk_garbage_bytes, 0u);
+  auto collected = s->CollectDiskGarbage();
+  ASSERT_TRUE(collected.ok()) << collected.status();
+  EXPECT_EQ(*collected, 0u);
+  ExpectBlock(*s, Key(3), Tier::kDisk, kSize);
+}
+
 TEST_F(BlockStoreDiskTest, DurablePutsSurviveRestartAndPlainPutsDoNot) {
   {
     auto s = OpenStore(1 << 20);

@@ -124,6 +124,9 @@ TEST_F(MetricsTest, ExpositionIsValidAndCountersMoveByTheRightAmounts) {
                 Value(after, "tqkv_get_hit_blocks_total{tier=\"disk\"}"),
             1);
   EXPECT_EQ(Value(spilled, "tqkv_promotions_total") - Value(after, "tqkv_promotions_total"), 1);
+  // The payload files (none until the memtable is flushed) hold no garbage: nothing was removed.
+  EXPECT_GE(Value(spilled, "tqkv_disk_file_bytes"), 0);
+  EXPECT_EQ(Value(spilled, "tqkv_disk_garbage_bytes"), 0);
   out = PromtoolCheck(spilled, &ok);
   EXPECT_TRUE(ok) << out;
 }
