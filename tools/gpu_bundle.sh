@@ -17,7 +17,10 @@
 # SERVER_ARGS: more tqkv-server flags for those (e.g. "--work_threads=0").
 # Same-host GPU memory (CUDA IPC): the Python client's torch tests and the
 # prefill benchmark (bench/prefill_ipc_bench.py) run against the bundle's
-# server with the bundle's stubs (SKIP_IPC=1 leaves them out).
+# server with the bundle's stubs (SKIP_IPC=1 leaves them out). A stock
+# transformers model on tqkv: client/python/tests/test_hf.py (the README's
+# code and the examples included) against `--backend cuda`, then
+# examples/hf_accuracy.py (SKIP_HF=1 leaves them out; HF_ARGS: its flags).
 # The device tool carries at most 64 MiB, and every binary holds the CUDA
 # fatbins (~10 MB), so a compressed copy is made too: carry `dist/gpu_xz`
 # and run `dist/gpu_xz/run_all.sh` (it unpacks to a temp dir and runs).
@@ -39,6 +42,7 @@ for t in "${TESTS[@]}" cuda_ipc_exporter; do cp "$BIN/gpu/$t" "$DEST/"; done
 mkdir -p "$DEST/py/proto/tqkv/v1" "$DEST/pyfallback/google"
 cp -r client/python/tqkv client/python/tests "$DEST/py/"
 cp bench/prefill_ipc_bench.py "$DEST/py/"
+cp README.md "$DEST/" && cp -r examples "$DEST/examples"
 cp "$BIN"/proto/tqkv/v1/tqkv_pb2.py "$BIN"/proto/tqkv/v1/tqkv_pb2_grpc.py "$DEST/py/proto/tqkv/v1/"
 cp -r /usr/lib/python3/dist-packages/google/protobuf "$DEST/pyfallback/google/"
 rm -rf "$DEST/pyfallback/google/protobuf/pyext"
@@ -129,6 +133,18 @@ if [ -z "${SKIP_IPC:-}" ]; then
   echo "test_cuda_ipc rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1
   timeout 400 python3 "$HERE/py/prefill_ipc_bench.py" ${IPC_ARGS:-} > "$LOGS/prefill_ipc_bench.log" 2>&1
   echo "prefill_ipc_bench rc=$?" | tee -a "$LOGS/summary.txt"
+fi
+if [ -z "${SKIP_HF:-}" ]; then
+  export TQKV_SERVER="$HERE/tqkv-server" PYTHONPATH="$HERE/py:$HERE/py/tests${PYTHONPATH:+:$PYTHONPATH}"
+  if ! python3 -c "from proto.tqkv.v1 import tqkv_pb2" 2>/dev/null; then
+    export PYTHONPATH="$HERE/pyfallback:$PYTHONPATH" PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python
+  fi
+  (cd "$HERE/py/tests" && TQKV_HF_BACKEND=cuda TQKV_REPO_ROOT="$HERE" timeout 400 python3 -m pytest -q -s \
+    -p no:cacheprovider test_hf.py) > "$LOGS/test_hf.log" 2>&1; rc=$?
+  echo "test_hf rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1
+  timeout 400 python3 "$HERE/examples/hf_accuracy.py" --backend cuda --json "$LOGS/hf_accuracy.json" ${HF_ARGS:-} \
+    > "$LOGS/hf_accuracy.log" 2>&1
+  echo "hf_accuracy rc=$?" | tee -a "$LOGS/summary.txt"
 fi
 exit $status
 RUN

@@ -189,7 +189,9 @@ def test_batches_are_refused(hf_client, model, prompt):
             model(input_ids=torch.cat([prompt, prompt]).to(DEVICE), past_key_values=cache)
 
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+# The repository (README.md, examples/); a bundle that lays them out
+# elsewhere names its copy in TQKV_REPO_ROOT.
+ROOT = os.environ.get("TQKV_REPO_ROOT") or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 def test_readme_section_runs(hf_server):
