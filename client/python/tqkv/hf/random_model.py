@@ -6,13 +6,16 @@ import time
 
 import torch
 
-# Llama shapes with GQA 32/8 and head_dim 128, the layer count and widths
-# scaled down; `small` fits the CPU backend in CI.
+# Llama shapes with GQA 32/8 and head_dim 128: `small` fits the CPU backend
+# in CI, `gqa8` scales the layer count and widths down, `llama8b` does not.
 SHAPES = {
     "small": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=128, num_hidden_layers=2, vocab_size=512),
     "gqa8": dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=32,
                  num_key_value_heads=8, head_dim=128, num_hidden_layers=8, vocab_size=8192),
+    # Llama 3 8B's shapes (16 GB of fp16 weights).
+    "llama8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                    num_key_value_heads=8, head_dim=128, num_hidden_layers=32, vocab_size=128256),
 }
 
 
