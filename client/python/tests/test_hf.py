@@ -147,6 +147,22 @@ def test_prefix_reuse_computes_only_the_suffix(hf_client, model, prompt):
     assert s.cached_prefix_blocks(other) == other.shape[1] // BS
 
 
+def test_the_same_prompt_again_puts_nothing_it_recomputed(hf_client, model, prompt):
+    """A prompt stored whole and asked for again: its last block's tokens are
+    recomputed (one prompt token always is) over the stored prefix, so their
+    K/V differ from the stored block's; the cache keeps the stored block
+    rather than put other bytes under its hash."""
+    s = store(hf_client, model)
+    for ids in (prompt[:, :PROMPT - PROMPT % BS], prompt):  # block-aligned, then with a partial block
+        with s.new_cache(ids) as first:
+            random_model.greedy(model, ids, first, 3)
+        with s.new_cache(ids) as again:
+            assert again.cached_tokens == (ids.shape[1] - 1) // BS * BS
+            random_model.greedy(model, ids, again, 3)  # commits after the prompt: no ALREADY_EXISTS
+            assert again.timers["put"].calls == 0
+        assert s.cached_prefix_blocks(ids, partial=True) == -(-ids.shape[1] // BS)
+
+
 def test_a_second_process_resumes_a_stored_prompt(hf_client, model, prompt):
     """Disaggregation in one process: one cache computes and stores the prompt,
     a second one (another client, as a decode worker would have) continues

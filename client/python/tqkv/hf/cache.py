@@ -189,12 +189,22 @@ class TqkvCache(Cache):
         t = len(self.prompt)
         layer0 = self.layers[0]
         if layer0.remote:  # a prefix hit: the suffix went through Attend
+            bs = self.store.block_size
             first = self._hit_blocks
-            k, v = self._stack(
-                [torch.cat([p[0] for p in l.pending], dim=-2) for l in self.layers],
-                [torch.cat([p[1] for p in l.pending], dim=-2) for l in self.layers],
-                t - first * self.store.block_size)
-            self._put(first, k, v)
+            # The server may hold more of the prompt than the hits it was
+            # created over (the same prompt again: its last block's tokens
+            # are always computed). Those blocks stay as stored: the
+            # recomputed ones attended over the stored prefix, so their
+            # bytes differ, and a block's hash names one set of bytes.
+            with self.timers["lookup"]:
+                start = max(first, self.store.client.lookup(self.store.model, self.hashes).hits)
+            if start < len(self.hashes):
+                k, v = self._stack(
+                    [torch.cat([p[0] for p in l.pending], dim=-2) for l in self.layers],
+                    [torch.cat([p[1] for p in l.pending], dim=-2) for l in self.layers],
+                    t - first * bs)
+                skip = (start - first) * bs
+                self._put(start, k[:, skip:], v[:, skip:])
             for l in self.layers:
                 l.pending = []
             self.committed = True
