@@ -67,7 +67,7 @@ absl::Status PutSession::OnHeader(const v1::PutHeader& h) {
   if (h.first_layer() >= last || last > layers)
     return absl::InvalidArgumentError(absl::StrCat("layer range [", h.first_layer(), ", ", last,
                                                    ") is not inside [0, ", layers, ")"));
-  if (h.durable() && !ctx_.store->Stats().disk_enabled)
+  if (h.durable() && !ctx_.store->disk_enabled())
     return absl::FailedPreconditionError("durable puts need a disk tier (server has none)");
   first_ = static_cast<int>(h.first_layer());
   last_ = static_cast<int>(last);

@@ -309,7 +309,7 @@ absl::Status Server::Shutdown() {
   }
   metrics_http_.reset();  // no scrape may run while the store goes away
   service_.reset();  // sequences release their block references
-  if (store_ && options_.spill_on_shutdown && store_->Stats().disk_enabled) {
+  if (store_ && options_.spill_on_shutdown && store_->disk_enabled()) {
     absl::StatusOr<storage::EvictResult> r = store_->SpillForShutdown(options_.shutdown_spill_deadline);
     if (!r.ok()) status.Update(r.status());
     if (r.ok() && log_) {

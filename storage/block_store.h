@@ -430,6 +430,8 @@ class BlockStore {
 
   // A consistent snapshot of usage, budgets and counters.
   StoreStats Stats();
+  // Whether the store has a disk tier (Stats().disk_enabled without the rest).
+  bool disk_enabled() const { return spill_ != nullptr; }
   // Returns once every block on disk is indexed (at once unless
   // load_index_in_background and its scan is running); the scan's error,
   // if it failed (then blocks it did not reach stay unknown).
