@@ -268,7 +268,7 @@ void Server::CollectDiskGarbage() {
   if (absl::Now() < disk_gc_after_) return;
   const absl::StatusOr<uint64_t> freed = store_->CollectDiskGarbage();
   if (!freed.ok()) disk_gc_after_ = absl::Now() + absl::Minutes(1);  // a full disk: retried, not every second
-  if (!log_ || (freed.ok() && *freed == 0)) return;
+  if (!log_ || (freed.ok() && *freed == 0) || absl::IsCancelled(freed.status())) return;
   log_->Write(freed.ok() ? absl::StrCat("tqkv-server: disk tier: rewrote the blob files holding ", *freed,
                                         " bytes of removed blocks")
                          : absl::StrCat("tqkv-server: disk tier: collecting removed blocks' space failed: ",
@@ -304,6 +304,7 @@ absl::Status Server::Shutdown() {
   }
   if (data_plane_) data_plane_->Shutdown();
   if (maintenance_.joinable()) {
+    if (store_) store_->StopDiskGarbageCollection();  // the loop may be in a long compaction
     stop_maintenance_.Notify();
     maintenance_.join();
   }

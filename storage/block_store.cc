@@ -1082,6 +1082,10 @@ absl::StatusOr<uint64_t> BlockStore::CollectDiskGarbage() {
   return space.garbage_bytes / 2;
 }
 
+void BlockStore::StopDiskGarbageCollection() {
+  if (spill_ != nullptr) spill_->CancelBlobGarbageCollection();
+}
+
 absl::Status BlockStore::DeleteModelRecord(absl::string_view tenant, uint64_t model_id) {
   if (spill_ != nullptr) return spill_->DeleteModelRecord(tenant, model_id);
   absl::MutexLock l(&mu_);

@@ -459,6 +459,9 @@ class BlockStore {
   // it runs; everything else goes on. For a periodic caller (the server's
   // maintenance loop); OK without a disk tier.
   absl::StatusOr<uint64_t> CollectDiskGarbage();
+  // Stops a CollectDiskGarbage in progress (CANCELLED) and refuses later
+  // ones (SpillStore::CancelBlobGarbageCollection). Before a shutdown.
+  void StopDiskGarbageCollection();
   absl::StatusOr<std::vector<ModelRecord>> ListModelRecords();
 
   // The disk tier (null without one), to corrupt entries in tests.

@@ -602,8 +602,13 @@ absl::Status SpillStore::CollectBlobGarbage(double garbage_share) {
   compact.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;  // every reference rewritten
   compact.exclusive_manual_compaction = false;  // routine compactions go on
   TQ_RETURN_IF_ERROR(ResumeIfStopped());
-  return WriteStatus(db_->CompactRange(compact, data_cf_.get(), nullptr, nullptr), "collecting blob garbage");
+  const rocksdb::Status s = db_->CompactRange(compact, data_cf_.get(), nullptr, nullptr);
+  if (s.IsManualCompactionPaused())
+    return absl::CancelledError("collecting blob garbage: cancelled");
+  return WriteStatus(s, "collecting blob garbage");
 }
+
+void SpillStore::CancelBlobGarbageCollection() { db_->DisableManualCompaction(); }
 
 absl::Status SpillStore::DeleteEncodedKeys(absl::Span<const std::string> encoded_keys) {
   rocksdb::WriteBatch batch;

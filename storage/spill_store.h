@@ -256,7 +256,12 @@ class SpillStore {
   // keys that blocks until it is done (reads and writes go on meanwhile).
   // Compactions do not collect garbage by themselves: the store's owner
   // calls this when BlobFileSpace shows enough of it.
+  // CANCELLED once CancelBlobGarbageCollection was called.
   absl::Status CollectBlobGarbage(double garbage_share);
+  // Stops a CollectBlobGarbage in progress (it returns CANCELLED soon,
+  // what it rewrote kept) and refuses later ones: for a shutdown, which
+  // must not wait for a compaction of the whole disk tier.
+  void CancelBlobGarbageCollection();
 
   // Deletes meta and data under raw encoded keys (cleanup of corrupt entries).
   absl::Status DeleteEncodedKeys(absl::Span<const std::string> encoded_keys);

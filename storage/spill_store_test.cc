@@ -128,6 +128,23 @@ TEST(SpillStore, CollectingBlobGarbageFreesTheSpaceOfRemovedBlocks) {
   }
 }
 
+// A shutdown cancels garbage collection: a collection afterwards is
+// refused at once, and the store goes on serving.
+TEST(SpillStore, CancelledBlobGarbageCollectionIsRefused) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.path());
+  const BlockKey key{"t", 1, "k"};
+  const std::string payload(8192, 'p');
+  const DiskBlockMeta meta = MetaFor(payload);
+  ASSERT_TRUE(store->Apply({{&key, &meta, payload}}, {}, /*sync=*/false).ok());
+  ASSERT_TRUE(store->CollectBlobGarbage(1.0).ok());
+  store->CancelBlobGarbageCollection();
+  EXPECT_EQ(store->CollectBlobGarbage(1.0).code(), absl::StatusCode::kCancelled);
+  auto got = store->ReadPayload(key);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->view(), payload);
+}
+
 TEST(SpillStore, OpenRejectsEmptyPath) {
   EXPECT_EQ(SpillStore::Open({}).status().code(), absl::StatusCode::kInvalidArgument);
 }
