@@ -591,8 +591,14 @@ absl::Status SpillStore::CollectBlobGarbage(double garbage_share) {
   std::sort(files.begin(), files.end(),
             [](const auto* a, const auto* b) { return a->blob_file_number < b->blob_file_number; });
   size_t oldest = 0;
-  for (uint64_t seen = 0; oldest < files.size() && seen < garbage_share * static_cast<double>(garbage);)
-    seen += files[oldest++]->garbage_blob_bytes;
+  uint64_t rewrite = 0;  // the live payload bytes of those files: written again before they go
+  for (uint64_t seen = 0; oldest < files.size() && seen < garbage_share * static_cast<double>(garbage); ++oldest) {
+    seen += files[oldest]->garbage_blob_bytes;
+    rewrite += files[oldest]->blob_file_size - std::min(files[oldest]->blob_file_size, files[oldest]->garbage_blob_bytes);
+  }
+  // A compaction that runs out of disk stops RocksDB's writes: refused
+  // unless the rewrite leaves --disk_min_free_bytes free.
+  TQ_RETURN_IF_ERROR(CheckHeadroom(rewrite));
   rocksdb::CompactRangeOptions compact;
   compact.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kForce;
   // RocksDB relocates the blobs of files older than the one at index

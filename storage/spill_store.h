@@ -256,7 +256,9 @@ class SpillStore {
   // keys that blocks until it is done (reads and writes go on meanwhile).
   // Compactions do not collect garbage by themselves: the store's owner
   // calls this when BlobFileSpace shows enough of it.
-  // CANCELLED once CancelBlobGarbageCollection was called.
+  // RESOURCE_EXHAUSTED (nothing done) when rewriting those files' live
+  // payloads would leave less than min_free_bytes free; CANCELLED once
+  // CancelBlobGarbageCollection was called.
   absl::Status CollectBlobGarbage(double garbage_share);
   // Stops a CollectBlobGarbage in progress (it returns CANCELLED soon,
   // what it rewrote kept) and refuses later ones: for a shutdown, which

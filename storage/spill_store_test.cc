@@ -145,6 +145,25 @@ TEST(SpillStore, CancelledBlobGarbageCollectionIsRefused) {
   EXPECT_EQ((*got)->view(), payload);
 }
 
+// Collecting rewrites live payloads: refused while that would leave less
+// than the free space the store keeps.
+TEST(SpillStore, BlobGarbageCollectionKeepsTheFreeSpace) {
+  TempDir dir;
+  const BlockKey key{"t", 1, "k"};
+  const std::string payload(8192, 'p');
+  const DiskBlockMeta meta = MetaFor(payload);
+  {
+    auto store = OpenOrDie(dir.path());
+    ASSERT_TRUE(store->Apply({{&key, &meta, payload}}, {}, /*sync=*/true).ok());
+  }
+  auto store = SpillStore::Open({.path = dir.path(), .min_free_bytes = uint64_t{1} << 62});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->CollectBlobGarbage(1.0).code(), absl::StatusCode::kResourceExhausted);
+  auto got = (*store)->ReadPayload(key);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->view(), payload);
+}
+
 TEST(SpillStore, OpenRejectsEmptyPath) {
   EXPECT_EQ(SpillStore::Open({}).status().code(), absl::StatusCode::kInvalidArgument);
 }
