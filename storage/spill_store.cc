@@ -62,9 +62,10 @@ absl::Status Damaged(absl::string_view path, const rocksdb::Status& s) {
 // the live payloads of the oldest quarter of the files whenever a
 // compaction meets them took 38% of the CPU of a 256 KiB fill that deletes
 // nothing (perf, build machine); without it (A/B, same session) spills
-// 266-271 -> 316-377 MB/s and cold Gets 675-684 -> 790-829. The owner calls CollectBlobGarbage when
-// garbage has built up (BlockStore::CollectDiskGarbage), so a file holding
-// one hot block among deleted ones does not keep its space. RepairDB does
+// 266-271 -> 316-377 MB/s and cold Gets 675-684 -> 790-829. The owner
+// calls CollectBlobGarbage when garbage has built up
+// (BlockStore::CollectDiskGarbage), so a file holding one hot block among
+// deleted ones does not keep its space. RepairDB does
 // not carry blob files over (facebook/rocksdb#13090): Repair salvages
 // their payloads itself. Measured with payloads in table files and not
 // kept: universal compaction (Gets 436-472 MB/s, spills 265, and the space
@@ -593,8 +594,9 @@ absl::Status SpillStore::CollectBlobGarbage(double garbage_share) {
   size_t oldest = 0;
   uint64_t rewrite = 0;  // the live payload bytes of those files: written again before they go
   for (uint64_t seen = 0; oldest < files.size() && seen < garbage_share * static_cast<double>(garbage); ++oldest) {
-    seen += files[oldest]->garbage_blob_bytes;
-    rewrite += files[oldest]->blob_file_size - std::min(files[oldest]->blob_file_size, files[oldest]->garbage_blob_bytes);
+    const rocksdb::BlobMetaData& f = *files[oldest];
+    seen += f.garbage_blob_bytes;
+    rewrite += f.blob_file_size - std::min(f.blob_file_size, f.garbage_blob_bytes);
   }
   // A compaction that runs out of disk stops RocksDB's writes: refused
   // unless the rewrite leaves --disk_min_free_bytes free.

@@ -123,11 +123,14 @@ if [ -z "${SKIP_E2E:-}" ]; then
   fi
   kill "$spid"; wait "$spid"
 fi
-if [ -z "${SKIP_IPC:-}" ]; then
+# The Python steps: the bundle's server, client and stubs.
+if [ -z "${SKIP_IPC:-}" ] || [ -z "${SKIP_HF:-}" ]; then
   export TQKV_SERVER="$HERE/tqkv-server" PYTHONPATH="$HERE/py:$HERE/py/tests${PYTHONPATH:+:$PYTHONPATH}"
   if ! python3 -c "from proto.tqkv.v1 import tqkv_pb2" 2>/dev/null; then
     export PYTHONPATH="$HERE/pyfallback:$PYTHONPATH" PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python
   fi
+fi
+if [ -z "${SKIP_IPC:-}" ]; then
   (cd "$HERE/py/tests" && timeout 300 python3 -m pytest -q -p no:cacheprovider test_cuda_ipc.py \
     test_cuda_tensors.py) > "$LOGS/test_cuda_ipc.log" 2>&1; rc=$?
   echo "test_cuda_ipc rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1
@@ -135,10 +138,6 @@ if [ -z "${SKIP_IPC:-}" ]; then
   echo "prefill_ipc_bench rc=$?" | tee -a "$LOGS/summary.txt"
 fi
 if [ -z "${SKIP_HF:-}" ]; then
-  export TQKV_SERVER="$HERE/tqkv-server" PYTHONPATH="$HERE/py:$HERE/py/tests${PYTHONPATH:+:$PYTHONPATH}"
-  if ! python3 -c "from proto.tqkv.v1 import tqkv_pb2" 2>/dev/null; then
-    export PYTHONPATH="$HERE/pyfallback:$PYTHONPATH" PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python
-  fi
   (cd "$HERE/py/tests" && TQKV_HF_BACKEND=cuda TQKV_REPO_ROOT="$HERE" timeout 400 python3 -m pytest -q -s \
     -p no:cacheprovider test_hf.py) > "$LOGS/test_hf.log" 2>&1; rc=$?
   echo "test_hf rc=$rc" | tee -a "$LOGS/summary.txt"; [ $rc -eq 0 ] || status=1

@@ -96,10 +96,8 @@ def _attend_request(layer, items, scale):
 
 def _attend_outputs(resp, queries, return_kernel_micros):
     """The outputs as numpy arrays, or torch tensors on q's device where q was torch."""
-    outs = []
-    for t, q in zip(resp.outputs, queries):
-        out = tensors.from_proto(t, as_torch=tensors.is_torch(q))
-        outs.append(out.to(q.device) if tensors.is_cuda(q) else out)
+    outs = [tensors.on_device_of(tensors.from_proto(t, as_torch=tensors.is_torch(q)), q)
+            for t, q in zip(resp.outputs, queries)]
     return (outs, resp.kernel_micros) if return_kernel_micros else outs
 
 

@@ -369,7 +369,7 @@ class DataPlane:
         for t, q in zip(reply.attend.outputs, queries):
             n = int(np.prod(t.shape)) * tensors.numpy_dtype(t.dtype).itemsize
             o = tensors.from_raw(t, out[at:at + n], as_torch=tensors.is_torch(q))
-            outs.append(o.to(q.device) if tensors.is_cuda(q) else o)
+            outs.append(tensors.on_device_of(o, q))
             at += n
         return (outs, reply.attend.kernel_micros) if return_kernel_micros else outs
 

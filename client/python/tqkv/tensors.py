@@ -75,6 +75,12 @@ def is_cuda(x):
     return is_torch(x) and x.is_cuda
 
 
+def on_device_of(out, q):
+    """An Attend output `out` (host array or tensor) on CUDA query q's device;
+    as it is for any other q."""
+    return out.to(q.device) if is_cuda(q) else out
+
+
 def _as_numpy(x):
     """(array, wire dtype) for a numpy array, array-like or torch tensor."""
     if is_torch(x):
