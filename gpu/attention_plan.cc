@@ -14,14 +14,16 @@ using K = AttnKernel;
 
 // Preferred first. Row sets win where a call has at least kRowSetMinWork
 // tokens of (query, 8-head group) context; with less, their block
-// prologue loses to the smaller staged blocks. TMA-staged beats the holes
+// prologue loses to the smaller staged blocks (K2/V2 row sets: 80-82 µs at
+// the batch shapes against the tiles' 125). TMA-staged beats the holes
 // layouts at every benchmark shape; the staged kernels beat the
 // register-buffered tiles by 3-14%. The format tiles beat the formats
 // kernel by 1.7-3.2× wherever both run and lose to the register-buffered
 // tiles for k2v2 (148 vs 124 µs at 64 × 4K).
 constexpr ServedKernel kServed[] = {
-    {K::kRowSets, 4, 4},      {K::kRowSets, 4, 2},  {K::kStagedTma, 4, 4}, {K::kStagedHoles, 4, 4},
-    {K::kStagedHolesK, 4, 2}, {K::kTiles, 4, 4},    {K::kTiles, 2, 4},     {K::kTiles, 2, 2},
+    {K::kRowSets, 4, 4},      {K::kRowSets, 4, 2},  {K::kRowSets, 2, 2},   {K::kStagedTma, 4, 4},
+    {K::kStagedHoles, 4, 4},  {K::kStagedHolesK, 4, 2},
+    {K::kTiles, 4, 4},        {K::kTiles, 2, 4},    {K::kTiles, 2, 2},
     {K::kCudaCore, 4, 4},     {K::kCudaCore, 4, 2}, {K::kCudaCore, 2, 4},  {K::kCudaCore, 2, 2},
     {K::kFormatTiles, 0, 0},  {K::kFormats, 0, 0},  {K::kGeneric, 0, 0},
 };
@@ -134,7 +136,8 @@ bool Eligible(K kernel, const AttentionLaunch& a, const AttentionDevice& dev) {
   const bool k4 = kb == 4 && (vb == 2 || OneCodebook(a));
   switch (kernel) {
     case K::kRowSets:
-      return TensorCore(a, dev) && k4 && dev.tensor_maps && a.kv_heads % 8 == 0 && a.uniform_codebooks;
+      return TensorCore(a, dev) && (k4 || (kb == 2 && vb == 2)) && dev.tensor_maps && a.kv_heads % 8 == 0 &&
+             a.uniform_codebooks;
     case K::kStagedTma: return TensorCore(a, dev) && kb == 4 && vb == 4 && OneCodebook(a) && dev.tensor_maps;
     case K::kStagedHoles: return TensorCore(a, dev) && kb == 4 && vb == 4 && OneCodebook(a);
     case K::kStagedHolesK: return TensorCore(a, dev) && kb == 4 && vb == 2;

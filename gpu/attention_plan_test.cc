@@ -145,7 +145,8 @@ TEST(AttentionPlan, PrefersTheMeasuredKernelAtTheBenchmarkShapes) {
   EXPECT_EQ(KernelOf(Launch("k4v2", 128, 32, 8, 16, 16384)), "rowsets");
   EXPECT_EQ(KernelOf(Launch("k4v2", 128, 32, 8, 1, 32768)), "staged_holes_k");
   EXPECT_EQ(KernelOf(Launch("k4v4", 128, 16, 4, 64, 4096)), "staged_tma");  // row sets need 8 kv heads
-  EXPECT_EQ(KernelOf(Launch("k2v2", 128, 32, 8, 64, 4096)), "tiles");
+  EXPECT_EQ(KernelOf(Launch("k2v2", 128, 32, 8, 64, 4096)), "rowsets");
+  EXPECT_EQ(KernelOf(Launch("k2v2", 128, 32, 8, 1, 32768)), "tiles");
   EXPECT_EQ(KernelOf(Launch("k2v4", 128, 32, 8, 64, 4096)), "tiles");
   EXPECT_EQ(KernelOf(Launch("k4v4", 128, 16, 2, 64, 4096)), "cuda_core");  // kv heads % 4 != 0
   EXPECT_EQ(KernelOf(Launch("k4v4", 128, 32, 2, 64, 4096)), "formats");    // GQA 16
@@ -225,7 +226,7 @@ TEST(AttentionPlan, FormatTilesServeEveryCompiledFormat) {
 
 TEST(AttentionPlan, RefusesKernelsThatCannotRunTheLaunchAndBadShapes) {
   AttentionPlan p;
-  EXPECT_EQ(PlanAttention(Launch("k2v2", 128, 32, 8, 4, 4096), kH200, &p, {.kernel = AttnKernel::kRowSets}),
+  EXPECT_EQ(PlanAttention(Launch("k2v4", 128, 32, 8, 4, 4096), kH200, &p, {.kernel = AttnKernel::kRowSets}),
             cudaErrorNotSupported);
   EXPECT_EQ(PlanAttention(Launch("k3v3", 128, 32, 8, 4, 4096), kH200, &p, {.kernel = AttnKernel::kCudaCore}),
             cudaErrorNotSupported);
@@ -271,7 +272,7 @@ TEST(AttentionPlan, ServedTableNamesEveryKernelAndItsOccupancy) {
   EXPECT_EQ(AttnKernelName(static_cast<AttnKernel>(kNumAttnKernels)), nullptr);
   // A combination the table does not list has no occupancy.
   EXPECT_EQ(TensorCoreOccupancy(AttnKernel::kTiles, 4, 2, 4).blocks_per_sm, 0);
-  EXPECT_EQ(TensorCoreOccupancy(AttnKernel::kRowSets, 2, 2, 4).blocks_per_sm, 0);
+  EXPECT_EQ(TensorCoreOccupancy(AttnKernel::kRowSets, 2, 4, 4).blocks_per_sm, 0);
 }
 
 }  // namespace

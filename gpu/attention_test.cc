@@ -328,6 +328,10 @@ std::vector<Case> Cases() {
   c.push_back({"k4v4", 128, 32, 8, mixed, tails, 1, 0, true});
   c.push_back({"k4v2", 128, 16, 4, mixed, tails, 1, 0, true});
   c.push_back({"k2v2", 128, 8, 8, {300, 16, 45, 1024}, {15, 3, 0, 9}, 1, 0, true});
+  c.push_back({"k2v2", 128, 32, 8, mixed, tails, 1, 0, true});
+  c.push_back({"k2v2", 128, 16, 8, {4111, 700}, {2, 0}, 1, 9, true});
+  c.push_back({"k2v2", 128, 32, 8, {700, 45}, {3, 12}, 1, 0, true, true});
+  c.push_back({"k2v2", 128, 32, 8, {100, 48}, {12, 3}, 23, 0, true});
   c.push_back({"k2v4", 128, 16, 8, {77, 512}, {14, 1}, 1, 0, true});
   c.push_back({"k4v4", 128, 64, 8, {9008}, {15}, 1, 0, true, false, kGpuF32});
   c.push_back({"k4v2", 128, 32, 8, {4096, 48}, {11, 6}, 1, 0, true, false, kGpuF32});

@@ -1,9 +1,10 @@
-// Row-set decode attention for 4-bit keys at d = 128 (TQ4 with one K/V
-// codebook, K4/V2 with uniform codebooks): a block takes one query, a group
-// of 8 kv heads and one context split. With P = 1 (8 warps, 2 blocks per
-// SM) warp w is kv head 8·hg + w and walks every tile of the split; with
-// P = 2 (16 warps, one block per SM; served) warp w is kv head 8·hg + w
-// mod 8 on the tiles of parity w / 8. A tile's K (and V) rows of the 8
+// Row-set decode attention at d = 128 for 4-bit keys (TQ4 with one K/V
+// codebook, K4/V2 with uniform codebooks) and for 2-bit keys and values
+// (K2/V2, uniform codebooks; 64-bit K pair lookups): a block takes one
+// query, a group of 8 kv heads and one context split. With P = 1 (8 warps,
+// 2 blocks per SM) warp w is kv head 8·hg + w and walks every tile of the
+// split; with P = 2 (16 warps, one block per SM; served) warp w is kv
+// head 8·hg + w mod 8 on the tiles of parity w / 8. A tile's K (and V) rows of the 8
 // heads are contiguous in a page (token-major rows, 8 · row bytes per
 // token), so one TMA tensor load per tile and component brings them into a
 // shared stage that 8 warps read: no partial-sector L2 reads (the per-head
@@ -31,7 +32,9 @@
 // dense ones were 0.5-1% slower for K4/V2 at 32 × 32K. Dense K rows would
 // put tokens g and g + 4 in one bank; TMA's 32-byte swizzle avoids that,
 // but its 4-D loads and per-read address XOR made the kernel 3-5% slower
-// (measured 2026-11-30). Scores, softmax and value mmas: TokMTiles.
+// (measured 2026-11-30). 2-bit K row sets keep the gap too (76 words ≡ 12:
+// lanes read row words i and i + 4). Scores, softmax and value mmas:
+// TokMTiles.
 #ifndef TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 #define TQKV_GPU_KERNELS_ATTENTION_ROWSET_CUH_
 
@@ -44,16 +47,18 @@ inline constexpr int kRowSetHeads = 8;  // kv heads (= warps) per block
 
 // Tables of 256-byte rows (a lookup address is one prmt; 4-9% faster for
 // TQ4 than 128-byte rows with 3 stages, bench/RESULTS.md) take 64 KiB, so
-// 2 stages fit at 2 blocks per SM, 8 at one; the rotated queries reach
+// 2 stages fit at 2 blocks per SM, 8 at one (2-bit K and V: the pair
+// tables in the rows' lower and upper halves); the rotated queries reach
 // their fragments by shuffles (no shared memory), so the first tiles load
 // during the prologue, and the warps' output rows reuse the stages once
 // every warp is past its last tile.
-template <int VB, int S, int G, int P = 1>
+template <int VB, int S, int G, int P = 1, int KB = 4>
 struct RowSetLayout {
   static_assert(VB == 4 || VB == 2, "row-set decode: 4- or 2-bit values");
+  static_assert(KB == 4 || (KB == 2 && VB == 2), "row-set decode: 4-bit keys, or 2-bit keys and values");
   static_assert(P == 1 || (P == 2 && S % 2 == 0), "two tile parities need an even stage count");
   static constexpr bool kSharedKV = VB == 4;
-  static constexpr uint32_t kKRow = 68, kVRow = 16 * VB + 4;  // packed row bytes
+  static constexpr uint32_t kKRow = 16 * KB + 4, kVRow = 16 * VB + 4;  // packed row bytes
   static constexpr bool kSpreadV = VB == 4;  // dense V row sets, spread value token pairs
   static constexpr uint32_t kKTok = kRowSetHeads * kKRow + 16, kVTok = kRowSetHeads * kVRow + (kSpreadV ? 0 : 16);
   // Tables (StagedLayout's rows): K (or the one K/V table) at 0; for 2-bit
@@ -95,11 +100,11 @@ inline constexpr int kRowSetBlocksPerSm = P == 1 ? 2 : 1;
 //
 // T = 2: a warp computes its tiles two at a time (stages k, k + 1 of its
 // parity) with one softmax update, two independent chains in flight.
-template <int VB, int G, int S, int P, int T = 1>
+template <int VB, int G, int S, int P, int T = 1, int KB = 4>
 __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
     RowSetDecodeKernel(AttentionLaunch a, AttnDims d, const float* states, float* records,
                        const __grid_constant__ StagedTensorMaps maps) {
-  using L = RowSetLayout<VB, S, G, P>;
+  using L = RowSetLayout<VB, S, G, P, KB>;
   constexpr int NW = kRowSetHeads;  // readers per stage
   constexpr int kHalf = S / P;      // stages per parity
   static_assert(T == 1 || (T == 2 && kHalf % 2 == 0), "two tiles per step: an even stage count per parity");
@@ -127,7 +132,7 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   // put the loop's start at ~11.7 µs when warp 0 loaded its queries after
   // thread 0's tiles, at ~9.2 µs when they waited for a descriptor before
   // the tiles, and at ~8.5 µs in this order (bench/RESULTS.md).
-  const float ck = tid < 16 ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
+  const float ck = tid < (1 << KB) ? __ldg(a.host_k.groups[0].centroids + tid) : 0.0f;
   const float cv = tid < (1 << VB) ? __ldg(a.host_v.groups[0].centroids + tid) : 0.0f;
   const bool fold = states == nullptr;
   const bool rotates = fold && par == 0;
@@ -177,12 +182,12 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
       if (s < ntiles) issue(s, s, first[s]);
   }
   if (rotates && !early) LoadFoldedQueries(a, qi, kvh, G, 0, 1, lane, qrot, qy);
-  if (tid < 16) cent[tid] = ck;
+  if (tid < (1 << KB)) cent[tid] = ck;
   if (tid < (1 << VB)) cent[16 + tid] = cv;
   __syncthreads();  // centroids (and barrier init) visible
   if constexpr (profile::kRowsetCut < 3)
-    BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable, !L::kSharedKV>(rs_smem, cent, tid,
-                                                                                           blockDim.x);
+    BuildTokMTables<VB, L::kSharedKV, L::kRowBytes, L::kKTable, L::kVTable, !L::kSharedKV, KB>(rs_smem, cent, tid,
+                                                                                               blockDim.x);
   // Per-lane read bases in this warp's first stage (its stage p + 2k adds
   // 2k·kStage, an immediate): the fragment layout of TokMTiles with the
   // row-set token strides. The query fragments need no other warp's work
@@ -192,9 +197,9 @@ __global__ void __launch_bounds__(32 * kRowSetHeads * P, kRowSetBlocksPerSm<P>)
   constexpr uint32_t kV8 = 8 * L::kVTok, kV1 = (L::kSpreadV ? 4 : 1) * L::kVTok, kVLane = L::kSpreadV ? 1 : 2;
   constexpr uint32_t kK8 = 8 * L::kKTok;
   const uint32_t pbase = L::kStage * static_cast<uint32_t>(par);
-  TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1, !L::kSharedKV, L::kSpreadV> tiles;
+  TokMTiles<VB, true, L::kKTable, L::kVTable, kK8, kV8, kV1, !L::kSharedKV, L::kSpreadV, KB> tiles;
   tiles.Begin(Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 4u * i),
-              Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 64u),
+              Opaque(smem_base + pbase + L::KBase(0) + L::kKTok * g + L::kKRow * head + 16u * KB),
               Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * kVLane * i + L::kVRow * head + 4u * g),
               Opaque(smem_base + pbase + L::VBase(0) + L::kVTok * g + L::kVRow * head + 16u * VB), lane, t1);
   uint32_t* qa_copy = rs_smem + L::kQa / 4 + head * 16 * 32 + lane;

@@ -149,6 +149,16 @@ struct StagedTensorMaps {
 __host__ __device__ constexpr int StagedKChannel(int kk, int h, int e, int i) {
   return 32 * (kk / 2) + 8 * i + 4 * (kk % 2) + 2 * h + e;
 }
+// The same for 2-bit keys (TokMTiles' K pair lookups): lane i reads row
+// words i and i + 4 (16 channels each); byte b of word q (channels 4b ..
+// 4b + 3 of it) is k-tile 4q + b, channels 2h + e of the byte.
+__host__ __device__ constexpr int StagedK2Channel(int kk, int h, int e, int i) {
+  return 64 * (kk / 4) + 16 * i + 4 * (kk % 4) + 2 * h + e;
+}
+template <int KB>
+__host__ __device__ constexpr int TokMKChannel(int kk, int h, int e, int i) {
+  return KB == 2 ? StagedK2Channel(kk, h, e, i) : StagedKChannel(kk, h, e, i);
+}
 
 __device__ __forceinline__ uint32_t LdsWord(uint32_t addr) {
   uint32_t r;
@@ -173,12 +183,17 @@ __device__ __forceinline__ uint32_t LdsWord(uint32_t addr) {
 // 8, i + 12) instead of (2i, 2i + 1) and (2i + 8, 2i + 9) (the caller's V
 // read base and kV1 say where lane (g, i)'s tokens are), so that V rows at
 // a token stride ≡ 8 words mod 32 (dense row sets) are read without bank
-// conflicts.
+// conflicts. KB = 2: K row words i and i + 4 of tokens g and g + 8, K
+// norms at row byte 32; the K table's entries (kKTable, 256-byte rows) are
+// bytes of four 2-bit fields, 8 bytes (both A registers of a k-tile) per
+// entry and half-warp lane at 256·e + 8·(l mod 16) (BuildTokMTables): one
+// 64-bit lookup per two A registers (channels StagedK2Channel).
 template <int VB, bool kRow256, uint32_t kKTable, uint32_t kVTable, uint32_t kK8, uint32_t kV8, uint32_t kV1,
-          bool kV2Pairs = false, bool kSpreadV = false>
+          bool kV2Pairs = false, bool kSpreadV = false, int KB = 4>
 struct TokMTiles {
   static_assert(!kV2Pairs || (VB == 2 && kRow256), "pair lookups: 2-bit V, 256-byte rows");
-  uint32_t qa[8][2];  // B of the score mma: head g at channels StagedKChannel(kk, h, 0/1, i)
+  static_assert(KB == 4 || KB == 2, "tokens-on-M tiles: 4- or 2-bit keys");
+  uint32_t qa[8][2];  // B of the score mma: head g at channels TokMKChannel<KB>(kk, h, 0/1, i)
   float mh[2], lh[2];
   float acc[8][4];
   uint32_t k_rd, kn_rd, v_rd, vn_rd, lane4, lane8;
@@ -218,14 +233,15 @@ struct TokMTiles {
     for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float x0 = valid ? qrow[StagedKChannel(kk, h, 0, i)] * sl : 0.0f;
-        const float x1 = valid ? qrow[StagedKChannel(kk, h, 1, i)] * sl : 0.0f;
+        const float x0 = valid ? qrow[TokMKChannel<KB>(kk, h, 0, i)] * sl : 0.0f;
+        const float x1 = valid ? qrow[TokMKChannel<KB>(kk, h, 1, i)] * sl : 0.0f;
         qa[kk][h] = PackHalf2(x0, x1);
       }
   }
   // The same from the warp's registers: qy[h][r] = channel lane + 32r of
   // rotated head h (h < G), every lane; channel c of head g comes from lane
-  // c mod 32 by shuffles (G per channel), no shared memory.
+  // c mod 32 by shuffles (G per channel; 2G for KB = 2, whose channel's
+  // register depends on i), no shared memory.
   template <int G>
   __device__ __forceinline__ void QueryFromLanes(const float (&qy)[G][4], float scale) {
     const float sl = scale * kLog2e;
@@ -236,11 +252,19 @@ struct TokMTiles {
         float x[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int c = StagedKChannel(kk, h, e, i);  // register c / 32 = kk / 2
+          // register c / 32: kk / 2 (KB = 4), 2(kk / 4) + i / 2 (KB = 2)
+          const int c = TokMKChannel<KB>(kk, h, e, i);
           float v = 0.0f;
 #pragma unroll
           for (int hq = 0; hq < G; ++hq) {
-            const float y = __shfl_sync(kFullMask, qy[hq][kk / 2], c & 31);
+            float y;
+            if constexpr (KB == 2) {
+              const float y0 = __shfl_sync(kFullMask, qy[hq][2 * (kk / 4)], c & 31);
+              const float y1 = __shfl_sync(kFullMask, qy[hq][2 * (kk / 4) + 1], c & 31);
+              y = (i >> 1) != 0 ? y1 : y0;
+            } else {
+              y = __shfl_sync(kFullMask, qy[hq][kk / 2], c & 31);
+            }
             v = g == hq ? y : v;
           }
           x[e] = g < G ? v * sl : 0.0f;
@@ -299,26 +323,35 @@ struct TokMTiles {
 
   // Scores s[2·nt + e] of token g + 8·nt, head 2i + e (−inf past t1).
   __device__ __forceinline__ void Scores(int tt, uint32_t ko, float (&s)[4]) const {
-    uint32_t kw[2][4];
+    uint32_t kw[2][KB];  // row words i + 4k of tokens g, g + 8
     float nk[2];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) kw[nt][k] = LdsWord(k_rd + ko + kK8 * nt + 16u * k);
+      for (int k = 0; k < KB; ++k) kw[nt][k] = LdsWord(k_rd + ko + kK8 * nt + 16u * k);
       nk[nt] = __uint_as_float(LdsWord(kn_rd + ko + kK8 * nt));
     }
     float sc[2][4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) sc[0][e] = sc[1][e] = 0.0f;
+    if constexpr (KB == 2) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const int s0 = 2 * (kk % 2);
-      const uint32_t w0 = kw[0][kk / 2], w1 = kw[1][kk / 2];
-      const uint32_t a0 = LdsTable<kKTable>(LutOff<8, kRow256>(w0, s0, lane4));
-      const uint32_t a1 = LdsTable<kKTable>(LutOff<8, kRow256>(w1, s0, lane4));
-      const uint32_t a2 = LdsTable<kKTable>(LutOff<8, kRow256>(w0, s0 + 1, lane4));
-      const uint32_t a3 = LdsTable<kKTable>(LutOff<8, kRow256>(w1, s0 + 1, lane4));
-      MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
+      for (int kk = 0; kk < 8; ++kk) {  // byte kk mod 4 of word kk / 4
+        const uint2 x0 = LdsTable2<kKTable>(LutOffset256<8>(kw[0][kk / 4], kk % 4, lane8));
+        const uint2 x1 = LdsTable2<kKTable>(LutOffset256<8>(kw[1][kk / 4], kk % 4, lane8));
+        MmaF16(sc[kk & 1], x0.x, x1.x, x0.y, x1.y, qa[kk][0], qa[kk][1]);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const int s0 = 2 * (kk % 2);
+        const uint32_t w0 = kw[0][kk / 2], w1 = kw[1][kk / 2];
+        const uint32_t a0 = LdsTable<kKTable>(LutOff<8, kRow256>(w0, s0, lane4));
+        const uint32_t a1 = LdsTable<kKTable>(LutOff<8, kRow256>(w1, s0, lane4));
+        const uint32_t a2 = LdsTable<kKTable>(LutOff<8, kRow256>(w0, s0 + 1, lane4));
+        const uint32_t a3 = LdsTable<kKTable>(LutOff<8, kRow256>(w1, s0 + 1, lane4));
+        MmaF16(sc[kk & 1], a0, a1, a2, a3, qa[kk][0], qa[kk][1]);
+      }
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -444,13 +477,26 @@ __device__ __forceinline__ void LoadFoldedQueries(const AttentionLaunch& a, int6
 // at 16..): 256 K (or K/V) entries of fp16 centroid pairs in rows of
 // kRowBytes, a copy per lane, written as 16-byte stores (a quarter-warp
 // per row: conflict free); for 2-bit V (!kSharedKV) 16 entries in
-// 256-byte rows at kVTable.
-template <int VB, bool kSharedKV, uint32_t kRowBytes, uint32_t kKTable, uint32_t kVTable, bool kV2Pairs = false>
+// 256-byte rows at kVTable. KB = 2: TokMTiles' K pair entries instead
+// of the K table (byte e = fields f0 .. f3 at bits 0-1 .. 6-7 → (c[f0],
+// c[f1]), (c[f2], c[f3])), in the rows' lower halves.
+template <int VB, bool kSharedKV, uint32_t kRowBytes, uint32_t kKTable, uint32_t kVTable, bool kV2Pairs = false,
+          int KB = 4>
 __device__ __forceinline__ void BuildTokMTables(uint32_t* smem, const float* cent, int tid, int nthreads) {
-  for (int e = tid; e < 256 * 8; e += nthreads) {
-    const int ent = e >> 3;
-    const uint32_t v = PackHalf2(cent[ent & 15], cent[ent >> 4]);
-    *reinterpret_cast<uint4*>(&smem[(kKTable + ent * kRowBytes) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
+  if constexpr (KB == 2) {
+    static_assert(kRowBytes == 256, "K pair lookups: 256-byte rows");
+    for (int e = tid; e < 256 * 8; e += nthreads) {
+      const int ent = e >> 3;
+      const uint32_t lo = PackHalf2(cent[ent & 3], cent[(ent >> 2) & 3]);
+      const uint32_t hi = PackHalf2(cent[(ent >> 4) & 3], cent[ent >> 6]);
+      *reinterpret_cast<uint4*>(&smem[(kKTable + ent * 256u) / 4 + 4 * (e & 7)]) = make_uint4(lo, hi, lo, hi);
+    }
+  } else {
+    for (int e = tid; e < 256 * 8; e += nthreads) {
+      const int ent = e >> 3;
+      const uint32_t v = PackHalf2(cent[ent & 15], cent[ent >> 4]);
+      *reinterpret_cast<uint4*>(&smem[(kKTable + ent * kRowBytes) / 4 + 4 * (e & 7)]) = make_uint4(v, v, v, v);
+    }
   }
   if constexpr (kV2Pairs) {
     // TokMTiles' pair entries: byte e = fields (low channel, first token)

@@ -195,9 +195,13 @@ class TqkvCache(Cache):
             # created over (the same prompt again: its last block's tokens
             # are always computed). Those blocks stay as stored: the
             # recomputed ones attended over the stored prefix, so their
-            # bytes differ, and a block's hash names one set of bytes.
-            with self.timers["lookup"]:
-                start = max(first, self.store.client.lookup(self.store.model, self.hashes).hits)
+            # bytes differ, and a block's hash names one set of bytes. Only
+            # the blocks past the hits are looked up (the hits are not
+            # counted twice).
+            start = first
+            if first < len(self.hashes):
+                with self.timers["lookup"]:
+                    start += self.store.client.lookup(self.store.model, self.hashes[first:]).hits
             if start < len(self.hashes):
                 k, v = self._stack(
                     [torch.cat([p[0] for p in l.pending], dim=-2) for l in self.layers],
