@@ -12,11 +12,12 @@ namespace {
 
 using K = AttnKernel;
 
-// Preferred first. Row sets win where a call has at least kRowSetMinWork
+// Preferred first. Row sets win where a call has at least RowSetMinWork
 // tokens of (query, 8-head group) context; with less, their block
-// prologue loses to the smaller staged blocks (K2/V2 row sets: 80-82 µs at
-// the batch shapes against the tiles' 125). TMA-staged beats the holes
-// layouts at every benchmark shape; the staged kernels beat the
+// prologue loses to the smaller staged blocks (K2/V2: to the
+// register-buffered tiles, 28 vs 25 µs at 1 × 8K, 30 vs 31 at 1 × 16K, 30
+// vs 37 at 1 × 32K, 80-82 vs 124-125 at the batch shapes). TMA-staged
+// beats the holes layouts at every benchmark shape; the staged kernels beat the
 // register-buffered tiles by 3-14%. The format tiles beat the formats
 // kernel by 1.7-3.2× wherever both run and lose to the register-buffered
 // tiles for k2v2 (148 vs 124 µs at 64 × 4K).
@@ -33,7 +34,7 @@ constexpr const char* kNames[kNumAttnKernels] = {"rowsets",   "staged_tma",   "s
                                                  "generic"};
 
 constexpr int64_t kMinSplitTokens = 256;
-constexpr int64_t kRowSetMinWork = 65536;
+int64_t RowSetMinWork(int k_bits) { return k_bits == 2 ? 16384 : 65536; }
 constexpr int kMaxSplits = 1024;            // the merge kernels take at most this many
 constexpr size_t kFormatsMaxSmem = 160 * 1024;
 
@@ -285,7 +286,7 @@ cudaError_t PlanAttention(const AttentionLaunch& a, const AttentionDevice& dev, 
   } else {
     p.kernel = eligible[0];
     const int64_t work = a.num_queries * (a.kv_heads / 8) * a.max_context;
-    if (p.kernel == K::kRowSets && work < kRowSetMinWork) p.kernel = eligible[1];
+    if (p.kernel == K::kRowSets && work < RowSetMinWork(Bits(a.host_k))) p.kernel = eligible[1];
   }
   AttnDims& d = p.dims;
   d.sk = StateSize(a.host_k, a.dim);

@@ -120,7 +120,7 @@ struct PlanOverrides {
 cudaError_t PlanAttention(const AttentionLaunch& a, const AttentionDevice& dev, AttentionPlan* plan,
                           const PlanOverrides& overrides = {});
 // The served kernels that can run `a`, preferred first (the plan picks the
-// first, except that row sets need enough work: kRowSetMinWork).
+// first, except that row sets need enough work: RowSetMinWork).
 std::vector<AttnKernel> EligibleAttentionKernels(const AttentionLaunch& a, const AttentionDevice& dev);
 
 // Facts of the compiled kernels the plan reads, defined with them

@@ -146,7 +146,8 @@ TEST(AttentionPlan, PrefersTheMeasuredKernelAtTheBenchmarkShapes) {
   EXPECT_EQ(KernelOf(Launch("k4v2", 128, 32, 8, 1, 32768)), "staged_holes_k");
   EXPECT_EQ(KernelOf(Launch("k4v4", 128, 16, 4, 64, 4096)), "staged_tma");  // row sets need 8 kv heads
   EXPECT_EQ(KernelOf(Launch("k2v2", 128, 32, 8, 64, 4096)), "rowsets");
-  EXPECT_EQ(KernelOf(Launch("k2v2", 128, 32, 8, 1, 32768)), "tiles");
+  EXPECT_EQ(KernelOf(Launch("k2v2", 128, 32, 8, 1, 16384)), "rowsets");
+  EXPECT_EQ(KernelOf(Launch("k2v2", 128, 32, 8, 1, 8192)), "tiles");
   EXPECT_EQ(KernelOf(Launch("k2v4", 128, 32, 8, 64, 4096)), "tiles");
   EXPECT_EQ(KernelOf(Launch("k4v4", 128, 16, 2, 64, 4096)), "cuda_core");  // kv heads % 4 != 0
   EXPECT_EQ(KernelOf(Launch("k4v4", 128, 32, 2, 64, 4096)), "formats");    // GQA 16
