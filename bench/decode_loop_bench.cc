@@ -15,14 +15,15 @@
 //   device               = device_micros (the attention kernels, GPU events),
 // the step of all layers, the packed bytes a layer's kernel reads and their
 // rate, and two baselines measured in the same run: a raw loopback TCP round
-// trip of the same request and reply bytes (no tqkv), and the same loop as
+// trip (a Unix-socket one for --data unix:PATH, the server's --data_socket)
+// of the same request and reply bytes (no tqkv), and the same loop as
 // two calls per layer (data-plane Append, then Attend).
 //
 // Context blocks are stored packed: a pool of distinct blocks is put dense
 // (the server encodes them) and read back, and every context block is a
 // copy of a pool block under its own hash (its own device pages).
 //
-// Usage: decode_loop_bench --server HOST:PORT --data HOST:PORT
+// Usage: decode_loop_bench --server HOST:PORT --data HOST:PORT|unix:PATH
 //        [--layers 32 --kv_heads 8 --q_heads 32 --head_dim 128 --format k4v4
 //         --shapes 1x32768,64x4096,mixed64 --steps 32 --two_call_steps 4 --tensors raw
 //         --reply_poll_us 0]
@@ -66,20 +67,28 @@ int Fail(const absl::Status& s, const std::string& what) {
   return 1;
 }
 
-// A loopback TCP server that answers each `request_bytes` message with
-// `reply_bytes` bytes: the transport floor of one call, without tqkv. The
-// client polls for each reply for up to `reply_poll` first, as the data-plane
-// client does with the same setting.
+// A loopback TCP server (`unix`: the two ends of a Unix-domain stream
+// socket pair, for a data plane reached on its Unix-domain socket) that
+// answers each `request_bytes` message with `reply_bytes` bytes: the
+// transport floor of one call, without tqkv. The client polls for each
+// reply for up to `reply_poll` first, as the data-plane client does with
+// the same setting.
 class EchoFloor {
  public:
-  EchoFloor(size_t request_bytes, size_t reply_bytes, absl::Duration reply_poll)
-      : req_(request_bytes), rep_(reply_bytes), poll_(reply_poll) {}
+  EchoFloor(size_t request_bytes, size_t reply_bytes, absl::Duration reply_poll, bool unix)
+      : req_(request_bytes), rep_(reply_bytes), poll_(reply_poll), unix_(unix) {}
   ~EchoFloor() {
     if (thread_.joinable()) thread_.join();
     if (listen_ >= 0) close(listen_);
   }
   // Median and p99 of `n` round trips, in microseconds.
   absl::StatusOr<std::pair<double, double>> Measure(int n) {
+    if (unix_) {
+      int sv[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return absl::UnavailableError("echo floor: socketpair");
+      thread_ = std::thread([this, n, c = sv[1]] { Serve(c, n); });
+      return Drive(sv[0], n);
+    }
     listen_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -93,16 +102,26 @@ class EchoFloor {
       if (c < 0) return;
       const int one = 1;
       setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      std::vector<char> in(req_), out(rep_, 'r');
-      for (int i = 0; i < n; ++i)
-        if (!Io(c, in.data(), req_, false) || !Io(c, out.data(), rep_, true)) break;
-      close(c);
+      Serve(c, n);
     });
     const int s = socket(AF_INET, SOCK_STREAM, 0);
     if (s < 0 || connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
       return absl::UnavailableError("echo floor: cannot connect");
     const int one = 1;
     setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return Drive(s, n);
+  }
+
+ private:
+  // The echo side on `c` (closed after n answers).
+  void Serve(int c, int n) {
+    std::vector<char> in(req_), out(rep_, 'r');
+    for (int i = 0; i < n; ++i)
+      if (!Io(c, in.data(), req_, false) || !Io(c, out.data(), rep_, true)) break;
+    close(c);
+  }
+  // n timed round trips on `s` (then closed).
+  absl::StatusOr<std::pair<double, double>> Drive(int s, int n) {
     std::vector<char> out(req_, 'q'), in(rep_);
     std::vector<double> us;
     for (int i = 0; i < n; ++i) {
@@ -119,8 +138,6 @@ class EchoFloor {
     if (us.size() != static_cast<size_t>(n)) return absl::UnavailableError("echo floor: connection broke");
     return std::make_pair(Percentile(us, 0.5), Percentile(us, 0.99));
   }
-
- private:
   static bool Io(int fd, char* p, size_t n, bool send_side) {
     for (size_t done = 0; done < n;) {
       const ssize_t r = send_side ? send(fd, p + done, n - done, MSG_NOSIGNAL) : recv(fd, p + done, n - done, 0);
@@ -131,6 +148,7 @@ class EchoFloor {
   }
   const size_t req_, rep_;
   const absl::Duration poll_;
+  const bool unix_;
   int listen_ = -1;
   std::thread thread_;
 };
@@ -335,7 +353,8 @@ int Run(int argc, char** argv) {
 
     const size_t req_bytes = one.ByteSizeLong();
     const size_t rep_bytes = nseq * (static_cast<size_t>(qh) * d * 2 + 16) + 16;
-    EchoFloor echo(req_bytes, rep_bytes, absl::Microseconds(reply_poll_us));
+    const bool unix = data.starts_with("unix:");
+    EchoFloor echo(req_bytes, rep_bytes, absl::Microseconds(reply_poll_us), unix);
     auto floor = echo.Measure(2000);
     if (!floor.ok()) return Fail(floor.status(), "echo floor");
     int64_t tokens = 0;
@@ -355,12 +374,13 @@ int Run(int argc, char** argv) {
         "(kernels) %.0f us "
         "(%.1f MB of pages a layer, %.2f TB/s)\n"
         "  step (%d layers): median %.2f ms, p99 %.2f ms\n"
-        "  call / device: %.2fx   raw loopback TCP round trip of the same %zu + %zu bytes: median %.0f us, p99 "
+        "  call / device: %.2fx   raw %s round trip of the same %zu + %zu bytes: median %.0f us, p99 "
         "%.0f us\n",
         spec.c_str(), nseq, (long long)tokens, put_bytes / 1e9, put_s, steps, layers, tensors.c_str(), call,
         Percentile(s1.call, 0.99), Percentile(transport, 0.5), Percentile(service, 0.5), Percentile(host, 0.5), dev, layer_bytes / 1e6,
         dev > 0 ? layer_bytes / dev / 1e6 : 0.0, layers, Percentile(s1.step, 0.5) / 1e3,
-        Percentile(s1.step, 0.99) / 1e3, dev > 0 ? call / dev : 0.0, req_bytes, rep_bytes, floor->first,
+        Percentile(s1.step, 0.99) / 1e3, dev > 0 ? call / dev : 0.0, unix ? "Unix-socket" : "loopback TCP",
+        req_bytes, rep_bytes, floor->first,
         floor->second);
     if (!s2.call.empty())
       std::printf("  two calls (%zu Append + 1 Attend a layer): per-layer median %.0f us, step median %.2f ms "

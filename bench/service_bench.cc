@@ -10,13 +10,14 @@
 //           DataPlaneClient: one blocking socket per thread, like hiredis).
 //   put     PutBlocks of dense fp16 K/V encoded to k4v4 (TQ4) by the server,
 //           and of the packed blocks, over gRPC and over the data plane:
-//           GB/s of input vs a loopback TCP stream and a memcpy.
+//           GB/s of input vs a loopback TCP stream (a Unix-socket one for
+//           --tqkv_data unix:PATH) and a memcpy.
 //   lookup  Lookup of a 1,000-hash chain: p50/p99 latency vs Redis EXISTS of
 //           1,000 keys (one command) and vs a 1-hash Lookup.
 //
 // Usage: service_bench --tqkv HOST:PORT --tqkv_data HOST:PORT --redis HOST:PORT
 //        [--mode all|get|put|lookup]
-//        [--threads 8] [--seconds 3] [--batch 8] [--put_gib 2] [--put_frame_mib 8,32]
+//        [--threads 8] [--seconds 3] [--batch 8] [--put_gib 2] [--put_frame_mib 8,32] [--put_streams 2]
 //        [--paths "packed, data plane;get dense"]  (put/get paths whose name
 //        contains one of the ';'-separated parts; default: all)
 //        [--server_pid PID]  (CPU ns per byte of client and server)
@@ -67,6 +68,7 @@ struct Flags {
   int batch = 8;
   double put_gib = 2.0;
   std::vector<int> put_frame_mib = {8, 32};  // data-plane put frame sizes to time
+  int put_streams = 2;                        // concurrent put streams (and get connections)
   // Put and get paths to time: those whose name contains one of these
   // (e.g. "packed, data plane"); empty: all.
   std::vector<std::string> paths;
@@ -396,19 +398,26 @@ std::string CpuPerByte(const Flags& f, const CpuSeconds& c, double bytes) {
   return absl::StrFormat(", CPU ns/B: client %.3f, server %.3f", c.client * 1e9 / bytes, c.server * 1e9 / bytes);
 }
 
-// Bytes/s of a loopback TCP stream of `bytes` in writes of `chunk` (one
-// writer, one reader thread): the transport floor of a put, without tqkv.
-double RawTcpStream(size_t bytes, size_t chunk) {
-  const int ls = socket(AF_INET, SOCK_STREAM, 0);
+// Bytes/s of a loopback TCP stream (`unix`: a Unix-domain stream socket
+// pair, for a data plane reached on its Unix-domain socket) of `bytes` in
+// writes of `chunk` (one writer, one reader thread): the transport floor
+// of a put, without tqkv.
+double RawStream(size_t bytes, size_t chunk, bool unix) {
+  int ls = -1, pair[2] = {-1, -1};
   sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(ls, 1) != 0 ||
-      getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    Die("raw TCP stream: bind/listen");
+  if (unix) {
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) Die("raw stream: socketpair");
+  } else {
+    ls = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(ls, 1) != 0 ||
+        getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      Die("raw TCP stream: bind/listen");
+  }
   std::thread reader([&] {
-    const int fd = accept(ls, nullptr, nullptr);
+    const int fd = unix ? pair[1] : accept(ls, nullptr, nullptr);
     std::vector<char> buf(1 << 20);
     size_t got = 0;
     while (got < bytes) {
@@ -420,8 +429,8 @@ double RawTcpStream(size_t bytes, size_t chunk) {
     (void)!write(fd, &ack, 1);
     close(fd);
   });
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) Die("raw TCP stream: connect");
+  const int fd = unix ? pair[0] : socket(AF_INET, SOCK_STREAM, 0);
+  if (!unix && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) Die("raw TCP stream: connect");
   std::string data(chunk, 'x');
   const auto t0 = Clock::now();
   for (size_t sent = 0; sent < bytes;) {
@@ -434,7 +443,7 @@ double RawTcpStream(size_t bytes, size_t chunk) {
   const double secs = Seconds(Clock::now() - t0);
   reader.join();
   close(fd);
-  close(ls);
+  if (ls >= 0) close(ls);
   return bytes / secs;
 }
 
@@ -463,7 +472,7 @@ void BenchPut(const Flags& f) {
   // Llama-3-8B-like block: 32 layers, 8 kv heads, d 128, 16 tokens = 2 MiB fp16 K+V.
   const Layout l{32, 8, 128, 16};
   constexpr int kBlocksPerStream = 16;
-  const int streams = 2;  // one per core
+  const int streams = f.put_streams;
   auto stub = NewStub(f.tqkv);
   auto reg = Register(stub.get(), "bench_put", l, "k4v4");
   auto model = Ref(reg);
@@ -560,7 +569,8 @@ void BenchPut(const Flags& f) {
 
 
   // Baselines in the same run: memcpy of the dense bytes, and a loopback TCP
-  // stream of 2 GiB in 8 MiB writes.
+  // (or, for a data plane on its Unix-domain socket, a Unix-socket) stream
+  // of 2 GiB in 8 MiB writes.
   const double input_target = f.put_gib * (1ull << 30);
   std::vector<std::string> dst(k.size(), std::string(k[0].size(), '\0'));
   size_t copied = 0;
@@ -575,9 +585,10 @@ void BenchPut(const Flags& f) {
   const double memcpy_bps = copied / Seconds(Clock::now() - t0);
   volatile char sink = dst[0][7];
   (void)sink;
-  const double tcp_bps = RawTcpStream(size_t{2} << 30, size_t{8} << 20);
-  std::printf("put  baselines: memcpy %.3f GB/s, raw loopback TCP stream %.3f GB/s\n", memcpy_bps / 1e9,
-              tcp_bps / 1e9);
+  const bool unix = f.tqkv_data.starts_with("unix:");
+  const double tcp_bps = RawStream(size_t{2} << 30, size_t{8} << 20, unix);
+  std::printf("put  baselines: memcpy %.3f GB/s, raw %s stream %.3f GB/s\n", memcpy_bps / 1e9,
+              unix ? "Unix-socket" : "loopback TCP", tcp_bps / 1e9);
 
   for (const PutPath& path : paths) {
     const std::string name =
@@ -765,6 +776,7 @@ Flags ParseFlags(int argc, char** argv) {
       for (absl::string_view x : absl::StrSplit(val(), ',')) f.put_frame_mib.push_back(std::stoi(std::string(x)));
     }
     else if (name == "--server_pid") f.server_pid = std::stoi(val());
+    else if (name == "--put_streams") f.put_streams = std::max(1, std::stoi(val()));
     else if (name == "--paths") f.paths = absl::StrSplit(val(), ';', absl::SkipEmpty());
     else Die("unknown flag " + a);
   }

@@ -52,12 +52,18 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   TQ_ASSIGN_OR_RETURN(s->listen_fd_, ListenTcp(options.listen, "data plane", 1024, &port));
   TQ_ASSIGN_OR_RETURN(auto hp, SplitHostPort(options.listen));
   s->address_ = absl::StrCat(hp.first, ":", port);
+  if (!options.socket_path.empty()) {
+    if (options.socket_mode > 0777)
+      return absl::InvalidArgumentError(absl::StrCat("data plane socket mode ", options.socket_mode, " is not 0..0777"));
+    TQ_ASSIGN_OR_RETURN(s->unix_fd_, ListenUnix(options.socket_path, "data plane", 1024, options.socket_mode));
+  }
   if (options.tls.enabled()) {
     TQ_ASSIGN_OR_RETURN(s->tls_, DataPlaneTlsContext::Create(options.tls, env->log));
   }
   std::vector<Loop*> all;
   for (int i = 0; i < options.threads; ++i) {
-    auto loop = std::make_unique<Loop>(s->listen_fd_, s->options_, service, env, &s->shared_, s->tls_.get());
+    auto loop = std::make_unique<Loop>(s->listen_fd_, s->unix_fd_, s->options_, service, env, &s->shared_,
+                                       s->tls_.get());
     TQ_RETURN_IF_ERROR(loop->Init(/*accept=*/i == 0));
     all.push_back(loop.get());
     s->loops_.push_back(std::move(loop));
@@ -77,6 +83,11 @@ void DataPlaneServer::Shutdown() {
   loops_.clear();  // closes every connection
   if (listen_fd_ >= 0) close(listen_fd_);
   listen_fd_ = -1;
+  if (unix_fd_ >= 0) {
+    close(unix_fd_);
+    unlink(options_.socket_path.c_str());
+  }
+  unix_fd_ = -1;
 }
 
 DataPlaneServer::Stats DataPlaneServer::GetStats() const {

@@ -139,8 +139,16 @@ struct DataPlaneOptions {
   // Default: 60 s (a 64 MiB frame at about 1 MiB/s).
   absl::Duration frame_timeout = absl::Seconds(60);
   // Accept CUDA IPC frames (proto "Same-host GPU memory") from loopback
-  // connections. Default: true.
+  // and Unix-domain connections. Default: true.
   bool cuda_ipc = true;
+  // Also serve on a Unix-domain stream socket at this path (empty: none),
+  // for clients on this host: the same protocol, loops, budgets and auth
+  // as the TCP listener, without TLS (the file's mode admits the peers) and
+  // without TCP's per-byte and per-round-trip cost. The socket file is
+  // created with `socket_mode` (default 0600: the server's user only) and
+  // removed at shutdown; one left by an ended process is replaced.
+  std::string socket_path;
+  unsigned socket_mode = 0600;
   // TLS (mTLS with a client CA) from these files, reloaded every
   // tls.reload_interval; off (plain TCP) when !tls.enabled(). Default: off.
   ServerTlsOptions tls;
@@ -162,6 +170,8 @@ class DataPlaneServer {
 
   // "HOST:PORT" actually bound.
   const std::string& address() const { return address_; }
+  // The Unix-domain socket's path (empty: none).
+  const std::string& socket_path() const { return options_.socket_path; }
 
   // A snapshot of the counts behind the data plane's metrics. Thread-safe.
   struct Stats {
@@ -191,6 +201,7 @@ class DataPlaneServer {
   const RpcEnv* env_ = nullptr;
   std::string address_;
   int listen_fd_ = -1;
+  int unix_fd_ = -1;  // options_.socket_path's listener
   std::unique_ptr<DataPlaneTlsContext> tls_;  // null: plain TCP; used by the loops
   std::vector<std::unique_ptr<Loop>> loops_;
   // Shared by the loops (counts only: relaxed atomics).

@@ -22,7 +22,7 @@ using data_plane_internal::ErrnoText;
 constexpr int kMaxEvents = 64;
 
 // Tags for the non-connection epoll entries.
-char kListenTag, kWakeTag;
+char kListenTag, kUnixListenTag, kWakeTag;
 
 }  // namespace
 
@@ -46,6 +46,9 @@ absl::Status DataPlaneServer::Loop::Init(bool accept) {
     ev.data.ptr = &kListenTag;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0)
       return absl::InternalError(ErrnoText("epoll_ctl(listen)"));
+    ev.data.ptr = &kUnixListenTag;
+    if (unix_fd_ >= 0 && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, unix_fd_, &ev) != 0)
+      return absl::InternalError(ErrnoText("epoll_ctl(unix listen)"));
   }
   ev.events = EPOLLIN;
   ev.data.ptr = &kWakeTag;
@@ -111,8 +114,9 @@ void DataPlaneServer::Loop::Run() {
         finished = true;
         continue;
       }
-      if (tag == &kListenTag) {
-        Accept();
+      if (tag == &kListenTag || tag == &kUnixListenTag) {
+        if (tag == &kListenTag) Accept(listen_fd_, false);
+        else Accept(unix_fd_, true);
         continue;
       }
       OnEvent(static_cast<Conn*>(tag), events[i].events);
@@ -129,12 +133,11 @@ void DataPlaneServer::Loop::Run() {
   }
 }
 
-void DataPlaneServer::Loop::Accept() {
+void DataPlaneServer::Loop::Accept(int listener, bool unix) {
   for (;;) {
     sockaddr_storage addr{};
     socklen_t len = sizeof addr;
-    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
-                           SOCK_NONBLOCK | SOCK_CLOEXEC);
+    const int fd = accept4(listener, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       // Out of descriptors or memory: the pending connection stays queued
       // and the listener readable, so stop watching it for a while
@@ -143,12 +146,13 @@ void DataPlaneServer::Loop::Accept() {
       return;  // EAGAIN, or retried on the next wake-up
     }
     const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (!unix) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    std::string peer = unix ? UnixPeerName(options_.socket_path) : PeerName(addr);
     Loop* to = peers_[next_peer_++ % peers_.size()];
     if (to == this) {
-      Register(fd, PeerName(addr));
+      Register(fd, std::move(peer));
     } else {
-      to->Adopt(fd, PeerName(addr));
+      to->Adopt(fd, std::move(peer));
     }
   }
 }
@@ -157,7 +161,9 @@ bool DataPlaneServer::Loop::WatchListener(bool on) {
   epoll_event ev{};
   ev.events = on ? EPOLLIN : 0;
   ev.data.ptr = &kListenTag;
-  return epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev) == 0;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev) != 0) return false;
+  ev.data.ptr = &kUnixListenTag;
+  return unix_fd_ < 0 || epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, unix_fd_, &ev) == 0;
 }
 
 void DataPlaneServer::Loop::PauseAccept() {
@@ -169,7 +175,8 @@ void DataPlaneServer::Loop::PauseAccept() {
 void DataPlaneServer::Loop::ResumeAccept() {
   accept_paused_ = false;
   (void)WatchListener(true);
-  Accept();
+  Accept(listen_fd_, false);
+  if (unix_fd_ >= 0) Accept(unix_fd_, true);
 }
 
 void DataPlaneServer::Loop::Register(int fd, std::string peer) {
@@ -182,7 +189,7 @@ void DataPlaneServer::Loop::Register(int fd, std::string peer) {
   c->last_active = std::chrono::steady_clock::now();
   conns_[fd] = std::move(conn);
   shared_->connections.fetch_add(1);
-  if (tls_ != nullptr) {
+  if (tls_ != nullptr && !c->peer.starts_with("unix:")) {
     absl::StatusOr<std::unique_ptr<TlsSession>> session = TlsSession::Accept(tls_->Current(), fd);
     if (!session.ok()) {
       RecordCall(*env_, "DataGetBlocks", c->peer, session.status(), 0.0);

@@ -60,10 +60,12 @@ class DataPlaneServer::Loop {
   using Served = data_plane_internal::Served;
 
   // `options`, `service`, `env`, `shared` and `tls` (null: plain TCP) are
-  // not owned and must outlive the loop; `listen_fd` stays the caller's.
-  Loop(int listen_fd, const DataPlaneOptions& options, KvService* service, const RpcEnv* env,
+  // not owned and must outlive the loop; `listen_fd` and `unix_fd` (the
+  // Unix-domain listener, -1: none) stay the caller's.
+  Loop(int listen_fd, int unix_fd, const DataPlaneOptions& options, KvService* service, const RpcEnv* env,
        Shared* shared, DataPlaneTlsContext* tls)
       : listen_fd_(listen_fd),
+        unix_fd_(unix_fd),
         options_(options),
         service_(service),
         env_(env),
@@ -75,7 +77,7 @@ class DataPlaneServer::Loop {
   Loop(const Loop&) = delete;
   Loop& operator=(const Loop&) = delete;
 
-  // `accept`: this loop accepts connections (on listen_fd_) and deals them
+  // `accept`: this loop accepts connections (on the listeners) and deals them
   // out round-robin over `peers` (itself included). INTERNAL when epoll or
   // the eventfd cannot be set up.
   absl::Status Init(bool accept);
@@ -96,15 +98,17 @@ class DataPlaneServer::Loop {
  private:
   // data_plane_loop.cc
 
-  // Accepts what is pending and deals the connections out round-robin:
-  // every loop gets its share whatever the kernel's wake-up order.
-  void Accept();
-  // Stops or restarts watching the listener; false if epoll refused.
+  // Accepts what is pending on listener `fd` (the TCP one or, `unix`, the
+  // Unix-domain one) and deals the connections out round-robin: every
+  // loop gets its share whatever the kernel's wake-up order.
+  void Accept(int fd, bool unix);
+  // Stops or restarts watching the listeners; false if epoll refused.
   bool WatchListener(bool on);
   void PauseAccept();
   void ResumeAccept();
-  // Takes `fd` into the loop (TLS session, epoll); over max_connections it
-  // is failed with RESOURCE_EXHAUSTED instead of served.
+  // Takes `fd` into the loop (TLS session but for Unix-domain peers,
+  // epoll); over max_connections it is failed with RESOURCE_EXHAUSTED
+  // instead of served.
   void Register(int fd, std::string peer);
   // Closes connections without an event for options_.idle_timeout, and
   // fails those whose charged frame is older than options_.frame_timeout
@@ -221,6 +225,7 @@ class DataPlaneServer::Loop {
   ssize_t WriteTls(Conn* c, const iovec* iov, int n);
 
   const int listen_fd_;
+  const int unix_fd_;  // -1: none
   const DataPlaneOptions& options_;
   KvService* const service_;
   const RpcEnv* const env_;

@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -67,6 +69,49 @@ absl::StatusOr<int> ListenTcp(const std::string& address, const char* what, int 
   return fd;
 }
 
+absl::StatusOr<int> ListenUnix(const std::string& path, const char* what, int backlog, unsigned mode) {
+  auto fail = [&](absl::StatusCode code, const std::string& why) {
+    return absl::Status(code, absl::StrCat("cannot serve ", what, " on unix:", path, ": ", why));
+  };
+  auto errno_text = [](const char* call) { return absl::StrCat(call, ": ", std::strerror(errno)); };
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path)
+    return fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat("a socket path is 1..", sizeof addr.sun_path - 1, " bytes, not ", path.size()));
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const auto* sa = reinterpret_cast<const sockaddr*>(&addr);
+  struct stat st{};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return fail(absl::StatusCode::kAlreadyExists, "a file that is not a socket is there");
+    // A socket file: in use if something accepts on it, else left by a
+    // process that ended without removing it.
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) return fail(absl::StatusCode::kUnavailable, errno_text("socket"));
+    const bool live = connect(probe, sa, sizeof addr) == 0 || errno != ECONNREFUSED;
+    close(probe);
+    if (live) return fail(absl::StatusCode::kAlreadyExists, "another process listens on it");
+    if (unlink(path.c_str()) != 0) return fail(absl::StatusCode::kUnavailable, errno_text("unlink"));
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(absl::StatusCode::kUnavailable, errno_text("socket"));
+  // Connections wait for listen(): the mode is set before any is accepted.
+  if (bind(fd, sa, sizeof addr) != 0) {
+    const std::string error = errno_text("bind");
+    close(fd);
+    return fail(absl::StatusCode::kUnavailable, error);
+  }
+  if (chmod(path.c_str(), mode) != 0 || listen(fd, backlog) != 0) {
+    const std::string error = errno_text("chmod/listen");
+    close(fd);
+    unlink(path.c_str());
+    return fail(absl::StatusCode::kUnavailable, error);
+  }
+  return fd;
+}
+
+std::string UnixPeerName(const std::string& path) { return absl::StrCat("unix:", path); }
+
 std::string PeerName(const sockaddr_storage& a) {
   char host[INET6_ADDRSTRLEN] = "?";
   if (a.ss_family == AF_INET) {
@@ -83,7 +128,8 @@ std::string PeerName(const sockaddr_storage& a) {
 }
 
 bool IsLoopbackPeer(std::string_view p) {
-  return p.starts_with("ipv4:127.") || p.starts_with("ipv6:[::1]:") || p.starts_with("ipv6:[::ffff:127.");
+  return p.starts_with("ipv4:127.") || p.starts_with("ipv6:[::1]:") || p.starts_with("ipv6:[::ffff:127.") ||
+         p.starts_with("unix:");
 }
 
 }  // namespace tqkv::service

@@ -1,5 +1,5 @@
 // HOST:PORT parsing and TCP listening shared by the gRPC, data-plane and
-// metrics listeners.
+// metrics listeners; the data plane's Unix-domain socket.
 #ifndef TQKV_SERVICE_NET_ADDRESS_H_
 #define TQKV_SERVICE_NET_ADDRESS_H_
 
@@ -24,11 +24,24 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& add
 // can be bound.
 absl::StatusOr<int> ListenTcp(const std::string& address, const char* what, int backlog, int* port);
 
+// A non-blocking, close-on-exec listening Unix-domain stream socket at
+// `path` with file mode `mode` (set before the socket listens, so no
+// connection is accepted under a wider mode). A socket file left by a
+// process that no longer listens is replaced; INVALID_ARGUMENT for a path
+// longer than a socket address holds, ALREADY_EXISTS for a file that is
+// not a socket or a socket another process listens on, UNAVAILABLE when
+// it cannot be bound.
+absl::StatusOr<int> ListenUnix(const std::string& path, const char* what, int backlog, unsigned mode);
+
+// The peer name of a connection accepted on the Unix-domain socket at
+// `path`, as gRPC names them: "unix:PATH".
+std::string UnixPeerName(const std::string& path);
+
 // A peer's address as gRPC names peers: "ipv4:1.2.3.4:5", "ipv6:[::1]:5".
 std::string PeerName(const sockaddr_storage& a);
 
-// Whether a PeerName is on this host's loopback (127.0.0.0/8, ::1, or
-// 127.x mapped into IPv6).
+// Whether a PeerName is on this host: its loopback (127.0.0.0/8, ::1, or
+// 127.x mapped into IPv6) or a Unix-domain socket.
 bool IsLoopbackPeer(std::string_view peer_name);
 
 }  // namespace tqkv::service

@@ -73,6 +73,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (s->log_) s->log_->Write(absl::StrCat("tqkv-server: ", line));
   };
   const bool data_on = !options.data_listen.empty() && options.data_listen != "off";
+  if (!data_on && !options.data_socket.empty())
+    return absl::InvalidArgumentError("--data_socket needs the data plane (--data_listen is off)");
   const std::string data_listen =
       options.data_listen == "auto"
           ? absl::StrCat(listen.first, ":", listen.second == 0 ? 0 : listen.second + 1)
@@ -194,6 +196,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     dp.max_reply_bytes = options.data_max_reply_bytes;
     dp.max_reply_bytes_per_tenant = options.data_max_reply_bytes_per_tenant;
     dp.cuda_ipc = options.data_cuda_ipc;
+    dp.socket_path = options.data_socket;
+    dp.socket_mode = options.data_socket_mode;
     dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
     dp.max_dense_reply_bytes = static_cast<uint64_t>(options.max_message_bytes);
     dp.tls = options.tls;  // the data plane speaks TLS whenever gRPC does

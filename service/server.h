@@ -95,6 +95,11 @@ struct ServerOptions {
   // Serve CUDA IPC puts and gets to loopback data-plane connections
   // (DataPlaneOptions::cuda_ipc). Default: true.
   bool data_cuda_ipc = true;
+  // The data plane also on a Unix-domain socket at this path, created with
+  // this mode (DataPlaneOptions::socket_path / socket_mode; needs the data
+  // plane on). Default: none, 0600.
+  std::string data_socket;
+  unsigned data_socket_mode = 0600;
   // Prometheus /metrics address; port 0 picks a free port; empty disables.
   // It serves HTTPS when `tls` is on, and with an auth file only scrapes
   // that carry an admin or `metrics` credential (metrics_http.h).
@@ -204,6 +209,11 @@ class Server {
   const std::string& address() const { return address_; }
   // Data-plane "HOST:PORT"; empty when it is disabled.
   const std::string& data_address() const { return data_address_; }
+  // The data plane's Unix-domain socket path; empty when there is none.
+  const std::string& data_socket() const {
+    static const std::string kNone;
+    return data_plane_ != nullptr ? data_plane_->socket_path() : kNone;
+  }
   // Empty when metrics are disabled.
   const std::string& metrics_address() const { return metrics_address_; }
   std::string backend_name() const { return backend_->name(); }

@@ -4,6 +4,7 @@
 // On start it prints, on stdout,
 //   tqkv-server listening on HOST:PORT
 //   tqkv-server data plane listening on HOST:PORT   (unless --data_listen=off)
+//   tqkv-server data plane socket on PATH           (with --data_socket)
 //   tqkv-server metrics listening on HOST:PORT      (unless metrics are off)
 // with the ports actually bound (useful with port 0). SIGHUP re-reads the
 // auth file, as a change of the file does (a bad file is logged and the
@@ -12,6 +13,7 @@
 #include <signal.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <utility>
@@ -72,6 +74,11 @@ ABSL_FLAG(tqkv::ByteSize, data_max_reply_bytes_per_tenant, tqkv::ByteSize{uint64
 ABSL_FLAG(bool, data_cuda_ipc, true,
           "serve data-plane puts and dense gets whose K/V lie in the GPU memory of a worker on this host (CUDA "
           "IPC handles, from loopback connections only; needs --backend cuda)");
+ABSL_FLAG(std::string, data_socket, "",
+          "also serve the data plane on a Unix-domain socket at this path, for clients on this host (address "
+          "unix:PATH; no TLS on it: the file's mode admits the peers; auth as on TCP); empty: none");
+ABSL_FLAG(std::string, data_socket_mode, "0600",
+          "file mode of --data_socket, octal (0600: the server's user only; 0660 adds its group)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled); HTTPS "
           "with --tls_cert_file (and the client CA's mTLS); with --auth_tokens_file a scrape needs "
@@ -260,6 +267,17 @@ int main(int argc, char** argv) {
   o.data_max_unauthenticated_frame_bytes = static_cast<uint32_t>(
       std::min<uint64_t>(absl::GetFlag(FLAGS_data_max_unauthenticated_frame_bytes).bytes, UINT32_MAX));
   o.data_cuda_ipc = absl::GetFlag(FLAGS_data_cuda_ipc);
+  o.data_socket = absl::GetFlag(FLAGS_data_socket);
+  {
+    const std::string mode = absl::GetFlag(FLAGS_data_socket_mode);
+    char* end = nullptr;
+    const unsigned long m = std::strtoul(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || m > 0777) {
+      std::cerr << "tqkv-server: --data_socket_mode '" << mode << "' is not an octal file mode 0..0777" << std::endl;
+      return 1;
+    }
+    o.data_socket_mode = static_cast<unsigned>(m);
+  }
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes).bytes;
@@ -315,6 +333,8 @@ int main(int argc, char** argv) {
   std::cout << "tqkv-server listening on " << (*server)->address() << std::endl;
   if (!(*server)->data_address().empty())
     std::cout << "tqkv-server data plane listening on " << (*server)->data_address() << std::endl;
+  if (!(*server)->data_socket().empty())
+    std::cout << "tqkv-server data plane socket on " << (*server)->data_socket() << std::endl;
   if (!(*server)->metrics_address().empty())
     std::cout << "tqkv-server metrics listening on " << (*server)->metrics_address() << std::endl;
   log.Write(absl::StrCat("tqkv-server: ", tqkv::service::CurrentBuildInfo().version, ", backend ",

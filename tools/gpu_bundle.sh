@@ -13,7 +13,9 @@
 # SKIP_E2E=1 leave out the kernel benchmarks, only the decode-vs-SDPA one,
 # only the every-format one (FORMATS_ARGS: its flags), only the
 # partial-block one, or the decode loop (SKIP_PUT_BENCH=1: its put/get
-# benchmark); E2E_ARGS: more decode_loop_bench flags, e.g. "--tensors inline");
+# benchmark); E2E_ARGS: more decode_loop_bench flags, e.g. "--tensors inline";
+# E2E_UNIX=1: the decode loop and the put benchmark on the server's
+# Unix-domain socket (--data_socket) instead of loopback TCP);
 # SERVER_ARGS: more tqkv-server flags for those (e.g. "--work_threads=0").
 # Same-host GPU memory (CUDA IPC): the Python client's torch tests and the
 # prefill benchmark (bench/prefill_ipc_bench.py) run against the bundle's
@@ -97,7 +99,8 @@ fi
 if [ -z "${SKIP_E2E:-}" ]; then
   data="$(mktemp -d)"
   "$HERE/tqkv-server" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --data_dir "$data" \
-    --backend cuda --host_budget_bytes 48000000000 --threads 16 ${SERVER_ARGS:-} > "$LOGS/e2e_server.log" 2>&1 &
+    --backend cuda --host_budget_bytes 48000000000 --threads 16 --data_socket "$data/dp.sock" ${SERVER_ARGS:-} \
+    > "$LOGS/e2e_server.log" 2>&1 &
   spid=$!
   addr=""
   for _ in $(seq 300); do
@@ -105,6 +108,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
     daddr=$(sed -n "s/^tqkv-server data plane listening on //p" "$LOGS/e2e_server.log" | head -1)
     [ -n "$addr" ] && [ -n "$daddr" ] && break; sleep 0.1
   done
+  [ -n "${E2E_UNIX:-}" ] && daddr="unix:$data/dp.sock"
   for fmt in ${E2E_FORMATS:-k4v4 k4v2}; do
     timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "$daddr" --layers 32 --format "$fmt" \
       --shapes "${E2E_SHAPES:-1x32768,1x131072}" --steps 32 ${E2E_ARGS:-} >> "$LOGS/decode_loop_bench.log" 2>&1

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,6 +59,7 @@ absl::Status DataPlaneClient::EnsureConnected() {
   if (write_failed_) Broken(absl::OkStatus()).IgnoreError();  // its replies were read or given up
   if (fd_ >= 0) return absl::OkStatus();
   const std::string& t = options_.target;
+  if (t.starts_with("unix:")) return ConnectUnix(t.substr(5));
   const size_t colon = t.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == t.size())
     return absl::InvalidArgumentError(absl::StrCat("data plane target '", t, "' is not HOST:PORT"));
@@ -88,15 +90,41 @@ absl::Status DataPlaneClient::EnsureConnected() {
   if (fd_ < 0) return last;
   const int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  const int64_t us = absl::ToInt64Microseconds(options_.timeout);
-  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  SetTimeouts();
   if (options_.tls.enabled()) {
     absl::StatusOr<std::unique_ptr<TlsStream>> tls = TlsStream::Connect(fd_, options_.tls, host);
     if (!tls.ok()) return Broken(tls.status());
     tls_ = *std::move(tls);
   }
+  return SendAll(options_.raw_payloads ? kPrefaceRaw : kPreface, 8);
+}
+
+void DataPlaneClient::SetTimeouts() {
+  const int64_t us = absl::ToInt64Microseconds(options_.timeout);
+  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+absl::Status DataPlaneClient::ConnectUnix(const std::string& path) {
+  if (options_.tls.enabled())
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane unix:", path, ": a Unix-domain socket has no TLS (leave the TLS options unset)"));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path)
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane target unix:", path, ": a socket path is 1..", sizeof addr.sun_path - 1, " bytes"));
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno(absl::StatusCode::kUnavailable, "socket");
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    absl::Status s = Errno(absl::StatusCode::kUnavailable, absl::StrCat("connect to data plane unix:", path));
+    close(fd);
+    return s;
+  }
+  fd_ = fd;
+  SetTimeouts();
   return SendAll(options_.raw_payloads ? kPrefaceRaw : kPreface, 8);
 }
 

@@ -30,7 +30,8 @@ namespace tqkv::client {
 
 struct DataPlaneClientOptions {
   // The server's data-plane address HOST:PORT (printed by tqkv-server as
-  // "data plane listening on"). Required.
+  // "data plane listening on"), or unix:PATH for its Unix-domain socket on
+  // this host (--data_socket; no TLS there). Required.
   std::string target;
   // Bearer token when the server has auth on; empty: none. Default: empty.
   std::string token;
@@ -132,6 +133,8 @@ class DataPlaneClient {
  private:
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
   absl::Status EnsureConnected();
+  absl::Status ConnectUnix(const std::string& path);  // target "unix:PATH"
+  void SetTimeouts();                                 // options_.timeout on fd_
   // FAILED_PRECONDITION unless options_.raw_payloads.
   absl::Status NeedsRaw() const;
   // Sends *req (adding the token; `field`, `body` and `payload` as

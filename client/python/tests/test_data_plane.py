@@ -197,3 +197,39 @@ def test_device_calls_need_the_data_plane(server):
             c.put_blocks_device(None, [b"h"], None, [0])
         with pytest.raises(tqkv.FailedPrecondition, match="needs the data plane"):
             c.get_blocks_device(None, [b"h"], None, [0])
+
+
+def test_unix_socket_serves_what_tcp_serves(rng):
+    """A server with --data_socket: Client and DataPlane on unix:PATH put,
+    read and attend as over TCP."""
+    import os
+    import shutil
+    import stat
+    import tempfile
+    from conftest import Server
+    d = tempfile.mkdtemp(prefix="tqkv-sock-", dir="/tmp")  # a socket path holds 107 bytes
+    path = os.path.join(d, "dp.sock")
+    srv = Server(os.environ["TQKV_SERVER"], ["--data_socket", path])
+    try:
+        assert stat.S_ISSOCK(os.lstat(path).st_mode)
+        assert os.lstat(path).st_mode & 0o777 == 0o600
+        with tqkv.Client(srv.address, timeout=60, data_address="unix:" + path) as c:
+            m = c.register_model(unique(), num_layers=L, num_kv_heads=H, head_dim=D, block_size=BS,
+                                 cache_dtype="k4v4")
+            hs = hashes(unique("u"), 4)
+            data = [kv(rng, L, BS, H, D) for _ in range(4)]
+            assert c.put_blocks(m, [tqkv.Block(h, k=k, v=v) for h, (k, v) in zip(hs, data)]).committed == 4
+            with tqkv.DataPlane(srv.data_address) as tcp:
+                want = tcp.get_blocks(m, hs)
+            assert [b.payload for b in c.get_blocks(m, hs)] == [b.payload for b in want]
+            with tqkv.DataPlane("unix:" + path) as dp:
+                assert [b.payload for b in dp.get_blocks(m, hs)] == [b.payload for b in want]
+                with pytest.raises(tqkv.NotFound):
+                    dp.get_blocks(m, [b"missing"])
+        with pytest.raises(ValueError):
+            tqkv.DataPlane("unix:" + path, tls=object())
+    finally:
+        srv.stop()
+        removed = not os.path.exists(path)
+        shutil.rmtree(d, ignore_errors=True)
+    assert removed  # at shutdown

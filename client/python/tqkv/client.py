@@ -64,8 +64,9 @@ class Client:
     plaintext). data_tls/data_server_name: DataPlane's `tls` and
     `server_name` (a server with TLS has it on its data plane too: pass
     data_tls=data_plane_tls(...) with the same files). data_address: the
-    server's data-plane "host:port" (tqkv-server prints it), or "auto" to
-    ask the server (Stats) on first use; when set, packed
+    server's data-plane "host:port" (tqkv-server prints it), "unix:PATH"
+    for its Unix-domain socket on this host (--data_socket; data_tls is not
+    used there), or "auto" to ask the server (Stats) on first use; when set, packed
     get_blocks/iter_blocks and attend go over the data plane (one connection
     per thread) instead of gRPC, with the same results and errors.
     data_reply_poll: DataPlane's `reply_poll`.
@@ -131,8 +132,10 @@ class Client:
             if dp is None:
                 if self.data_address == "auto":
                     self.data_address = self._discover_data_plane()
+                unix = self.data_address.startswith("unix:")  # this host, no TLS on it
                 dp = self._dp.conn = DataPlane(self.data_address, token=self._token,
-                                               timeout=self.timeout, tls=self._data_tls,
+                                               timeout=self.timeout,
+                                               tls=None if unix else self._data_tls,
                                                server_name=self._data_server_name,
                                                reply_poll=self._data_reply_poll)
             try:

@@ -11,7 +11,7 @@ Layouts: vLLM's paged cache [num_blocks, block_size, kv_heads, head_dim]
 (any strides with head_dim contiguous: NHD or HND), and a contiguous
 [tokens, kv_heads, head_dim] tensor (DeviceKv.contiguous; slot = token //
 block_size). The server takes handles only from connections on its own
-loopback and only with its CUDA backend; otherwise the calls fall back to
+loopback or Unix-domain socket and only with its CUDA backend; otherwise the calls fall back to
 sending the bytes (put) or receiving them (get) over the data plane.
 """
 from ._proto import pb

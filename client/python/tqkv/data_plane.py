@@ -59,19 +59,26 @@ class DataPlane:
     def __init__(self, address, token=None, timeout=30.0, *, tls=None, server_name=None,
                  reply_poll=0.0):
         """address: the server's data-plane HOST:PORT (tqkv-server prints it as
-        `data plane listening on`). tls: an ssl.SSLContext (data_plane_tls)
+        `data plane listening on`), or unix:PATH for its Unix-domain socket
+        on this host (tqkv-server --data_socket; no TLS there). tls: an
+        ssl.SSLContext (data_plane_tls)
         for a server with TLS; None: plain TCP. server_name: the name the
         server's certificate must carry (default: the address's host).
         reply_poll: seconds a call polls its socket for the reply before
         sleeping in recv (a decode loop that waits on every reply anyway
         saves the thread's wake-up; a core stays busy meanwhile; plain TCP
         only). Default 0: sleep at once."""
-        host, _, port = address.rpartition(":")
-        self._addr = (host.strip("[]"), int(port))
+        if address.startswith("unix:"):
+            if tls is not None:
+                raise ValueError(f"data plane {address}: a Unix-domain socket has no TLS")
+            self._addr = address[len("unix:"):]
+        else:
+            host, _, port = address.rpartition(":")
+            self._addr = (host.strip("[]"), int(port))
         self._token = token
         self._timeout = timeout
         self._tls = tls
-        self._server_name = server_name or self._addr[0]
+        self._server_name = server_name or (self._addr[0] if isinstance(self._addr, tuple) else None)
         self._reply_poll = reply_poll
         self._sock = None
 
@@ -89,8 +96,17 @@ class DataPlane:
     def _connect(self):
         if self._sock is None:
             try:
-                s = socket.create_connection(self._addr, timeout=self._timeout)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if isinstance(self._addr, str):
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    s.settimeout(self._timeout)
+                    try:
+                        s.connect(self._addr)
+                    except BaseException:
+                        s.close()
+                        raise
+                else:
+                    s = socket.create_connection(self._addr, timeout=self._timeout)
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 try:
                     if self._tls is not None:
                         s = self._tls.wrap_socket(s, server_hostname=self._server_name)
