@@ -39,20 +39,10 @@ class DataPlaneSocketTest : public ServerTest {
   }
 
   std::unique_ptr<client::DataPlaneClient> Dp(const std::string& target, const std::string& token = "") {
-    client::DataPlaneClientOptions o;
-    o.target = target;
-    o.token = token;
-    o.timeout = absl::Seconds(30);
-    auto c = client::DataPlaneClient::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return ConnectDataPlane(target, token);
   }
-
   static v1::GetBlocksRequest Req(const v1::ModelRef& model, const std::vector<std::string>& hashes) {
-    v1::GetBlocksRequest r;
-    *r.mutable_model() = model;
-    for (const auto& h : hashes) r.add_block_hashes(h);
-    return r;
+    return GetBlocksReq(model, hashes);
   }
 
   // The server's exit code and stderr when it is started with `flags` and

@@ -34,20 +34,11 @@ class DataPlaneTest : public ServerTest {
   void SetUp() override { StartServer(); }
 
   std::unique_ptr<client::DataPlaneClient> Dp(const std::string& token = "") {
-    client::DataPlaneClientOptions o;
-    o.target = server_->data_address();
-    o.token = token;
-    o.timeout = absl::Seconds(30);
-    auto c = client::DataPlaneClient::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    return ConnectDataPlane(server_->data_address(), token);
   }
 
   static v1::GetBlocksRequest Req(const v1::ModelRef& model, const std::vector<std::string>& hashes) {
-    v1::GetBlocksRequest r;
-    *r.mutable_model() = model;
-    for (const auto& h : hashes) r.add_block_hashes(h);
-    return r;
+    return GetBlocksReq(model, hashes);
   }
 
   // gRPC GetBlocks payloads of `req`, in order.

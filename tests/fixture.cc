@@ -131,4 +131,21 @@ std::string EncodeLocally(ModelCodec& codec, CpuBackend& backend, const v1::PutB
   return out;
 }
 
+std::unique_ptr<client::DataPlaneClient> ConnectDataPlane(const std::string& target, const std::string& token) {
+  client::DataPlaneClientOptions o;
+  o.target = target;
+  o.token = token;
+  o.timeout = absl::Seconds(30);
+  auto c = client::DataPlaneClient::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+v1::GetBlocksRequest GetBlocksReq(const v1::ModelRef& model, const std::vector<std::string>& hashes) {
+  v1::GetBlocksRequest r;
+  *r.mutable_model() = model;
+  for (const auto& h : hashes) r.add_block_hashes(h);
+  return r;
+}
+
 }  // namespace tqkv::testing

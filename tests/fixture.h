@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "client/cpp/client.h"
+#include "client/cpp/data_plane_client.h"
 #include "client/cpp/synthetic.h"
 #include "codec/cpu_backend.h"
 #include "codec/model_codec.h"
@@ -63,6 +64,12 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<ServerProcess> server_;
   std::unique_ptr<client::Client> client_;
 };
+
+// A data-plane connection to `target` (HOST:PORT or unix:PATH) with
+// `token`, a 30 s timeout; null after a failure, which is reported.
+std::unique_ptr<client::DataPlaneClient> ConnectDataPlane(const std::string& target, const std::string& token = "");
+// A GetBlocksRequest of `hashes` of `model`.
+v1::GetBlocksRequest GetBlocksReq(const v1::ModelRef& model, const std::vector<std::string>& hashes);
 
 // The codec the server must use for client::SmallModel, built locally.
 std::unique_ptr<ModelCodec> SmallCodec();

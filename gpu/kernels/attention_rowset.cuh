@@ -1,11 +1,11 @@
 // Row-set decode attention at d = 128 for 4-bit keys (TQ4 with one K/V
 // codebook, K4/V2 with uniform codebooks) and for 2-bit keys and values
 // (K2/V2, uniform codebooks; 64-bit K pair lookups): a block takes one
-// query, a group of 8 kv heads and one context split. With P = 1 (8 warps,
-// 2 blocks per SM) warp w is kv head 8·hg + w and walks every tile of the
-// split; with P = 2 (16 warps, one block per SM; served) warp w is kv
-// head 8·hg + w mod 8 on the tiles of parity w / 8. A tile's K (and V) rows of the 8
-// heads are contiguous in a page (token-major rows, 8 · row bytes per
+// query, a group of 8 kv heads and one context split. With P = 1 (8 warps, 2
+// blocks per SM) warp w is kv head 8·hg + w and walks every tile of the
+// split; with P = 2 (16 warps, one block per SM; served) warp w is kv head
+// 8·hg + w mod 8 on the tiles of parity w / 8. A tile's K (and V) rows of
+// the 8 heads are contiguous in a page (token-major rows, 8 · row bytes per
 // token), so one TMA tensor load per tile and component brings them into a
 // shared stage that 8 warps read: no partial-sector L2 reads (the per-head
 // kernels load 80-byte spans of 68-byte rows, ~2 L2 sectors per 32 useful
