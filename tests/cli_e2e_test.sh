@@ -2,7 +2,8 @@
 # The `tqkv` CLI's server commands against the real tqkv-server (whose
 # --version and byte-count units are checked first): status,
 # put (over gRPC and the data plane, with progress), lookup, get (packed
-# and dense, over gRPC and the data plane), stats and bench (with its
+# and dense, over gRPC and the data plane, on TCP and on its Unix-domain
+# socket), stats and bench (with its
 # data-plane reads), then a graceful
 # SIGTERM that must exit 0.
 set -euo pipefail
@@ -20,8 +21,9 @@ rc=0
 [ "$rc" != 0 ] && grep -q "unknown unit 'mib'" "$TMP/unit_err" || fail "a wrong unit: exit $rc, $(cat "$TMP/unit_err")"
 
 source "$RUNFILES/tests/start_server.sh"
+SOCK="$(mktemp -d /tmp/tqkv-cli.XXXXXX)"  # a socket path holds 107 bytes
 start_server "$TMP/out" "$TMP/err" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --data_dir="$TMP/data" \
-  --threads=1 --backend=cpu --host_budget_bytes=64MiB
+  --threads=1 --backend=cpu --host_budget_bytes=64MiB --data_socket="$SOCK/dp.sock"
 S=(--server "$ADDR")
 METRICS=$(sed -n 's/^tqkv-server metrics listening on //p' "$TMP/out")
 grep -q '^tqkv_host_capacity_bytes 67108864$' <<<"$(curl -sf "http://$METRICS/metrics")" ||
@@ -41,6 +43,9 @@ out=$("$TQKV" get "${S[@]}" --blocks 40 --seed 3)
 grep -q '^blocks 40 bytes 184320 (packed)' <<<"$out" || fail "get: $out"
 out=$("$TQKV" get "${S[@]}" --blocks 40 --seed 3 --data "$DATA")
 grep -q '^blocks 40 bytes 184320 (packed, data plane)' <<<"$out" || fail "get over the data plane: $out"
+grep -q "^tqkv-server data plane socket on $SOCK/dp.sock\$" "$TMP/out" || fail "no socket line: $(cat "$TMP/out")"
+out=$("$TQKV" get "${S[@]}" --blocks 40 --seed 3 --data "unix:$SOCK/dp.sock")
+grep -q '^blocks 40 bytes 184320 (packed, data plane)' <<<"$out" || fail "get over the data plane's socket: $out"
 "$TQKV" get "${S[@]}" --blocks 41 --seed 3 --data "$DATA" >/dev/null 2>"$TMP/dp_err" && fail "data-plane get of a missing block must fail"
 grep -q 'NOT_FOUND' "$TMP/dp_err" || fail "data-plane missing block message: $(cat "$TMP/dp_err")"
 out=$("$TQKV" get "${S[@]}" --blocks 2 --seed 3 --dense)
@@ -94,5 +99,7 @@ grep -q -- '--force' <<<"$("$TQKV" unregister --help)" || fail "unregister --hel
 
 kill -TERM $PID
 wait $PID || fail "graceful shutdown exited $?"
+[ ! -e "$SOCK/dp.sock" ] || fail "the socket file outlived the server"
+rmdir "$SOCK"
 trap - EXIT
 echo "cli_e2e_test: all checks passed"

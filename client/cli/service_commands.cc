@@ -87,7 +87,8 @@ absl::StatusOr<std::unique_ptr<client::Client>> MakeClient(const Args& a) {
 }
 
 // The data-plane client of --data HOST:PORT (with --token, --timeout_ms and
-// the TLS flags: the data plane speaks TLS whenever the server's gRPC does).
+// the TLS flags: the data plane speaks TLS whenever the server's gRPC does)
+// or unix:PATH (the server's --data_socket: no TLS there).
 absl::StatusOr<std::unique_ptr<client::DataPlaneClient>> MakeDataClient(const Args& a) {
   client::DataPlaneClientOptions o;
   o.target = a.Get("data", "");
@@ -95,6 +96,7 @@ absl::StatusOr<std::unique_ptr<client::DataPlaneClient>> MakeDataClient(const Ar
   auto ms = a.GetInt("timeout_ms", 30000);
   if (!ms.ok()) return ms.status();
   o.timeout = absl::Milliseconds(*ms);
+  if (o.target.starts_with("unix:")) return client::DataPlaneClient::Connect(o);
   o.tls.ca_file = a.Get("tls_ca", "");  // "system" passes through: the system's roots
   o.tls.cert_file = a.Get("tls_cert", "");
   o.tls.key_file = a.Get("tls_key", "");
@@ -488,7 +490,7 @@ constexpr CommandHelp kHelp[] = {
     {"lookup", "", "Counts the chain's consecutive leading hits.", "", true},
     {"get", "[--dense] [--data HOST:PORT]", "Reads the chain's blocks back: packed, or dense fp16 decoded by the server.",
      "  --dense           dense fp16 (default: packed)\n"
-     "  --data HOST:PORT  over the data plane\n",
+     "  --data HOST:PORT  over the data plane (unix:PATH: its Unix-domain socket on this host)\n",
      true},
     {"bench", "[--threads T] [--rounds R] [--batch N] [--data HOST:PORT]",
      "Put (once; blocks already stored are not counted), then get and lookup (R passes) of the chain from T\n"
