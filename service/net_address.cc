@@ -84,14 +84,16 @@ absl::StatusOr<int> ListenUnix(const std::string& path, const char* what, int ba
   struct stat st{};
   if (lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) return fail(absl::StatusCode::kAlreadyExists, "a file that is not a socket is there");
-    // A socket file: in use if something accepts on it, else left by a
-    // process that ended without removing it.
-    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // A socket file: in use if something accepts on it (a full backlog
+    // included: the probe does not block), else left by a process that
+    // ended without removing it.
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (probe < 0) return fail(absl::StatusCode::kUnavailable, errno_text("socket"));
-    const bool live = connect(probe, sa, sizeof addr) == 0 || errno != ECONNREFUSED;
+    const bool live = connect(probe, sa, sizeof addr) == 0 || (errno != ECONNREFUSED && errno != ENOENT);
     close(probe);
     if (live) return fail(absl::StatusCode::kAlreadyExists, "another process listens on it");
-    if (unlink(path.c_str()) != 0) return fail(absl::StatusCode::kUnavailable, errno_text("unlink"));
+    if (unlink(path.c_str()) != 0 && errno != ENOENT)
+      return fail(absl::StatusCode::kUnavailable, errno_text("unlink"));
   }
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(absl::StatusCode::kUnavailable, errno_text("socket"));
