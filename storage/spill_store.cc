@@ -52,10 +52,14 @@ absl::Status Damaged(absl::string_view path, const rocksdb::Status& s) {
 }
 
 // The store's column families, for Open and Repair. Payloads: no
-// compression (packed pages do not compress); values of 4 KiB and more in
-// blob files (RocksDB's integrated BlobDB): a flush writes them once into
+// compression (packed pages do not compress); values of 512 bytes and more
+// in blob files (RocksDB's integrated BlobDB): a flush writes them once into
 // a 64 MiB blob file and compactions move keys and blob references, not
-// payloads. Measured with `disk_tier_bench --block_bytes 262144` (build
+// payloads. With 1 KiB blocks at 10M (disk_tier_bench, build machine, one
+// run each) a 4 KiB threshold kept them in table files, whose compactions
+// took the cores from Lookups (1,000-hash p99 4.4 ms; 512: 0.64 ms, fills
+// 46K -> 51K puts/s) for cold Gets 0.58 of random reads (512: 0.27, a blob
+// file read more). Measured with `disk_tier_bench --block_bytes 262144` (build
 // machine, bench/RESULTS.md "Disk tier at scale"): cold Gets 253-274 MB/s
 // from table files, 564-691 from blob files; spills 281-312 and 290-335
 // MB/s. Compactions do not collect blob garbage by themselves: relocating
@@ -80,7 +84,7 @@ std::vector<rocksdb::ColumnFamilyDescriptor> ColumnFamilies(const SpillStoreOpti
   data_options.bottommost_compression = rocksdb::kNoCompression;
   data_options.write_buffer_size = options.data_write_buffer_bytes;
   data_options.enable_blob_files = true;
-  data_options.min_blob_size = 4096;
+  data_options.min_blob_size = 512;
   data_options.blob_file_size = options.blob_file_bytes;
   data_options.enable_blob_garbage_collection = false;
   return {
