@@ -7,7 +7,7 @@
 //   "block_data"  key: EncodeBlockKey(key)
 //                 value: the payload bytes, exactly as committed
 //                 (compression off: packed pages do not compress; values
-//                 of 4 KiB and more live in RocksDB blob files), or in a
+//                 of 512 bytes and more live in RocksDB blob files), or in a
 //                 format 3 record the payload sealed by AtRestCipher
 //                 (at_rest_cipher.h) with the tenant's key, bound to
 //                 EncodeBlockKey(key)
