@@ -226,6 +226,8 @@ def test_unix_socket_serves_what_tcp_serves(rng):
                 assert [b.payload for b in dp.get_blocks(m, hs)] == [b.payload for b in want]
                 with pytest.raises(tqkv.NotFound):
                     dp.get_blocks(m, [b"missing"])
+            with tqkv.DataPlane("unix:" + path, reply_poll=0.001) as polled:  # sendmsg and poll as on TCP
+                assert [b.payload for b in polled.get_blocks(m, hs)] == [b.payload for b in want]
         with pytest.raises(ValueError):
             tqkv.DataPlane("unix:" + path, tls=object())
     finally:
