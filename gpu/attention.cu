@@ -74,21 +74,20 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
+// The bit pairs the row sets are instantiated for (RowSetLayout).
+template <int KB, int VB>
+constexpr bool kRowSetBits = KB == 4 || (KB == 2 && VB == 2);
+
 template <int KB, int VB, int G>
 KernelOccupancy OccupancyWith(K kernel) {
-  if constexpr (KB == 2 && VB == 2) {
+  if constexpr (kRowSetBits<KB, VB>) {
     if (kernel == K::kRowSets) {
-      using L = RowSetLayout<2, kRowSetStages, G, kRowSetParities, 2>;
+      using L = RowSetLayout<VB, kRowSetStages, G, kRowSetParities, KB>;
       return {ResidentBlocks(L::kBytes, kRowSetBlocksPerSm<kRowSetParities>), kRowSetParities, kRowSetHeads};
     }
   }
   if constexpr (KB == 4) {
     switch (kernel) {
-      case K::kRowSets: {
-        constexpr int kVb = VB == 4 ? 4 : 2;
-        using L = RowSetLayout<kVb, kRowSetStages, G, kRowSetParities>;
-        return {ResidentBlocks(L::kBytes, kRowSetBlocksPerSm<kRowSetParities>), kRowSetParities, kRowSetHeads};
-      }
       case K::kStagedTma:
         if constexpr (VB == 4) {
           constexpr StagedCfg c = kStagedTmaCfg;
@@ -254,7 +253,7 @@ template <int KB, int VB, int G>
 cudaError_t SpecialisedWith(const Decode& x) {
   switch (x.p.kernel) {
     case K::kRowSets:
-      if constexpr (KB == 4 || VB == 2) return RowSetWith<KB, VB, G>(x);
+      if constexpr (kRowSetBits<KB, VB>) return RowSetWith<KB, VB, G>(x);
       break;
     case K::kStagedTma:
       if constexpr (KB == 4 && VB == 4) return StagedWith<4, G, kStagedTmaCfg>(x);

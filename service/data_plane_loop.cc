@@ -114,9 +114,12 @@ void DataPlaneServer::Loop::Run() {
         finished = true;
         continue;
       }
-      if (tag == &kListenTag || tag == &kUnixListenTag) {
-        if (tag == &kListenTag) Accept(listen_fd_, false);
-        else Accept(unix_fd_, true);
+      if (tag == &kListenTag) {
+        Accept(listen_fd_, false);
+        continue;
+      }
+      if (tag == &kUnixListenTag) {
+        Accept(unix_fd_, true);
         continue;
       }
       OnEvent(static_cast<Conn*>(tag), events[i].events);
@@ -189,7 +192,7 @@ void DataPlaneServer::Loop::Register(int fd, std::string peer) {
   c->last_active = std::chrono::steady_clock::now();
   conns_[fd] = std::move(conn);
   shared_->connections.fetch_add(1);
-  if (tls_ != nullptr && !c->peer.starts_with("unix:")) {
+  if (tls_ != nullptr && !IsUnixPeer(c->peer)) {
     absl::StatusOr<std::unique_ptr<TlsSession>> session = TlsSession::Accept(tls_->Current(), fd);
     if (!session.ok()) {
       RecordCall(*env_, "DataGetBlocks", c->peer, session.status(), 0.0);

@@ -114,6 +114,8 @@ absl::StatusOr<int> ListenUnix(const std::string& path, const char* what, int ba
 
 std::string UnixPeerName(const std::string& path) { return absl::StrCat("unix:", path); }
 
+bool IsUnixPeer(std::string_view peer_name) { return peer_name.starts_with("unix:"); }
+
 std::string PeerName(const sockaddr_storage& a) {
   char host[INET6_ADDRSTRLEN] = "?";
   if (a.ss_family == AF_INET) {
@@ -131,7 +133,7 @@ std::string PeerName(const sockaddr_storage& a) {
 
 bool IsLoopbackPeer(std::string_view p) {
   return p.starts_with("ipv4:127.") || p.starts_with("ipv6:[::1]:") || p.starts_with("ipv6:[::ffff:127.") ||
-         p.starts_with("unix:");
+         IsUnixPeer(p);
 }
 
 }  // namespace tqkv::service

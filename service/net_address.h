@@ -36,6 +36,8 @@ absl::StatusOr<int> ListenUnix(const std::string& path, const char* what, int ba
 // The peer name of a connection accepted on the Unix-domain socket at
 // `path`, as gRPC names them: "unix:PATH".
 std::string UnixPeerName(const std::string& path);
+// Whether a peer name is a UnixPeerName.
+bool IsUnixPeer(std::string_view peer_name);
 
 // A peer's address as gRPC names peers: "ipv4:1.2.3.4:5", "ipv6:[::1]:5".
 std::string PeerName(const sockaddr_storage& a);

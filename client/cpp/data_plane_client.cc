@@ -59,7 +59,10 @@ absl::Status DataPlaneClient::EnsureConnected() {
   if (write_failed_) Broken(absl::OkStatus()).IgnoreError();  // its replies were read or given up
   if (fd_ >= 0) return absl::OkStatus();
   const std::string& t = options_.target;
-  if (t.starts_with("unix:")) return ConnectUnix(t.substr(5));
+  if (t.starts_with("unix:")) {
+    if (absl::Status s = OpenUnix(t.substr(5)); !s.ok()) return s;
+    return Ready("");
+  }
   const size_t colon = t.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == t.size())
     return absl::InvalidArgumentError(absl::StrCat("data plane target '", t, "' is not HOST:PORT"));
@@ -90,7 +93,14 @@ absl::Status DataPlaneClient::EnsureConnected() {
   if (fd_ < 0) return last;
   const int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  SetTimeouts();
+  return Ready(host);
+}
+
+absl::Status DataPlaneClient::Ready(const std::string& host) {
+  const int64_t us = absl::ToInt64Microseconds(options_.timeout);
+  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   if (options_.tls.enabled()) {
     absl::StatusOr<std::unique_ptr<TlsStream>> tls = TlsStream::Connect(fd_, options_.tls, host);
     if (!tls.ok()) return Broken(tls.status());
@@ -99,14 +109,7 @@ absl::Status DataPlaneClient::EnsureConnected() {
   return SendAll(options_.raw_payloads ? kPrefaceRaw : kPreface, 8);
 }
 
-void DataPlaneClient::SetTimeouts() {
-  const int64_t us = absl::ToInt64Microseconds(options_.timeout);
-  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-absl::Status DataPlaneClient::ConnectUnix(const std::string& path) {
+absl::Status DataPlaneClient::OpenUnix(const std::string& path) {
   if (options_.tls.enabled())
     return absl::InvalidArgumentError(
         absl::StrCat("data plane unix:", path, ": a Unix-domain socket has no TLS (leave the TLS options unset)"));
@@ -124,8 +127,7 @@ absl::Status DataPlaneClient::ConnectUnix(const std::string& path) {
     return s;
   }
   fd_ = fd;
-  SetTimeouts();
-  return SendAll(options_.raw_payloads ? kPrefaceRaw : kPreface, 8);
+  return absl::OkStatus();
 }
 
 absl::Status DataPlaneClient::NeedsRaw() const {

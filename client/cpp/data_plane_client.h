@@ -133,8 +133,12 @@ class DataPlaneClient {
  private:
   explicit DataPlaneClient(const DataPlaneClientOptions& options) : options_(options) {}
   absl::Status EnsureConnected();
-  absl::Status ConnectUnix(const std::string& path);  // target "unix:PATH"
-  void SetTimeouts();                                 // options_.timeout on fd_
+  // fd_ connected to the Unix-domain socket of target "unix:PATH"
+  // (INVALID_ARGUMENT with TLS options: it has none).
+  absl::Status OpenUnix(const std::string& path);
+  // The connected fd_ made ready: options_.timeout, TLS (certificate name
+  // `host`) when configured, the preface.
+  absl::Status Ready(const std::string& host);
   // FAILED_PRECONDITION unless options_.raw_payloads.
   absl::Status NeedsRaw() const;
   // Sends *req (adding the token; `field`, `body` and `payload` as
