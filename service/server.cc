@@ -273,7 +273,7 @@ void Server::CollectDiskGarbage() {
   const absl::StatusOr<uint64_t> freed = store_->CollectDiskGarbage();
   if (!freed.ok()) disk_gc_after_ = absl::Now() + absl::Minutes(1);  // a full disk: retried, not every second
   if (!log_ || (freed.ok() && *freed == 0) || absl::IsCancelled(freed.status())) return;
-  log_->Write(freed.ok() ? absl::StrCat("tqkv-server: disk tier: rewrote the blob files holding ", *freed,
+  log_->Write(freed.ok() ? absl::StrCat("tqkv-server: disk tier: rewrote the payload files holding ", *freed,
                                         " bytes of removed blocks")
                          : absl::StrCat("tqkv-server: disk tier: collecting removed blocks' space failed: ",
                                         freed.status().ToString()));

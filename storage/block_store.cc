@@ -1031,7 +1031,7 @@ ModelResidency BlockStore::ResidencyOf(absl::string_view tenant, uint64_t model_
 StoreStats BlockStore::Stats() {
   StoreStats s;
   if (spill_ != nullptr) {
-    const SpillStore::BlobSpace space = spill_->BlobFileSpace();
+    const SpillStore::PayloadSpace space = spill_->PayloadFileSpace();
     s.disk_file_bytes = space.file_bytes;
     s.disk_garbage_bytes = space.garbage_bytes;
   }
@@ -1076,14 +1076,14 @@ absl::Status BlockStore::Sync() { return spill_ ? spill_->SyncWal() : absl::OkSt
 
 absl::StatusOr<uint64_t> BlockStore::CollectDiskGarbage() {
   if (spill_ == nullptr) return 0;
-  const SpillStore::BlobSpace space = spill_->BlobFileSpace();
+  const SpillStore::PayloadSpace space = spill_->PayloadFileSpace();
   if (space.garbage_bytes < kMinDiskGarbageBytes || space.garbage_bytes * 4 < space.file_bytes) return 0;
-  TQ_RETURN_IF_ERROR(spill_->CollectBlobGarbage(/*garbage_share=*/0.5));
+  TQ_RETURN_IF_ERROR(spill_->CollectGarbage(/*garbage_share=*/0.5));
   return space.garbage_bytes / 2;
 }
 
 void BlockStore::StopDiskGarbageCollection() {
-  if (spill_ != nullptr) spill_->CancelBlobGarbageCollection();
+  if (spill_ != nullptr) spill_->CancelGarbageCollection();
 }
 
 absl::Status BlockStore::DeleteModelRecord(absl::string_view tenant, uint64_t model_id) {

@@ -317,7 +317,7 @@ struct StoreStats {
   bool disk_enabled = false;
   uint64_t disk_capacity_bytes = 0;
   uint64_t disk_used_bytes = 0;  // payload bytes of blocks on disk
-  // The files holding those payloads (SpillStore::BlobFileSpace), and how
+  // The files holding those payloads (SpillStore::PayloadFileSpace), and how
   // many of their bytes belong to removed blocks (collected by
   // CollectDiskGarbage).
   uint64_t disk_file_bytes = 0;
@@ -452,15 +452,15 @@ class BlockStore {
   // to sync); the RocksDB error otherwise.
   absl::Status Sync();
 
-  // Frees the disk space of removed blocks (SpillStore::CollectBlobGarbage)
-  // once it is a quarter of the disk tier's blob files and at least
-  // 256 MiB: the oldest files holding half of it are rewritten without it.
+  // Frees the disk space of removed blocks (SpillStore::CollectGarbage)
+  // once it is a quarter of the disk tier's payload files and at least
+  // 256 MiB: the files holding half of it are rewritten without it.
   // Returns the garbage bytes it set out to free (0: none yet). Blocks while
   // it runs; everything else goes on. For a periodic caller (the server's
   // maintenance loop); OK without a disk tier.
   absl::StatusOr<uint64_t> CollectDiskGarbage();
   // Stops a CollectDiskGarbage in progress (CANCELLED) and refuses later
-  // ones (SpillStore::CancelBlobGarbageCollection). Before a shutdown.
+  // ones (SpillStore::CancelGarbageCollection). Before a shutdown.
   void StopDiskGarbageCollection();
   absl::StatusOr<std::vector<ModelRecord>> ListModelRecords();
 

@@ -144,9 +144,9 @@ TEST_F(BlockStoreDiskTest, RestartFindsEverySpilledBlock) {
   EXPECT_EQ(got->payload->view(), TestPayload(Key(0, "other", 9), 333));
 }
 
-// Payloads of 4 KiB and more live in blob files: Stats counts the files'
-// bytes beside the payload bytes, and their garbage (none: nothing was
-// removed, and CollectDiskGarbage has nothing to do).
+// Payloads live in segment files: Stats counts the files' bytes beside the
+// payload bytes, and their garbage (none until blocks are removed;
+// CollectDiskGarbage waits for more).
 TEST_F(BlockStoreDiskTest, StatsCountThePayloadFiles) {
   constexpr size_t kSize = 8192;
   {
@@ -160,10 +160,15 @@ TEST_F(BlockStoreDiskTest, StatsCountThePayloadFiles) {
   EXPECT_GE(st.disk_file_bytes, 8 * kSize);
   EXPECT_LT(st.disk_file_bytes, 8 * kSize + 4096);
   EXPECT_EQ(st.disk_garbage_bytes, 0u);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(s->Delete(Key(i)).ok());
+  const StoreStats removed = s->Stats();
+  EXPECT_EQ(removed.disk_file_bytes, st.disk_file_bytes);
+  EXPECT_GE(removed.disk_garbage_bytes, 4 * kSize);
+  EXPECT_LT(removed.disk_garbage_bytes, 4 * kSize + 512);
   auto collected = s->CollectDiskGarbage();
   ASSERT_TRUE(collected.ok()) << collected.status();
-  EXPECT_EQ(*collected, 0u);
-  ExpectBlock(*s, Key(3), Tier::kDisk, kSize);
+  EXPECT_EQ(*collected, 0u);  // below 256 MiB
+  ExpectBlock(*s, Key(5), Tier::kDisk, kSize);
 }
 
 TEST_F(BlockStoreDiskTest, DurablePutsSurviveRestartAndPlainPutsDoNot) {
@@ -256,11 +261,14 @@ TEST_F(BlockStoreDiskTest, SwappedRecordsAreDataLossAndOldRecordsStillRead) {
       }
       return bytes;
     };
-    ASSERT_TRUE(disk->OverwritePayloadForTest(Key(0), TestPayload(Key(1), 100)).ok());
+    // Records of formats 1 and 2 keep their payloads in block_data: the
+    // meta first, so the payload goes there.
     ASSERT_TRUE(disk->OverwriteMetaForTest(Key(0), meta(1, 2)).ok());
-    ASSERT_TRUE(disk->OverwritePayloadForTest(Key(1), TestPayload(Key(0), 100)).ok());
+    ASSERT_TRUE(disk->OverwritePayloadForTest(Key(0), TestPayload(Key(1), 100)).ok());
     ASSERT_TRUE(disk->OverwriteMetaForTest(Key(1), meta(0, 2)).ok());
+    ASSERT_TRUE(disk->OverwritePayloadForTest(Key(1), TestPayload(Key(0), 100)).ok());
     ASSERT_TRUE(disk->OverwriteMetaForTest(Key(2), meta(2, 1)).ok());
+    ASSERT_TRUE(disk->OverwritePayloadForTest(Key(2), TestPayload(Key(2), 100)).ok());
   }
   auto s = OpenStore();
   EXPECT_EQ(s->Stats().blocks, 3u);

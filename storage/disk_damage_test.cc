@@ -1,11 +1,12 @@
-// Damage to the disk tier's RocksDB files, found when the store opens: a
-// torn write at the end of the WAL (a crash during an unacknowledged
-// write) is dropped; any other damage to the WAL, the MANIFEST or the meta
-// table fails Open with DATA_LOSS naming the repair path, and
-// tqkv-disk-repair (the real binary) then keeps what is intact, payloads
-// read back from the blob files included; damage in the payload table or a
-// blob file is DATA_LOSS for the blocks it hits. In every case a block
-// reads back with exactly its bytes or not at all.
+// Damage to the disk tier's files, found when the store opens: a torn
+// write at the end of the WAL (a crash during an unacknowledged write) is
+// dropped; any other damage to the WAL, the MANIFEST or the meta table
+// fails Open with DATA_LOSS naming the repair path, and tqkv-disk-repair
+// (the real binary) then keeps what is intact; damage to a segment file,
+// or its loss, is DATA_LOSS for the blocks it hits. Records of the earlier
+// format (payloads in block_data's table and blob files) come through a
+// rebuild too, their payloads read back from the blob files. In every case
+// a block reads back with exactly its bytes or not at all.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -126,7 +127,7 @@ void ExpectRepairPath(const absl::Status& s, const std::string& dir) {
 class DiskDamageTest : public ::testing::Test {
  protected:
   // kBlocks durable blocks in db_, closed cleanly, then opened and closed
-  // again so that they sit in table files, not only in the WAL.
+  // again so that their meta sits in table files, not only in the WAL.
   void WriteTables() {
     {
       auto s = Open(db_);
@@ -135,7 +136,33 @@ class DiskDamageTest : public ::testing::Test {
       ASSERT_TRUE((*s)->PutModelRecord("acme", 7, "model").ok());
     }
     ASSERT_TRUE(Open(db_).ok());
+    ASSERT_EQ(Files(db_, "", ".sst").size(), 2u);  // meta, model records
+    ASSERT_EQ(Files(db_ + "/segments", "", ".seg").size(), 1u);
+  }
+  // The same blocks as the earlier format kept them: meta version 2 (3
+  // sealed with `cipher`), payloads in block_data, so in table and blob
+  // files once closed and reopened.
+  void WriteBlockDataTables(const AtRestCipher* cipher = nullptr) {
+    {
+      auto spill = SpillStore::Open({.path = db_});
+      ASSERT_TRUE(spill.ok()) << spill.status();
+      for (int i = 0; i < kBlocks; ++i) {
+        const std::string payload = TestPayload(Key(i), kBlock);
+        DiskBlockMeta m;
+        m.size_bytes = kBlock;
+        m.checksum = BlockChecksum(Key(i), payload);
+        m.accounting = TestAccounting(kBlock);
+        m.sealed = cipher != nullptr;
+        ASSERT_TRUE((*spill)->OverwriteMetaForTest(Key(i), EncodeDiskBlockMeta(m)).ok());
+        std::string stored = payload;
+        if (cipher != nullptr) stored = *cipher->Seal(Key(i).tenant, EncodeBlockKey(Key(i)), payload);
+        ASSERT_TRUE((*spill)->OverwritePayloadForTest(Key(i), stored).ok());
+      }
+      ASSERT_TRUE((*spill)->PutModelRecord("acme", 7, "model").ok());
+    }
+    ASSERT_TRUE(SpillStore::Open({.path = db_}).ok());
     ASSERT_EQ(Files(db_, "", ".sst").size(), 3u);  // meta, payloads, model records
+    ASSERT_EQ(Files(db_, "", ".blob").size(), 1u);
   }
   // What a kill -9 leaves after kBlocks durable puts: the directory copied
   // while the store is open, its WAL holding every block. torn_bytes > 0
@@ -145,7 +172,7 @@ class DiskDamageTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     for (int i = 0; i < kBlocks; ++i) EXPECT_TRUE(PutDurable(**s, i).ok());
     const std::string image = dir_.path() + "/image";
-    fs::copy(db_, image);
+    fs::copy(db_, image, fs::copy_options::recursive);
     if (torn_bytes > 0) {
       const fs::path wal = Files(db_, "", ".log").back();
       const size_t before = fs::file_size(wal);
@@ -179,7 +206,7 @@ class DiskDamageTest : public ::testing::Test {
 };
 
 TEST_F(DiskDamageTest, AWriteTornByACrashIsDropped) {
-  const std::string image = CrashImage(/*torn_bytes=*/2000);
+  const std::string image = CrashImage(/*torn_bytes=*/60);  // of a ~130-byte meta record
   auto s = Open(image);
   ASSERT_TRUE(s.ok()) << s.status();
   Census c = Read(**s);
@@ -190,7 +217,11 @@ TEST_F(DiskDamageTest, AWriteTornByACrashIsDropped) {
 TEST_F(DiskDamageTest, ADamagedWalRecordFailsOpenAndRepairKeepsTheRecordsBeforeIt) {
   const std::string image = CrashImage();
   const fs::path wal = Files(image, "", ".log").back();
-  FlipByte(wal, fs::file_size(wal) / 2);
+  // A byte of the meta record of a block in the middle (a record's length
+  // field damaged would look like a write torn at the end).
+  const size_t key_at = ReadFile(wal).find(EncodeBlockKey(Key(kBlocks / 2)));
+  ASSERT_NE(key_at, std::string::npos);
+  FlipByte(wal, key_at + EncodeBlockKey(Key(kBlocks / 2)).size() + 20);
   ExpectRepairPath(Open(image).status(), image);
 
   std::string out;
@@ -222,15 +253,30 @@ TEST_F(DiskDamageTest, ADamagedManifestFailsOpenAndRepairRebuildsEverything) {
   EXPECT_NE(out.find("rebuilt"), std::string::npos) << out;
   EXPECT_NE(out.find(std::to_string(kBlocks) + " blocks intact, 0 damaged"), std::string::npos)
       << out;
-  // The rebuilt database lost its blob files; the payloads came back from them.
-  EXPECT_NE(out.find(std::to_string(kBlocks) + " payloads read back from the blob files"), std::string::npos) << out;
-  EXPECT_FALSE(fs::exists(db_ + "/blob_salvage"));
+  EXPECT_EQ(out.find("read back from the blob files"), std::string::npos) << out;  // none needed
   auto s = Open(db_);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(Read(**s).exact, kBlocks);
   auto record = (*s)->GetModelRecord("acme", 7);
   ASSERT_TRUE(record.ok()) << record.status();
   EXPECT_EQ(*record, "model");
+}
+
+// The earlier format through a rebuild: RocksDB's rebuilt database does
+// not list the blob files; the payloads come back from them.
+TEST_F(DiskDamageTest, ARebuildReadsBlockDataPayloadsBackFromTheBlobFiles) {
+  WriteBlockDataTables();
+  const fs::path manifest = Files(db_, "MANIFEST-", "").back();
+  FlipByte(manifest, fs::file_size(manifest) / 2);
+  ExpectRepairPath(Open(db_).status(), db_);
+  std::string out;
+  ASSERT_EQ(Repair(db_, &out), 0) << out;
+  EXPECT_NE(out.find(std::to_string(kBlocks) + " blocks intact, 0 damaged"), std::string::npos) << out;
+  EXPECT_NE(out.find(std::to_string(kBlocks) + " payloads read back from the blob files"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(db_ + "/blob_salvage"));
+  auto s = Open(db_);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Read(**s).exact, kBlocks);
 }
 
 TEST_F(DiskDamageTest, ADamagedMetaTableFailsOpenAndRepairServesOnlyExactBytes) {
@@ -285,7 +331,7 @@ TEST_F(DiskDamageTest, RepairWithTheKeyFileVerifiesSealedBlocks) {
 // file set aside before and the database's own file of the same name are
 // both kept, and the payloads come from whichever copy checks.
 TEST_F(DiskDamageTest, ARepairCutShortKeepsEveryBlobFileItSetAside) {
-  WriteTables();
+  WriteBlockDataTables();
   const fs::path blob = Files(db_, "", ".blob").at(0);
   fs::create_directories(db_ + "/blob_salvage");
   fs::copy_file(blob, db_ + "/blob_salvage/" + blob.filename().string());
@@ -303,10 +349,9 @@ TEST_F(DiskDamageTest, ARepairCutShortKeepsEveryBlobFileItSetAside) {
 // Sealed payloads through a rebuild: read back from the blob files and
 // opened with the key file (checked), or kept unverified without it.
 TEST_F(DiskDamageTest, ARebuildReadsSealedPayloadsBack) {
-  WriteSealed();
-  ASSERT_TRUE(Open(db_, cipher_.get()).ok());  // the WAL's blocks into table and blob files
+  WriteBlockDataTables(cipher_.get());
   const std::string image = dir_.path() + "/image";
-  fs::copy(db_, image);
+  fs::copy(db_, image, fs::copy_options::recursive);
   const std::string key_file = KeyFile("keys", kKeys);
   for (const std::string& dir : {db_, image}) {
     const fs::path manifest = Files(dir, "MANIFEST-", "").back();
@@ -331,31 +376,54 @@ TEST_F(DiskDamageTest, ARebuildReadsSealedPayloadsBack) {
   EXPECT_EQ(Read(**t).exact, kBlocks);
 }
 
-// Payloads live in a blob file; the payload table holds the keys and their
-// blob references.
+// Payloads live in a segment file (the earlier format: a blob file).
 TEST_F(DiskDamageTest, ADamagedPayloadFileIsDataLossForTheBlocksItHits) {
-  WriteTables();
-  const std::vector<fs::path> blobs = Files(db_, "", ".blob");
-  ASSERT_EQ(blobs.size(), 1u);
-  FlipByte(blobs[0], fs::file_size(blobs[0]) / 3);
-  {
-    auto s = Open(db_);
-    ASSERT_TRUE(s.ok()) << s.status();
-    Census c = Read(**s);
-    EXPECT_EQ(c.wrong, 0);
-    EXPECT_GE(c.data_loss, 1);
-    EXPECT_GE(c.exact, kBlocks - 2);
-    EXPECT_EQ(c.exact + c.data_loss, kBlocks);
-    EXPECT_EQ((*s)->Stats().counters.checksum_failures, static_cast<uint64_t>(c.data_loss));
+  for (bool block_data : {false, true}) {
+    SCOPED_TRACE(block_data ? "block_data" : "segments");
+    fs::remove_all(db_);
+    if (block_data) {
+      WriteBlockDataTables();
+    } else {
+      WriteTables();
+    }
+    const std::vector<fs::path> files =
+        block_data ? Files(db_, "", ".blob") : Files(db_ + "/segments", "", ".seg");
+    ASSERT_EQ(files.size(), 1u);
+    FlipByte(files[0], fs::file_size(files[0]) / 3);
+    {
+      auto s = Open(db_);
+      ASSERT_TRUE(s.ok()) << s.status();
+      Census c = Read(**s);
+      EXPECT_EQ(c.wrong, 0);
+      EXPECT_GE(c.data_loss, 1);
+      EXPECT_GE(c.exact, kBlocks - 2);
+      EXPECT_EQ(c.exact + c.data_loss, kBlocks);
+      EXPECT_EQ((*s)->Stats().counters.checksum_failures, static_cast<uint64_t>(c.data_loss));
+    }
+    // The store dropped what it found; the repair tool finds nothing more.
+    std::string out;
+    ASSERT_EQ(Repair(db_, &out), 0) << out;
+    EXPECT_NE(out.find("0 damaged"), std::string::npos) << out;
   }
-  // The store dropped what it found; the repair tool finds nothing more.
+}
+
+// A segment file lost (deleted by hand): its blocks are DATA_LOSS once,
+// then absent; the repair tool deletes their meta.
+TEST_F(DiskDamageTest, ALostSegmentFileIsDataLossForItsBlocks) {
+  WriteTables();
+  fs::remove(Files(db_ + "/segments", "", ".seg").at(0));
   std::string out;
   ASSERT_EQ(Repair(db_, &out), 0) << out;
-  EXPECT_NE(out.find("0 damaged"), std::string::npos) << out;
+  EXPECT_NE(out.find("0 blocks intact, " + std::to_string(kBlocks) + " damaged blocks deleted"), std::string::npos)
+      << out;
+  auto s = Open(db_);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->Stats().blocks, 0u);
+  EXPECT_EQ(Read(**s).absent, kBlocks);
 }
 
 TEST_F(DiskDamageTest, ADamagedPayloadTableIsDataLossForTheBlocksItHits) {
-  WriteTables();
+  WriteBlockDataTables();
   const fs::path table = TableOf(db_, "block_data");
   FlipByte(table, fs::file_size(table) / 3);
   auto s = Open(db_);

@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 #include "rocksdb/listener.h"
 #include "rocksdb/metadata.h"
 #include "rocksdb/options.h"
@@ -30,6 +32,8 @@ constexpr char kMetaCf[] = "block_meta";
 constexpr char kDataCf[] = "block_data";
 constexpr char kModelsCf[] = "models";
 constexpr size_t kMetaFixedBytes = 1 + 1 + 2 + 8 + 8 + 5 * 8;
+constexpr size_t kLocationBytes = 4 + 4 + 8 + 8;
+constexpr char kSegmentDir[] = "segments";
 
 // Turns off RocksDB's own recovery from a full disk (a thread that waits
 // for its SstFileManager to see free space; it did not finish in 30 s
@@ -51,33 +55,21 @@ absl::Status Damaged(absl::string_view path, const rocksdb::Status& s) {
       " (or move the directory away to start with an empty disk tier)"));
 }
 
-// The store's column families, for Open and Repair. Payloads: no
-// compression (packed pages do not compress); values of 512 bytes and more
-// in blob files (RocksDB's integrated BlobDB): a flush writes them once into
-// a 64 MiB blob file and compactions move keys and blob references, not
-// payloads. With 1 KiB blocks at 10M (disk_tier_bench, build machine, one
-// run each) a 4 KiB threshold kept them in table files, whose compactions
-// took the cores from Lookups (1,000-hash p99 4.4 ms; 512: 0.64 ms, fills
-// 46K -> 51K puts/s) for cold Gets 0.58 of random reads (512: 0.27, a blob
-// file read more). Measured with `disk_tier_bench --block_bytes 262144` (build
-// machine, bench/RESULTS.md "Disk tier at scale"): cold Gets 253-274 MB/s
-// from table files, 564-691 from blob files; spills 281-312 and 290-335
-// MB/s. Compactions do not collect blob garbage by themselves: relocating
-// the live payloads of the oldest quarter of the files whenever a
-// compaction meets them took 38% of the CPU of a 256 KiB fill that deletes
-// nothing (perf, build machine); without it (A/B, same session) spills
-// 266-271 -> 316-377 MB/s and cold Gets 675-684 -> 790-829. The owner
-// calls CollectBlobGarbage when garbage has built up
-// (BlockStore::CollectDiskGarbage), so a file holding one hot block among
-// deleted ones does not keep its space. RepairDB does
-// not carry blob files over (facebook/rocksdb#13090): Repair salvages
-// their payloads itself. Measured with payloads in table files and not
-// kept: universal compaction (Gets 436-472 MB/s, spills 265, and the space
-// amplification of its full compactions), a Bloom filter on the payload
-// table (Gets 316-358). With blob files, a 256 MiB memtable instead of 64
-// (A/B, two runs each): spills 291-328 vs 262-286 MB/s, cold Gets the same
-// share of the device's random reads (0.37-0.38 vs 0.36-0.38), for 384 MiB
-// more memory: not kept.
+// The store's column families, for Open and Repair. Payloads are written
+// once, into segment files (payload_segments.h), and read with one
+// positioned read into the caller's buffer: with payloads in RocksDB's
+// integrated blob files every byte went to the WAL and again to a blob
+// file at flush, each pass with a software CRC32C (Debian's build); a
+// profile of a 256 KiB fill had half its write CPU in the WAL's copy. With
+// segments (`disk_tier_bench --block_bytes 262144`, build machine, two
+// runs): spills 0.62-0.66 of the device's fdatasync'd sequential writes
+// (blob files: 0.28-0.35), cold Gets 0.53-0.63 of its random reads
+// (0.31-0.45). block_data keeps the payloads of earlier-format records
+// (read, deleted, never written): no compression (packed pages do not
+// compress), values of 512 bytes and more in blob files, whose garbage
+// compactions do not collect by themselves (CollectBlobFileGarbage).
+// RepairDB does not carry blob files over (facebook/rocksdb#13090): Repair
+// salvages their payloads itself.
 std::vector<rocksdb::ColumnFamilyDescriptor> ColumnFamilies(const SpillStoreOptions& options) {
   rocksdb::ColumnFamilyOptions data_options;
   data_options.compression = rocksdb::kNoCompression;
@@ -200,10 +192,12 @@ uint64_t BlockChecksum(const BlockKey& key, absl::string_view payload) {
   return PayloadChecksum(payload) ^ KeyTag(key);
 }
 
-std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
+std::string EncodeDiskBlockMeta(const DiskBlockMeta& m, const SegmentLocation* at) {
   std::string out;
-  out.reserve(kMetaFixedBytes + m.parent_hash.size() + 8);
-  out.push_back(static_cast<char>(m.sealed ? kSealedDiskFormatVersion : kDiskFormatVersion));
+  out.reserve(kMetaFixedBytes + kLocationBytes + m.parent_hash.size() + 8);
+  const uint8_t version = at != nullptr ? (m.sealed ? kSealedSegmentDiskFormatVersion : kSegmentDiskFormatVersion)
+                                        : (m.sealed ? kSealedDiskFormatVersion : kDiskFormatVersion);
+  out.push_back(static_cast<char>(version));
   out.push_back(0);
   uint16_t plen = static_cast<uint16_t>(m.parent_hash.size());
   out.push_back(static_cast<char>(plen & 0xff));
@@ -215,28 +209,35 @@ std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
   PutFixed64(&out, m.accounting.packed_v_bytes);
   PutFixed64(&out, m.accounting.norms_metadata_bytes);
   PutFixed64(&out, m.accounting.dense_window_bytes);
+  if (at != nullptr) {
+    PutFixed64(&out, at->segment);  // u32 segment, u32 reserved (0)
+    PutFixed64(&out, at->offset);
+    PutFixed64(&out, at->bytes);
+  }
   out.append(m.parent_hash);
   PutFixed64(&out, PayloadChecksum(out));
   return out;
 }
 
-absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in) {
+absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in, SegmentLocation* at, bool* has_at) {
   if (in.size() < kMetaFixedBytes + 8) return absl::DataLossError("block meta is truncated");
-  if (static_cast<uint8_t>(in[0]) < 1 || static_cast<uint8_t>(in[0]) > kSealedDiskFormatVersion) {
-    return absl::DataLossError(
-        absl::StrCat("unknown block meta format version ", static_cast<uint8_t>(in[0])));
+  const uint8_t version = static_cast<uint8_t>(in[0]);
+  if (version < 1 || version > kSealedSegmentDiskFormatVersion) {
+    return absl::DataLossError(absl::StrCat("unknown block meta format version ", version));
   }
+  const bool located = version >= kSegmentDiskFormatVersion;
+  const size_t fixed = kMetaFixedBytes + (located ? kLocationBytes : 0);
   const char* p = in.data();
   size_t plen = static_cast<uint8_t>(p[2]) | (static_cast<size_t>(static_cast<uint8_t>(p[3])) << 8);
-  if (in.size() != kMetaFixedBytes + plen + 8) {
+  if (in.size() != fixed + plen + 8) {
     return absl::DataLossError("block meta has the wrong length");
   }
-  if (GetFixed64(p + kMetaFixedBytes + plen) != PayloadChecksum(in.substr(0, kMetaFixedBytes + plen))) {
+  if (GetFixed64(p + fixed + plen) != PayloadChecksum(in.substr(0, fixed + plen))) {
     return absl::DataLossError("block meta fails its checksum");
   }
   DiskBlockMeta m;
-  m.version = static_cast<uint8_t>(in[0]);
-  m.sealed = m.version == kSealedDiskFormatVersion;
+  m.version = version;
+  m.sealed = version == kSealedDiskFormatVersion || version == kSealedSegmentDiskFormatVersion;
   m.size_bytes = GetFixed64(p + 4);
   m.checksum = GetFixed64(p + 12);
   m.accounting.dense_equivalent_bytes = GetFixed64(p + 20);
@@ -245,7 +246,15 @@ absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in) {
   m.accounting.norms_metadata_bytes = GetFixed64(p + 44);
   m.accounting.dense_window_bytes = GetFixed64(p + 52);
   m.accounting.total_bytes = m.size_bytes;
-  m.parent_hash = std::string(p + kMetaFixedBytes, plen);
+  if (located) {
+    const uint64_t segment = GetFixed64(p + kMetaFixedBytes);
+    if (segment > UINT32_MAX) return absl::DataLossError("block meta names no segment file");
+    if (at != nullptr)
+      *at = SegmentLocation{static_cast<uint32_t>(segment), GetFixed64(p + kMetaFixedBytes + 8),
+                            GetFixed64(p + kMetaFixedBytes + 16)};
+  }
+  if (has_at != nullptr) *has_at = located;
+  m.parent_hash = std::string(p + fixed, plen);
   return m;
 }
 
@@ -300,6 +309,11 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   store->cipher_ = options.cipher;
   store->path_ = options.path;
   store->min_free_bytes_ = options.min_free_bytes;
+  store->fs_ = options.env != nullptr ? options.env->GetFileSystem() : rocksdb::FileSystem::Default();
+  absl::StatusOr<std::unique_ptr<PayloadSegments>> segments =
+      PayloadSegments::Open(options.path + "/" + kSegmentDir, store->fs_.get(), options.segment_bytes);
+  if (!segments.ok()) return segments.status();
+  store->segments_ = *std::move(segments);
   return store;
 }
 
@@ -439,6 +453,13 @@ absl::Status SpillStore::WriteStatus(const rocksdb::Status& s, absl::string_view
   return st;
 }
 
+absl::Status SpillStore::SegmentStatus(const absl::Status& s) const {
+  if (absl::IsResourceExhausted(s))
+    return absl::ResourceExhaustedError(absl::StrCat("disk tier at ", path_, " is full: ", s.message()));
+  if (absl::IsUnavailable(s)) return absl::UnavailableError(absl::StrCat("disk tier at ", path_, ": ", s.message()));
+  return s;
+}
+
 absl::Status SpillStore::ResumeIfStopped() {
   if (!needs_resume_.load(std::memory_order_relaxed)) return absl::OkStatus();
   // Flushes the memtables to new files and starts a new WAL; fails (and
@@ -463,67 +484,149 @@ absl::Status SpillStore::CheckHeadroom(uint64_t bytes) const {
                                                    min_free_bytes_));
 }
 
+absl::StatusOr<std::vector<std::optional<SpillStore::StoredMeta>>> SpillStore::ReadStoredMetas(
+    absl::Span<const std::string> keys) {
+  std::vector<std::optional<StoredMeta>> out(keys.size());
+  if (keys.empty()) return out;
+  std::vector<rocksdb::Slice> slices;
+  slices.reserve(keys.size());
+  for (const std::string& k : keys) slices.emplace_back(k);
+  std::vector<rocksdb::PinnableSlice> values(keys.size());
+  std::vector<rocksdb::Status> statuses(keys.size());
+  db_->MultiGet(rocksdb::ReadOptions(), meta_cf_.get(), keys.size(), slices.data(), values.data(), statuses.data());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (statuses[i].IsNotFound()) continue;
+    if (!statuses[i].ok()) return FromRocks(statuses[i], "reading block meta");
+    StoredMeta m;
+    absl::StatusOr<DiskBlockMeta> meta =
+        DecodeDiskBlockMeta(absl::string_view(values[i].data(), values[i].size()), &m.at, &m.in_segment);
+    if (!meta.ok()) continue;  // damaged: what it pointed at is unknown
+    m.meta = *std::move(meta);
+    out[i] = std::move(m);
+  }
+  return out;
+}
+
+void SpillStore::CountLive(uint32_t segment, int64_t bytes) {
+  if (live_known_) live_[segment] += bytes;
+  if (scanning_) scan_delta_[segment] += bytes;
+}
+
 absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
                                absl::Span<const BlockKey> deletes, bool sync) {
   if (writes.empty() && deletes.empty()) return absl::OkStatus();
   uint64_t bytes = 0;
-  for (const BlockWrite& w : writes) bytes += w.payload.size() + 128;  // meta, keys, WAL framing
+  for (const BlockWrite& w : writes) bytes += w.payload.size() + 128;  // meta, keys, headers
   if (!writes.empty()) TQ_RETURN_IF_ERROR(CheckHeadroom(bytes));
-  rocksdb::WriteBatch batch;
-  for (const BlockWrite& w : writes) {
-    std::string key = EncodeBlockKey(*w.key);
-    DiskBlockMeta m = *w.meta;
-    std::string sealed;
+  // keys: the writes', then the deletes'.
+  std::vector<std::string> keys;
+  keys.reserve(writes.size() + deletes.size());
+  std::vector<std::string> sealed(cipher_ != nullptr ? writes.size() : 0);
+  std::vector<PayloadSegments::Record> records;
+  records.reserve(writes.size());
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const BlockWrite& w = writes[i];
+    keys.push_back(EncodeBlockKey(*w.key));
+    absl::string_view stored = w.payload;
     if (cipher_ != nullptr) {
-      absl::StatusOr<std::string> s = cipher_->Seal(w.key->tenant, key, w.payload);
+      absl::StatusOr<std::string> s = cipher_->Seal(w.key->tenant, keys.back(), w.payload);
       if (!s.ok()) return s.status();
-      sealed = *std::move(s);
-      m.sealed = true;
+      sealed[i] = *std::move(s);
+      stored = sealed[i];
     }
-    std::string meta = EncodeDiskBlockMeta(m);
-    rocksdb::Status s = batch.Put(meta_cf_.get(), key, meta);
-    if (s.ok()) s = batch.Put(data_cf_.get(), key, cipher_ != nullptr ? ToSlice(sealed) : ToSlice(w.payload));
-    if (!s.ok()) return FromRocks(s, "building spill batch");
+    records.push_back({keys.back(), stored});
   }
-  for (const BlockKey& k : deletes) {
-    std::string key = EncodeBlockKey(k);
-    rocksdb::Status s = batch.Delete(meta_cf_.get(), key);
-    if (s.ok()) s = batch.Delete(data_cf_.get(), key);
-    if (!s.ok()) return FromRocks(s, "building spill batch");
-  }
+  for (const BlockKey& k : deletes) keys.push_back(EncodeBlockKey(k));
   TQ_RETURN_IF_ERROR(ResumeIfStopped());
+
+  absl::ReaderMutexLock apply(&apply_mu_);
+  // What the writes replace and the deletes remove: their segment bytes
+  // become garbage, their block_data payloads are deleted.
+  TQ_ASSIGN_OR_RETURN(const std::vector<std::optional<StoredMeta>> old, ReadStoredMetas(keys));
+  absl::StatusOr<std::vector<SegmentLocation>> appended = segments_->Append(records, sync);
+  if (!appended.ok()) return SegmentStatus(appended.status());
+  const std::vector<SegmentLocation>& at = *appended;
+  rocksdb::WriteBatch batch;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    rocksdb::Status s;
+    if (i < writes.size()) {
+      DiskBlockMeta m = *writes[i].meta;
+      m.sealed = cipher_ != nullptr;
+      s = batch.Put(meta_cf_.get(), keys[i], EncodeDiskBlockMeta(m, &at[i]));
+    } else {
+      s = batch.Delete(meta_cf_.get(), keys[i]);
+    }
+    // A format 1-3 record's payload (or damaged meta: it may have one).
+    if (s.ok() && (i >= writes.size() || (old[i].has_value() && !old[i]->in_segment)))
+      s = batch.Delete(data_cf_.get(), keys[i]);
+    if (!s.ok()) return FromRocks(s, "building spill batch");
+  }
   rocksdb::WriteOptions wo;
   wo.sync = sync;
-  return WriteStatus(db_->Write(wo, &batch), "writing spill batch");
+  // A failed write leaves its appended payloads unreferenced: garbage.
+  TQ_RETURN_IF_ERROR(WriteStatus(db_->Write(wo, &batch), "writing spill batch"));
+  absl::MutexLock l(&tally_mu_);
+  for (size_t i = 0; i < writes.size(); ++i)
+    CountLive(at[i].segment, static_cast<int64_t>(SegmentRecordBytes(keys[i].size(), at[i].bytes)));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (old[i].has_value() && old[i]->in_segment)
+      CountLive(old[i]->at.segment, -static_cast<int64_t>(SegmentRecordBytes(keys[i].size(), old[i]->at.bytes)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<SpillStore::StoredMeta, std::unique_ptr<HostBuffer>>> SpillStore::ReadStored(
+    const BlockKey& key) {
+  const std::string k = EncodeBlockKey(key);
+  // Once more if a garbage collection moved the payload between reading
+  // its meta and its bytes.
+  for (int attempt = 0;; ++attempt) {
+    rocksdb::PinnableSlice meta_bytes;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), k, &meta_bytes);
+    if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
+    StoredMeta m;
+    TQ_ASSIGN_OR_RETURN(m.meta, DecodeDiskBlockMeta(absl::string_view(meta_bytes.data(), meta_bytes.size()), &m.at,
+                                                    &m.in_segment));
+    if (!m.in_segment) {
+      // Every reader checks the payload against the meta's checksum (bound
+      // to the key), so RocksDB's own CRC32C of the same bytes (computed in
+      // software by Debian's build) is skipped.
+      rocksdb::ReadOptions data_read;
+      data_read.verify_checksums = false;
+      rocksdb::PinnableSlice value;
+      s = db_->Get(data_read, data_cf_.get(), k, &value);
+      if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
+      TQ_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> bytes,
+                          HostBuffer::CopyOf(absl::string_view(value.data(), value.size())));
+      return std::make_pair(std::move(m), std::move(bytes));
+    }
+    // A stored length far from the meta's is damage, not an allocation to try.
+    const uint64_t overhead = m.meta.sealed ? AtRestCipher::kOverheadBytes : 0;
+    if (m.at.bytes != m.meta.size_bytes + overhead)
+      return absl::DataLossError(absl::StrCat("block ", DebugString(key), ": stored ", m.at.bytes,
+                                              " bytes where its meta says ", m.meta.size_bytes + overhead));
+    TQ_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> bytes, HostBuffer::Allocate(m.at.bytes));
+    absl::Status read = segments_->Read(m.at, reinterpret_cast<char*>(bytes->data()));
+    if (absl::IsNotFound(read) && attempt == 0) continue;
+    if (!read.ok())
+      return absl::Status(read.code(), absl::StrCat("reading block ", DebugString(key), ": ", read.message()));
+    return std::make_pair(std::move(m), std::move(bytes));
+  }
 }
 
 absl::StatusOr<std::string> SpillStore::ReadStoredPayload(const BlockKey& key) {
-  std::string value;
-  const rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), data_cf_.get(), EncodeBlockKey(key), &value);
-  if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
-  return value;
+  TQ_ASSIGN_OR_RETURN(auto stored, ReadStored(key));
+  return std::string(stored.second->view());
 }
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockKey& key) {
-  const std::string k = EncodeBlockKey(key);
-  // The meta says whether the payload is sealed (written in the same batch).
-  rocksdb::PinnableSlice meta_bytes, value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), k, &meta_bytes);
-  // Every reader checks the payload against the meta's checksum (bound to
-  // the key), so RocksDB's own CRC32C of the same bytes (computed in
-  // software by Debian's build) is skipped.
-  rocksdb::ReadOptions data_read;
-  data_read.verify_checksums = false;
-  if (s.ok()) s = db_->Get(data_read, data_cf_.get(), k, &value);
-  if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
-  absl::StatusOr<DiskBlockMeta> meta = DecodeDiskBlockMeta(absl::string_view(meta_bytes.data(), meta_bytes.size()));
-  if (!meta.ok()) return meta.status();
-  const absl::string_view bytes(value.data(), value.size());
-  if (!meta->sealed) return HostBuffer::CopyOf(bytes);
+  TQ_ASSIGN_OR_RETURN(auto stored, ReadStored(key));
+  auto& [m, bytes] = stored;
+  if (!m.meta.sealed) return std::move(bytes);
   if (cipher_ == nullptr)
     return absl::FailedPreconditionError(absl::StrCat(
         "block ", DebugString(key), " is encrypted at rest and the store has no key (--at_rest_key_file)"));
-  absl::StatusOr<std::unique_ptr<HostBuffer>> open = cipher_->Open(key.tenant, k, bytes);
+  absl::StatusOr<std::unique_ptr<HostBuffer>> open = cipher_->Open(key.tenant, EncodeBlockKey(key), bytes->view());
   if (!open.ok())
     return absl::Status(open.status().code(), absl::StrCat("block ", DebugString(key), ": ", open.status().message()));
   return open;
@@ -536,20 +639,46 @@ absl::Status SpillStore::ScanBlocks(absl::FunctionRef<bool(BlockKey, DiskBlockMe
   rocksdb::ReadOptions scan;
   scan.fill_cache = false;
   scan.readahead_size = size_t{4} << 20;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan, meta_cf_.get()));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    absl::string_view raw_key(it->key().data(), it->key().size());
-    absl::StatusOr<BlockKey> key = DecodeBlockKey(raw_key);
-    absl::StatusOr<DiskBlockMeta> meta =
-        DecodeDiskBlockMeta(absl::string_view(it->value().data(), it->value().size()));
-    if (!key.ok() || !meta.ok()) {
-      if (corrupt_keys != nullptr) corrupt_keys->emplace_back(raw_key);
-      continue;
-    }
-    if (!on_block(*std::move(key), *std::move(meta))) return absl::OkStatus();
+  {
+    // The snapshot and the start of scan_delta_ at one point between writes.
+    absl::WriterMutexLock apply(&apply_mu_);
+    scan.snapshot = db_->GetSnapshot();
+    absl::MutexLock l(&tally_mu_);
+    scanning_ = true;
+    scan_delta_.clear();
   }
-  if (it->status().IsCorruption()) return Damaged(path_, it->status());
-  return FromRocks(it->status(), "scanning block meta");
+  absl::flat_hash_map<uint32_t, int64_t> live;
+  bool whole = false;
+  absl::Status status = [&]() -> absl::Status {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan, meta_cf_.get()));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      absl::string_view raw_key(it->key().data(), it->key().size());
+      absl::StatusOr<BlockKey> key = DecodeBlockKey(raw_key);
+      SegmentLocation at;
+      bool in_segment = false;
+      absl::StatusOr<DiskBlockMeta> meta =
+          DecodeDiskBlockMeta(absl::string_view(it->value().data(), it->value().size()), &at, &in_segment);
+      if (!key.ok() || !meta.ok()) {
+        if (corrupt_keys != nullptr) corrupt_keys->emplace_back(raw_key);
+        continue;
+      }
+      if (in_segment) live[at.segment] += static_cast<int64_t>(SegmentRecordBytes(raw_key.size(), at.bytes));
+      if (!on_block(*std::move(key), *std::move(meta))) return absl::OkStatus();
+    }
+    if (it->status().IsCorruption()) return Damaged(path_, it->status());
+    TQ_RETURN_IF_ERROR(FromRocks(it->status(), "scanning block meta"));
+    whole = true;
+    return absl::OkStatus();
+  }();
+  db_->ReleaseSnapshot(scan.snapshot);
+  absl::MutexLock l(&tally_mu_);
+  scanning_ = false;
+  if (whole) {
+    for (const auto& [segment, bytes] : scan_delta_) live[segment] += bytes;
+    live_ = std::move(live);
+    live_known_ = true;
+  }
+  return status;
 }
 
 absl::StatusOr<DiskBlockMeta> SpillStore::ReadMeta(const BlockKey& key) {
@@ -573,18 +702,127 @@ uint64_t SpillStore::UnflushedBytes() {
   return total;
 }
 
-SpillStore::BlobSpace SpillStore::BlobFileSpace() {
+SpillStore::PayloadSpace SpillStore::PayloadFileSpace() {
   rocksdb::ColumnFamilyMetaData data;
   db_->GetColumnFamilyMetaData(data_cf_.get(), &data);
-  BlobSpace space;
+  PayloadSpace space;
   for (const rocksdb::BlobMetaData& f : data.blob_files) {
     space.file_bytes += f.blob_file_size;
     space.garbage_bytes += f.garbage_blob_bytes;
   }
+  const PayloadSegments::FileSizes files = segments_->Files();
+  absl::MutexLock l(&tally_mu_);
+  for (const auto& [segment, bytes] : files.bytes) {
+    space.file_bytes += bytes;
+    if (!live_known_ || segment == files.active) continue;
+    auto it = live_.find(segment);
+    const uint64_t live = it == live_.end() ? 0 : static_cast<uint64_t>(std::max<int64_t>(0, it->second));
+    space.garbage_bytes += bytes - std::min(bytes, live);
+  }
   return space;
 }
 
-absl::Status SpillStore::CollectBlobGarbage(double garbage_share) {
+absl::Status SpillStore::CollectGarbage(double garbage_share) {
+  if (gc_cancelled_.load()) return absl::CancelledError("collecting disk garbage: cancelled");
+  TQ_RETURN_IF_ERROR(CollectSegmentGarbage(garbage_share));
+  return CollectBlobFileGarbage(garbage_share);
+}
+
+absl::Status SpillStore::CollectSegmentGarbage(double garbage_share) {
+  const PayloadSegments::FileSizes files = segments_->Files();
+  struct Candidate {
+    uint64_t garbage, live;
+    uint32_t segment;
+  };
+  std::vector<Candidate> candidates;
+  uint64_t garbage = 0;
+  {
+    absl::MutexLock l(&tally_mu_);
+    if (!live_known_) return absl::OkStatus();
+    for (const auto& [segment, bytes] : files.bytes) {
+      if (segment == files.active) continue;
+      auto it = live_.find(segment);
+      const uint64_t live = it == live_.end() ? 0 : static_cast<uint64_t>(std::max<int64_t>(0, it->second));
+      if (bytes <= live) continue;
+      candidates.push_back({bytes - live, std::min(bytes, live), segment});
+      garbage += bytes - live;
+    }
+  }
+  // The files with the most garbage first: the least moved per byte freed.
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.garbage != b.garbage ? a.garbage > b.garbage : a.segment < b.segment;
+  });
+  size_t picked = 0;
+  uint64_t rewrite = 0;
+  for (uint64_t seen = 0; picked < candidates.size() && seen < garbage_share * static_cast<double>(garbage); ++picked) {
+    seen += candidates[picked].garbage;
+    rewrite += candidates[picked].live;
+  }
+  TQ_RETURN_IF_ERROR(CheckHeadroom(rewrite));
+  for (size_t i = 0; i < picked; ++i) {
+    const uint32_t segment = candidates[i].segment;
+    TQ_ASSIGN_OR_RETURN(std::unique_ptr<PayloadSegments::Contents> contents, segments_->ReadAll(segment));
+    // Moved in batches of up to 8 MiB: writes wait for one batch at most.
+    auto records = absl::MakeConstSpan(contents->records);
+    while (!records.empty()) {
+      if (gc_cancelled_.load()) return absl::CancelledError("collecting disk garbage: cancelled");
+      size_t n = 0;
+      for (uint64_t bytes = 0; n < records.size() && bytes < (uint64_t{8} << 20); ++n) bytes += records[n].at.bytes;
+      TQ_RETURN_IF_ERROR(MoveLive(records.subspan(0, n)));
+      records.remove_prefix(n);
+    }
+    if (!contents->whole) {
+      // Records past the damage cannot be listed: the file stays.
+      rocksdb::Log(rocksdb::InfoLogLevel::WARN_LEVEL, db_->GetDBOptions().info_log,
+                   "segment file %s has a damaged record: its live payloads before it were moved, the file kept",
+                   PayloadSegments::FileName(segment).c_str());
+      continue;
+    }
+    // Where the moved payloads and their meta are durable before the file goes.
+    TQ_RETURN_IF_ERROR(segments_->Sync());
+    TQ_RETURN_IF_ERROR(SyncWal());
+    TQ_RETURN_IF_ERROR(segments_->Remove(segment));
+    absl::MutexLock l(&tally_mu_);
+    live_.erase(segment);
+    if (scanning_) scan_delta_.erase(segment);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SpillStore::MoveLive(absl::Span<const PayloadSegments::Contents::Entry> records) {
+  std::vector<std::string> keys;
+  keys.reserve(records.size());
+  for (const auto& r : records) keys.emplace_back(r.encoded_key);
+  TQ_RETURN_IF_ERROR(ResumeIfStopped());
+  absl::WriterMutexLock apply(&apply_mu_);
+  TQ_ASSIGN_OR_RETURN(const std::vector<std::optional<StoredMeta>> metas, ReadStoredMetas(keys));
+  std::vector<size_t> live;  // into records
+  std::vector<PayloadSegments::Record> moved;
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (!metas[i].has_value() || !metas[i]->in_segment || !(metas[i]->at == records[i].at)) continue;
+    live.push_back(i);
+    moved.push_back({records[i].encoded_key, records[i].payload});
+  }
+  if (live.empty()) return absl::OkStatus();
+  absl::StatusOr<std::vector<SegmentLocation>> appended = segments_->Append(moved, /*sync=*/false);
+  if (!appended.ok()) return SegmentStatus(appended.status());
+  const std::vector<SegmentLocation>& at = *appended;
+  rocksdb::WriteBatch batch;
+  for (size_t j = 0; j < live.size(); ++j) {
+    const rocksdb::Status s = batch.Put(meta_cf_.get(), keys[live[j]], EncodeDiskBlockMeta(metas[live[j]]->meta, &at[j]));
+    if (!s.ok()) return FromRocks(s, "building the move batch");
+  }
+  TQ_RETURN_IF_ERROR(WriteStatus(db_->Write(rocksdb::WriteOptions(), &batch), "moving payloads"));
+  absl::MutexLock l(&tally_mu_);
+  for (size_t j = 0; j < live.size(); ++j) {
+    const int64_t bytes = static_cast<int64_t>(SegmentRecordBytes(keys[live[j]].size(), at[j].bytes));
+    CountLive(at[j].segment, bytes);
+    CountLive(records[live[j]].at.segment, -bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SpillStore::CollectBlobFileGarbage(double garbage_share) {
   rocksdb::ColumnFamilyMetaData data;
   db_->GetColumnFamilyMetaData(data_cf_.get(), &data);
   std::vector<const rocksdb::BlobMetaData*> files;  // oldest first
@@ -593,6 +831,7 @@ absl::Status SpillStore::CollectBlobGarbage(double garbage_share) {
     files.push_back(&f);
     garbage += f.garbage_blob_bytes;
   }
+  if (files.empty()) return absl::OkStatus();
   std::sort(files.begin(), files.end(),
             [](const auto* a, const auto* b) { return a->blob_file_number < b->blob_file_number; });
   size_t oldest = 0;
@@ -616,11 +855,14 @@ absl::Status SpillStore::CollectBlobGarbage(double garbage_share) {
   TQ_RETURN_IF_ERROR(ResumeIfStopped());
   const rocksdb::Status s = db_->CompactRange(compact, data_cf_.get(), nullptr, nullptr);
   if (s.IsManualCompactionPaused())
-    return absl::CancelledError("collecting blob garbage: cancelled");
+    return absl::CancelledError("collecting disk garbage: cancelled");
   return WriteStatus(s, "collecting blob garbage");
 }
 
-void SpillStore::CancelBlobGarbageCollection() { db_->DisableManualCompaction(); }
+void SpillStore::CancelGarbageCollection() {
+  gc_cancelled_.store(true);
+  db_->DisableManualCompaction();
+}
 
 absl::Status SpillStore::DeleteEncodedKeys(absl::Span<const std::string> encoded_keys) {
   rocksdb::WriteBatch batch;
@@ -634,6 +876,8 @@ absl::Status SpillStore::DeleteEncodedKeys(absl::Span<const std::string> encoded
 }
 
 absl::Status SpillStore::SyncWal() {
+  // The payloads first: a synced meta never points at bytes a power loss took.
+  TQ_RETURN_IF_ERROR(SegmentStatus(segments_->Sync()));
   TQ_RETURN_IF_ERROR(ResumeIfStopped());
   return WriteStatus(db_->SyncWAL(), "syncing WAL");
 }
@@ -687,9 +931,13 @@ absl::StatusOr<std::vector<ModelRecord>> SpillStore::ListModelRecords() {
 }
 
 absl::Status SpillStore::OverwritePayloadForTest(const BlockKey& key, absl::string_view bytes) {
-  return FromRocks(
-      db_->Put(rocksdb::WriteOptions(), data_cf_.get(), EncodeBlockKey(key), ToSlice(bytes)),
-      "overwriting payload");
+  const std::string k = EncodeBlockKey(key);
+  TQ_ASSIGN_OR_RETURN(const std::vector<std::optional<StoredMeta>> metas, ReadStoredMetas({k}));
+  if (!metas[0].has_value() || !metas[0]->in_segment)
+    return FromRocks(db_->Put(rocksdb::WriteOptions(), data_cf_.get(), k, ToSlice(bytes)), "overwriting payload");
+  TQ_ASSIGN_OR_RETURN(const std::vector<SegmentLocation> at, segments_->Append({{k, bytes}}, /*sync=*/false));
+  return FromRocks(db_->Put(rocksdb::WriteOptions(), meta_cf_.get(), k, EncodeDiskBlockMeta(metas[0]->meta, &at[0])),
+                   "overwriting payload");
 }
 
 absl::Status SpillStore::OverwriteMetaForTest(const BlockKey& key, absl::string_view bytes) {
@@ -699,8 +947,12 @@ absl::Status SpillStore::OverwriteMetaForTest(const BlockKey& key, absl::string_
 }
 
 bool SpillStore::HasPayloadForTest(const BlockKey& key) {
+  const std::string k = EncodeBlockKey(key);
+  absl::StatusOr<std::vector<std::optional<StoredMeta>>> metas = ReadStoredMetas({k});
+  if (metas.ok() && (*metas)[0].has_value() && (*metas)[0]->in_segment)
+    return segments_->Files().bytes.contains((*metas)[0]->at.segment);
   rocksdb::PinnableSlice value;
-  return db_->Get(rocksdb::ReadOptions(), data_cf_.get(), EncodeBlockKey(key), &value).ok();
+  return db_->Get(rocksdb::ReadOptions(), data_cf_.get(), k, &value).ok();
 }
 
 }  // namespace tqkv::storage

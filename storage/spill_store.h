@@ -1,16 +1,18 @@
-// The disk tier: a RocksDB database holding spilled blocks and the service's
-// model registration records.
+// The disk tier: spilled blocks' payloads in append-only segment files
+// (payload_segments.h, under segments/), and a RocksDB database holding
+// their meta and the service's model registration records. A payload is
+// written once, into a segment file; the WAL carries only its meta.
 //
 // Column families (the on-disk contract):
 //   "block_meta"  key: EncodeBlockKey(key) (see block_key.h)
-//                 value: EncodeDiskBlockMeta (below), ~70 bytes + parent hash
+//                 value: the meta record (below), ~70-100 bytes + parent
+//                 hash; formats 4 and 5 say where in the segment files the
+//                 payload is
 //   "block_data"  key: EncodeBlockKey(key)
-//                 value: the payload bytes, exactly as committed
-//                 (compression off: packed pages do not compress; values
-//                 of 512 bytes and more live in RocksDB blob files), or in a
-//                 format 3 record the payload sealed by AtRestCipher
-//                 (at_rest_cipher.h) with the tenant's key, bound to
-//                 EncodeBlockKey(key)
+//                 value: the payload of a format 1-3 record (written by
+//                 earlier versions of the store; read, never written now),
+//                 exactly as committed (values of 512 bytes and more in
+//                 RocksDB blob files), or in a format 3 record sealed
 //   "models"      key: EncodeModelPrefix(tenant, model_id)
 //                 value: opaque bytes chosen by the service
 //   "default"     unused (RocksDB requires it)
@@ -21,24 +23,36 @@
 // values to rebuild the index; payloads are read (and their checksums
 // verified) only when a block is requested.
 //
-// Meta value, little-endian, format versions 1-3 (one layout):
-//   u8  format version (1, 2, 3)   u8  reserved (0)
+// Meta value, little-endian, format versions 1-5:
+//   u8  format version (1-5)       u8  reserved (0)
 //   u16 parent hash length P
 //   u64 payload size               u64 payload checksum (XXH64, seed 0)
 //   u64 dense_equivalent_bytes     u64 packed_k_bytes
 //   u64 packed_v_bytes             u64 norms_metadata_bytes
 //   u64 dense_window_bytes
+//   versions 4 and 5 only: u32 segment, u32 reserved (0), u64 offset,
+//                          u64 stored payload bytes (SegmentLocation)
 //   P bytes parent hash
 //   u64 XXH64 (seed 0) of all preceding meta bytes
 // (accounting.total_bytes is the payload size and is not stored twice.)
-// Version 3 is version 2 with a sealed payload: written only with a
-// cipher, so a store without encryption keeps writing version 2. Block
-// keys, meta (sizes, checksums, parent hashes) and model records stay in
-// clear.
+// Versions 1-3 keep the payload in block_data; 4 and 5 in a segment file.
+// Versions 3 and 5 are 2 and 4 with a sealed payload (AtRestCipher,
+// at_rest_cipher.h, with the tenant's key, bound to EncodeBlockKey(key)):
+// written only with a cipher, so a store without encryption writes version
+// 4. Block keys, meta (sizes, checksums, parent hashes), model records and
+// segment record headers stay in clear.
 //
-// Durability: Apply(sync=true) returns after the WAL is fsynced. Writes with
-// sync=false reach the OS before Apply returns, so they survive a process
-// crash (kill -9) but not a power loss.
+// Durability: a write appends the payloads to the segment file, then
+// writes their meta. Apply(sync=true) fdatasyncs the segment file, then
+// fsyncs the WAL, before returning. Writes with sync=false reach the OS
+// before Apply returns, so they survive a process crash (kill -9) but not
+// a power loss.
+//
+// Space: a payload's segment bytes become garbage when its block is
+// deleted or rewritten; CollectGarbage moves the live payloads of the
+// files with the most garbage to the current file and deletes those files.
+// The store knows each file's live bytes once a full ScanBlocks has run
+// (BlockStore's index load): collection waits for it.
 //
 // A full disk: a write RocksDB cannot complete (ENOSPC, or another I/O
 // error) fails whole, nothing of its batch visible, and RocksDB stops
@@ -53,22 +67,29 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "storage/at_rest_cipher.h"
 #include "storage/block_key.h"
 #include "storage/host_pool.h"
+#include "storage/payload_segments.h"
 
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
 class Env;
+class FileSystem;
 class Status;
 }  // namespace rocksdb
 
@@ -76,9 +97,12 @@ namespace tqkv::storage {
 
 // Format 2 binds block checksums to their keys (BlockChecksum); format 1
 // records (checksum = XXH64(payload)) are still read. Format 3 = format 2
-// with the payload sealed (kSealedDiskFormatVersion).
+// with the payload sealed. Formats 4 and 5: 2 and 3 with the payload in a
+// segment file (the formats SpillStore writes).
 inline constexpr uint8_t kDiskFormatVersion = 2;
 inline constexpr uint8_t kSealedDiskFormatVersion = 3;
+inline constexpr uint8_t kSegmentDiskFormatVersion = 4;
+inline constexpr uint8_t kSealedSegmentDiskFormatVersion = 5;
 
 // What the disk tier stores about a block besides its payload.
 struct DiskBlockMeta {
@@ -100,10 +124,14 @@ uint64_t KeyTag(const BlockKey& key);
 // the key's tag, so bytes stored or misplaced under another key fail it.
 uint64_t BlockChecksum(const BlockKey& key, absl::string_view payload);
 
-std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta);
+// A format 2 or 3 record (no segment location), or with `at` a format 4
+// or 5 one.
+std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta, const SegmentLocation* at = nullptr);
 // DATA_LOSS if the bytes are truncated, fail their checksum or carry an
-// unknown format version.
-absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view bytes);
+// unknown format version. `at` (may be null) receives a format 4 or 5
+// record's location; *has_at says whether there was one.
+absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view bytes, SegmentLocation* at = nullptr,
+                                                  bool* has_at = nullptr);
 
 // XXH64 of `bytes` with seed 0 (a record's own checksum; format 1 payloads).
 uint64_t PayloadChecksum(absl::string_view bytes);
@@ -115,8 +143,11 @@ struct SpillStoreOptions {
   bool create_if_missing = true;
   // Memtable size of the block_data column family. Default: 64 MiB.
   uint64_t data_write_buffer_bytes = uint64_t{64} << 20;
-  // Size of the blob files payloads are written into. Default: 64 MiB.
+  // Size of the blob files of block_data. Default: 64 MiB.
   uint64_t blob_file_bytes = uint64_t{64} << 20;
+  // Size at which a segment file is closed and the next one started: the
+  // unit of garbage collection. Default: 64 MiB.
+  uint64_t segment_bytes = uint64_t{64} << 20;
   // Seals every payload written (format 3 records); records already on
   // disk are read either way. Not owned; must outlive the store. Default:
   // null (payloads stored in clear; sealed records cannot be read).
@@ -188,7 +219,7 @@ class SpillStore {
   static absl::StatusOr<RepairReport> Repair(const SpillStoreOptions& options);
 
   // The stored bytes of a block's payload (sealed ones as sealed), or the
-  // RocksDB error mapped: NOT_FOUND, DATA_LOSS for damage.
+  // error: NOT_FOUND, DATA_LOSS for damage.
   absl::StatusOr<std::string> ReadStoredPayload(const BlockKey& key);
 
   // Closes the database.
@@ -206,8 +237,9 @@ class SpillStore {
     absl::string_view payload;  // meta->size_bytes bytes
   };
 
-  // Atomically writes `writes` (meta and data) and deletes `deletes` (meta and
-  // data) in one WriteBatch. sync=true fsyncs the WAL before returning.
+  // Atomically writes `writes` and deletes `deletes`: the payloads go to
+  // the segment file, then every meta write and delete in one WriteBatch.
+  // sync=true makes both power-loss durable before returning.
   // RESOURCE_EXHAUSTED (nothing written) when the disk is full or the batch
   // would leave less than min_free_bytes free.
   absl::Status Apply(absl::Span<const BlockWrite> writes, absl::Span<const BlockKey> deletes,
@@ -225,7 +257,8 @@ class SpillStore {
   // returns false. Entries whose key or meta fail to decode are not passed
   // on; their encoded keys are appended to *corrupt_keys (may be null) for
   // DeleteEncodedKeys. The scan reads one snapshot: writes after it starts
-  // are not seen.
+  // are not seen. A scan to the end gives the store each segment file's
+  // live bytes (CollectGarbage needs them).
   absl::Status ScanBlocks(absl::FunctionRef<bool(BlockKey, DiskBlockMeta)> on_block,
                           std::vector<std::string>* corrupt_keys);
 
@@ -241,29 +274,31 @@ class SpillStore {
   // a flush) still writes to table and blob files.
   uint64_t UnflushedBytes();
 
-  // The blob files' bytes, and how many of them belong to deleted or
-  // overwritten payloads (garbage: counted once a compaction has dropped
-  // their keys; a file whose every payload is garbage is deleted).
-  struct BlobSpace {
+  // The payload files' bytes (segment files and block_data's blob files),
+  // and how many of them belong to deleted or overwritten payloads
+  // (garbage; a segment file's is known once a full ScanBlocks has run, a
+  // blob file's once a compaction has dropped the keys).
+  struct PayloadSpace {
     uint64_t file_bytes = 0;
     uint64_t garbage_bytes = 0;
   };
-  BlobSpace BlobFileSpace();
+  PayloadSpace PayloadFileSpace();
 
-  // Rewrites the live payloads of the oldest blob files that together hold
-  // at least `garbage_share` (0, 1] of the garbage into new files, so those
-  // files and their garbage are deleted: a compaction of the block_data
-  // keys that blocks until it is done (reads and writes go on meanwhile).
-  // Compactions do not collect garbage by themselves: the store's owner
-  // calls this when BlobFileSpace shows enough of it.
-  // RESOURCE_EXHAUSTED (nothing done) when rewriting those files' live
-  // payloads would leave less than min_free_bytes free; CANCELLED once
-  // CancelBlobGarbageCollection was called.
-  absl::Status CollectBlobGarbage(double garbage_share);
-  // Stops a CollectBlobGarbage in progress (it returns CANCELLED soon,
-  // what it rewrote kept) and refuses later ones: for a shutdown, which
-  // must not wait for a compaction of the whole disk tier.
-  void CancelBlobGarbageCollection();
+  // Frees at least `garbage_share` (0, 1] of the garbage: the live
+  // payloads of the segment files with the most garbage are appended to
+  // the current file (their meta updated) and those files deleted; blob
+  // files' garbage goes by a compaction of block_data that rewrites the
+  // oldest files. Blocks until done; reads and writes go on meanwhile
+  // (writes wait while a batch of payloads moves). Nothing collects garbage
+  // by itself: the store's owner calls this when PayloadFileSpace shows
+  // enough of it. RESOURCE_EXHAUSTED (nothing done) when rewriting those
+  // files' live payloads would leave less than min_free_bytes free;
+  // CANCELLED once CancelGarbageCollection was called.
+  absl::Status CollectGarbage(double garbage_share);
+  // Stops a CollectGarbage in progress (it returns CANCELLED soon, what it
+  // moved kept) and refuses later ones: for a shutdown, which must not wait
+  // for a rewrite of the whole disk tier.
+  void CancelGarbageCollection();
 
   // Deletes meta and data under raw encoded keys (cleanup of corrupt entries).
   absl::Status DeleteEncodedKeys(absl::Span<const std::string> encoded_keys);
@@ -280,16 +315,20 @@ class SpillStore {
   absl::StatusOr<std::vector<ModelRecord>> ListModelRecords();
 
   // Test hooks: replace the stored payload or meta of `key` with raw bytes,
-  // bypassing every check, to simulate on-disk corruption.
+  // bypassing every check, to simulate on-disk corruption (a payload: the
+  // bytes appended to the segment files, the meta pointed at them).
   absl::Status OverwritePayloadForTest(const BlockKey& key, absl::string_view bytes);
   absl::Status OverwriteMetaForTest(const BlockKey& key, absl::string_view bytes);
-  // True iff block_data holds `key`.
+  // True iff a payload of `key` is stored (its meta points into an existing
+  // segment file, or block_data holds it).
   bool HasPayloadForTest(const BlockKey& key);
 
  private:
   SpillStore();
   // Maps a write's RocksDB status; an I/O error marks writes as stopped.
   absl::Status WriteStatus(const rocksdb::Status& s, absl::string_view what);
+  // A segment file error in the store's words ("disk tier at PATH is full").
+  absl::Status SegmentStatus(const absl::Status& s) const;
   // After an I/O error: DB::Resume, or its error while the disk is full.
   absl::Status ResumeIfStopped();
 
@@ -297,9 +336,43 @@ class SpillStore {
   // min_free_bytes_ free under path_.
   absl::Status CheckHeadroom(uint64_t bytes) const;
 
+  // A block's meta as stored, with its payload's location.
+  struct StoredMeta {
+    DiskBlockMeta meta;
+    bool in_segment = false;
+    SegmentLocation at;
+  };
+  // The stored metas of `keys` (encoded): nullopt where absent or damaged.
+  absl::StatusOr<std::vector<std::optional<StoredMeta>>> ReadStoredMetas(absl::Span<const std::string> keys);
+  // A block's meta and its stored payload bytes (sealed ones as sealed).
+  absl::StatusOr<std::pair<StoredMeta, std::unique_ptr<HostBuffer>>> ReadStored(const BlockKey& key);
+  // Adds `bytes` to (or takes them from) a segment file's live bytes.
+  void CountLive(uint32_t segment, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tally_mu_);
+  // Blob files (block_data) and segment files: CollectGarbage's halves.
+  absl::Status CollectBlobFileGarbage(double garbage_share);
+  absl::Status CollectSegmentGarbage(double garbage_share);
+  // Moves the live ones of `records` (of one segment file) to the current
+  // file, their meta updated, in one write.
+  absl::Status MoveLive(absl::Span<const PayloadSegments::Contents::Entry> records);
+
   std::string path_;
   uint64_t min_free_bytes_ = 0;
   std::atomic<bool> needs_resume_{false};
+  std::atomic<bool> gc_cancelled_{false};
+
+  std::shared_ptr<rocksdb::FileSystem> fs_;
+  std::unique_ptr<PayloadSegments> segments_;
+  // Writes hold it shared; moving payloads between segment files holds it
+  // exclusively, so a write or delete never races a move of its key.
+  absl::Mutex apply_mu_;
+  // Each segment file's live record bytes (SegmentRecordBytes), known once
+  // a scan of every meta has completed (live_known_). A scan in progress
+  // collects what writes change meanwhile in scan_delta_.
+  absl::Mutex tally_mu_;
+  absl::flat_hash_map<uint32_t, int64_t> live_ ABSL_GUARDED_BY(tally_mu_);
+  bool live_known_ ABSL_GUARDED_BY(tally_mu_) = false;
+  bool scanning_ ABSL_GUARDED_BY(tally_mu_) = false;
+  absl::flat_hash_map<uint32_t, int64_t> scan_delta_ ABSL_GUARDED_BY(tally_mu_);
 
   // Declaration order matters: members are destroyed in reverse, so the
   // column family handles go before the database that owns them.

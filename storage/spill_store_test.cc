@@ -40,6 +40,28 @@ TEST(DiskBlockMeta, RoundTripsAndDetectsCorruption) {
   }
   EXPECT_EQ(DecodeDiskBlockMeta(enc.substr(0, enc.size() - 1)).status().code(),
             absl::StatusCode::kDataLoss);
+
+  // With a segment location: format 4 (5 sealed), the location back.
+  const SegmentLocation at{7, 123456789012, 4242};
+  for (bool sealed : {false, true}) {
+    m.sealed = sealed;
+    enc = EncodeDiskBlockMeta(m, &at);
+    SegmentLocation got;
+    bool has_at = false;
+    back = DecodeDiskBlockMeta(enc, &got, &has_at);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->version, sealed ? kSealedSegmentDiskFormatVersion : kSegmentDiskFormatVersion);
+    EXPECT_EQ(back->sealed, sealed);
+    EXPECT_TRUE(has_at);
+    EXPECT_EQ(got, at);
+    back->version = m.version;
+    EXPECT_EQ(*back, m);
+    for (size_t i = 0; i < enc.size(); ++i) {
+      std::string bad = enc;
+      bad[i] ^= 0x10;
+      EXPECT_EQ(DecodeDiskBlockMeta(bad).status().code(), absl::StatusCode::kDataLoss) << i;
+    }
+  }
 }
 
 // Bytes of the directory's write-ahead logs (*.log).
@@ -50,8 +72,9 @@ uint64_t WalBytes(const std::string& dir) {
   return n;
 }
 
-// A clean close writes the memtables out: the next Open replays no WAL,
-// and the blocks and their count estimate are there.
+// A payload is written once, into a segment file: the WAL carries the
+// meta only. A clean close writes the memtables out: the next Open replays
+// no WAL, and the blocks and their count estimate are there.
 TEST(SpillStore, ACleanCloseLeavesNoWalToReplay) {
   TempDir dir;
   std::vector<BlockKey> keys;
@@ -63,7 +86,8 @@ TEST(SpillStore, ACleanCloseLeavesNoWalToReplay) {
     std::vector<SpillStore::BlockWrite> writes;
     for (const BlockKey& k : keys) writes.push_back({&k, &meta, payload});
     ASSERT_TRUE(store->Apply(writes, {}, /*sync=*/true).ok());
-    ASSERT_GT(WalBytes(dir.path()), keys.size() * payload.size());  // in the WAL, not yet in tables
+    ASSERT_GT(WalBytes(dir.path()), 0u);  // the meta, not yet in tables
+    ASSERT_LT(WalBytes(dir.path()), keys.size() * 256);
   }
   EXPECT_LT(WalBytes(dir.path()), 4096u);
   auto store = OpenOrDie(dir.path());
@@ -75,13 +99,14 @@ TEST(SpillStore, ACleanCloseLeavesNoWalToReplay) {
   }
 }
 
-// Removed blocks leave garbage in blob files that also hold live ones (a
-// hot block among deleted ones); collecting it rewrites the live payloads
-// and deletes the old files, and every live block reads back exactly.
-TEST(SpillStore, CollectingBlobGarbageFreesTheSpaceOfRemovedBlocks) {
+// Removed blocks leave garbage in segment files that also hold live ones
+// (a hot block among deleted ones). Garbage is known once a scan of every
+// meta has run; collecting it moves the live payloads and deletes the old
+// files, and every live block reads back exactly.
+TEST(SpillStore, CollectingGarbageFreesTheSpaceOfRemovedBlocks) {
   TempDir dir;
-  const SpillStoreOptions options{.path = dir.path(), .blob_file_bytes = 1 << 20};
-  constexpr int kBlocks = 64, kEvery = 16;  // 64 KiB payloads, ~15 to a blob file
+  const SpillStoreOptions options{.path = dir.path(), .segment_bytes = 1 << 20};
+  constexpr int kBlocks = 64, kEvery = 16;  // 64 KiB payloads, 16 to a segment file
   std::vector<BlockKey> keys;
   std::vector<std::string> payloads;
   std::vector<DiskBlockMeta> metas;
@@ -93,7 +118,7 @@ TEST(SpillStore, CollectingBlobGarbageFreesTheSpaceOfRemovedBlocks) {
   std::vector<BlockKey> removed;
   for (int i = 0; i < kBlocks; ++i)
     if (i % kEvery != 0) removed.push_back(keys[i]);
-  for (int step = 0; step < 2; ++step) {  // write, then remove; each closed (flushed) after
+  for (int step = 0; step < 2; ++step) {  // write, then remove; each closed after
     auto store = SpillStore::Open(options);
     ASSERT_TRUE(store.ok()) << store.status();
     if (step == 0) {
@@ -106,15 +131,113 @@ TEST(SpillStore, CollectingBlobGarbageFreesTheSpaceOfRemovedBlocks) {
   }
   auto store = SpillStore::Open(options);
   ASSERT_TRUE(store.ok()) << store.status();
-  const uint64_t written = (*store)->BlobFileSpace().file_bytes;
+  const uint64_t written = (*store)->PayloadFileSpace().file_bytes;
   EXPECT_GT(written, uint64_t{kBlocks} * (64 << 10));
-  // Garbage is known once a compaction has dropped the removed keys; a
-  // collection with none known yet relocates nothing.
-  ASSERT_TRUE((*store)->CollectBlobGarbage(1.0).ok());
-  const SpillStore::BlobSpace before = (*store)->BlobFileSpace();
+  // Before a scan, no garbage is known and a collection moves nothing.
+  EXPECT_EQ((*store)->PayloadFileSpace().garbage_bytes, 0u);
+  ASSERT_TRUE((*store)->CollectGarbage(1.0).ok());
+  EXPECT_EQ((*store)->PayloadFileSpace().file_bytes, written);
+  ASSERT_TRUE((*store)->ScanBlocks([](BlockKey, DiskBlockMeta) { return true; }, nullptr).ok());
+  const SpillStore::PayloadSpace before = (*store)->PayloadFileSpace();
+  EXPECT_GT(before.garbage_bytes, uint64_t{kBlocks - kBlocks / kEvery} * (64 << 10));
+  ASSERT_TRUE((*store)->CollectGarbage(1.0).ok());
+  const SpillStore::PayloadSpace after = (*store)->PayloadFileSpace();
+  EXPECT_EQ(after.garbage_bytes, 0u);
+  EXPECT_LT(after.file_bytes, uint64_t{kBlocks / kEvery} * ((64 << 10) + 256));
+  for (int reopen = 0; reopen < 2; ++reopen) {
+    for (int i = 0; i < kBlocks; ++i) {
+      auto got = (*store)->ReadPayload(keys[i]);
+      if (i % kEvery != 0) {
+        EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << i;
+        continue;
+      }
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ((*got)->view(), payloads[i]);
+    }
+    store->reset();
+    store = SpillStore::Open(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+  }
+}
+
+// Writes and deletes made while a scan runs count in each file's live
+// bytes as well as what the scan saw: a block deleted mid-scan is garbage.
+TEST(SpillStore, GarbageCountsDeletesMadeDuringTheScan) {
+  TempDir dir;
+  const SpillStoreOptions options{.path = dir.path(), .segment_bytes = 1 << 10};
+  std::vector<BlockKey> keys;
+  const std::string payload(4096, 'g');
+  const DiskBlockMeta meta = MetaFor(payload);
+  for (int i = 0; i < 8; ++i) keys.push_back({"t", 1, "block-" + std::to_string(i)});
+  {
+    auto store = SpillStore::Open(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::vector<SpillStore::BlockWrite> writes;
+    for (const BlockKey& k : keys) writes.push_back({&k, &meta, payload});
+    ASSERT_TRUE((*store)->Apply(writes, {}, /*sync=*/true).ok());  // one segment file each
+  }
+  auto store = SpillStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  bool deleted = false;
+  ASSERT_TRUE((*store)
+                  ->ScanBlocks(
+                      [&](BlockKey, DiskBlockMeta) {
+                        if (!deleted) EXPECT_TRUE((*store)->Apply({}, {keys[7], keys[6]}, false).ok());
+                        deleted = true;
+                        return true;
+                      },
+                      nullptr)
+                  .ok());
+  const SpillStore::PayloadSpace space = (*store)->PayloadFileSpace();
+  const uint64_t record = space.file_bytes / keys.size();
+  EXPECT_EQ(space.garbage_bytes, 2 * record);
+  ASSERT_TRUE((*store)->CollectGarbage(1.0).ok());
+  EXPECT_EQ((*store)->PayloadFileSpace().file_bytes, 6 * record);
+  for (int i = 0; i < 6; ++i) {
+    auto got = (*store)->ReadPayload(keys[i]);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)->view(), payload);
+  }
+}
+
+// Records of the earlier format (meta version 2, payload in block_data's
+// blob files) are read, and removing them leaves blob file garbage that
+// CollectGarbage compacts away.
+TEST(SpillStore, ReadsAndCollectsBlockDataRecords) {
+  TempDir dir;
+  const SpillStoreOptions options{.path = dir.path(), .blob_file_bytes = 1 << 20};
+  constexpr int kBlocks = 64, kEvery = 16;  // 64 KiB payloads, ~15 to a blob file
+  std::vector<BlockKey> keys;
+  std::vector<std::string> payloads;
+  for (int i = 0; i < kBlocks; ++i) {
+    keys.push_back({"t", 1, "block-" + std::to_string(i)});
+    payloads.push_back(std::string(64 << 10, static_cast<char>('a' + i % 26)) + std::to_string(i));
+  }
+  std::vector<BlockKey> removed;
+  for (int i = 0; i < kBlocks; ++i)
+    if (i % kEvery != 0) removed.push_back(keys[i]);
+  for (int step = 0; step < 2; ++step) {  // write, then remove; each closed (flushed) after
+    auto store = SpillStore::Open(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    if (step == 0) {
+      for (int i = 0; i < kBlocks; ++i) {
+        ASSERT_TRUE((*store)->OverwriteMetaForTest(keys[i], EncodeDiskBlockMeta(MetaFor(payloads[i]))).ok());
+        ASSERT_TRUE((*store)->OverwritePayloadForTest(keys[i], payloads[i]).ok());  // into block_data
+      }
+    } else {
+      ASSERT_TRUE((*store)->Apply({}, removed, /*sync=*/true).ok());
+    }
+  }
+  auto store = SpillStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_GT((*store)->PayloadFileSpace().file_bytes, uint64_t{kBlocks} * (64 << 10));
+  // Blob garbage is known once a compaction has dropped the removed keys;
+  // a collection with none known yet relocates nothing.
+  ASSERT_TRUE((*store)->CollectGarbage(1.0).ok());
+  const SpillStore::PayloadSpace before = (*store)->PayloadFileSpace();
   EXPECT_GT(before.garbage_bytes, 16u * (64 << 10));  // files with a live block keep their removed ones
-  ASSERT_TRUE((*store)->CollectBlobGarbage(1.0).ok());
-  const SpillStore::BlobSpace after = (*store)->BlobFileSpace();
+  ASSERT_TRUE((*store)->CollectGarbage(1.0).ok());
+  const SpillStore::PayloadSpace after = (*store)->PayloadFileSpace();
   EXPECT_EQ(after.garbage_bytes, 0u);
   EXPECT_LT(after.file_bytes, uint64_t{kBlocks / kEvery + 1} * (64 << 10) + 4096);
   for (int i = 0; i < kBlocks; ++i) {
@@ -126,20 +249,29 @@ TEST(SpillStore, CollectingBlobGarbageFreesTheSpaceOfRemovedBlocks) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ((*got)->view(), payloads[i]);
   }
+  // Rewriting one moves it to a segment file and deletes its block_data payload.
+  const DiskBlockMeta meta = MetaFor(payloads[0]);
+  ASSERT_TRUE((*store)->Apply({{&keys[0], &meta, payloads[0]}}, {}, false).ok());
+  auto meta_back = (*store)->ReadMeta(keys[0]);
+  ASSERT_TRUE(meta_back.ok()) << meta_back.status();
+  EXPECT_EQ(meta_back->version, kSegmentDiskFormatVersion);
+  auto got = (*store)->ReadPayload(keys[0]);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->view(), payloads[0]);
 }
 
 // A shutdown cancels garbage collection: a collection afterwards is
 // refused at once, and the store goes on serving.
-TEST(SpillStore, CancelledBlobGarbageCollectionIsRefused) {
+TEST(SpillStore, CancelledGarbageCollectionIsRefused) {
   TempDir dir;
   auto store = OpenOrDie(dir.path());
   const BlockKey key{"t", 1, "k"};
   const std::string payload(8192, 'p');
   const DiskBlockMeta meta = MetaFor(payload);
   ASSERT_TRUE(store->Apply({{&key, &meta, payload}}, {}, /*sync=*/false).ok());
-  ASSERT_TRUE(store->CollectBlobGarbage(1.0).ok());
-  store->CancelBlobGarbageCollection();
-  EXPECT_EQ(store->CollectBlobGarbage(1.0).code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(store->CollectGarbage(1.0).ok());
+  store->CancelGarbageCollection();
+  EXPECT_EQ(store->CollectGarbage(1.0).code(), absl::StatusCode::kCancelled);
   auto got = store->ReadPayload(key);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ((*got)->view(), payload);
@@ -147,18 +279,21 @@ TEST(SpillStore, CancelledBlobGarbageCollectionIsRefused) {
 
 // Collecting rewrites live payloads: refused while that would leave less
 // than the free space the store keeps.
-TEST(SpillStore, BlobGarbageCollectionKeepsTheFreeSpace) {
+TEST(SpillStore, GarbageCollectionKeepsTheFreeSpace) {
   TempDir dir;
-  const BlockKey key{"t", 1, "k"};
+  const BlockKey key{"t", 1, "k"}, gone{"t", 1, "gone"};
   const std::string payload(8192, 'p');
   const DiskBlockMeta meta = MetaFor(payload);
   {
     auto store = OpenOrDie(dir.path());
-    ASSERT_TRUE(store->Apply({{&key, &meta, payload}}, {}, /*sync=*/true).ok());
+    ASSERT_TRUE(store->Apply({{&key, &meta, payload}, {&gone, &meta, payload}}, {}, /*sync=*/true).ok());
   }
   auto store = SpillStore::Open({.path = dir.path(), .min_free_bytes = uint64_t{1} << 62});
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ((*store)->CollectBlobGarbage(1.0).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE((*store)->Apply({}, {gone}, /*sync=*/true).ok());  // deletes need no room
+  ASSERT_TRUE((*store)->ScanBlocks([](BlockKey, DiskBlockMeta) { return true; }, nullptr).ok());
+  ASSERT_GT((*store)->PayloadFileSpace().garbage_bytes, payload.size());
+  EXPECT_EQ((*store)->CollectGarbage(1.0).code(), absl::StatusCode::kResourceExhausted);
   auto got = (*store)->ReadPayload(key);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ((*got)->view(), payload);
@@ -174,6 +309,7 @@ TEST(SpillStore, WritesReadsDeletesAndSurvivesReopen) {
   std::string pa = "alpha payload", pb(100000, 'b'), pc;  // pc: empty payload
   pb[777] = 'x';
   DiskBlockMeta ma = MetaFor(pa), mb = MetaFor(pb, ""), mc = MetaFor(pc);
+  mb.version = mc.version = kSegmentDiskFormatVersion;  // as read back
   {
     auto store = OpenOrDie(dir.path());
     std::vector<SpillStore::BlockWrite> writes = {{&a, &ma, pa}, {&b, &mb, pb}, {&c, &mc, pc}};
