@@ -22,6 +22,7 @@ namespace {
 constexpr uint32_t kMagic = 0x47535154;  // "TQSG" little-endian
 constexpr size_t kHeaderBytes = 24;
 constexpr char kSuffix[] = ".seg";
+constexpr size_t kCopyBelowBytes = 16 << 10;
 
 void Put32(char* p, uint32_t v) { std::memcpy(p, &v, 4); }  // x86-64 and aarch64: little-endian
 void Put64(char* p, uint64_t v) { std::memcpy(p, &v, 8); }
@@ -173,14 +174,18 @@ absl::StatusOr<std::vector<SegmentLocation>> PayloadSegments::Append(absl::Span<
     Put32(header + 4, static_cast<uint32_t>(r.encoded_key.size()));
     Put64(header + 8, r.payload.size());
     Put64(header + 16, HeaderChecksum(header, r.encoded_key));
-    std::string head(header, kHeaderBytes);
-    head.append(r.encoded_key.data(), r.encoded_key.size());
-    rocksdb::IOStatus s = writer_->Append(rocksdb::Slice(head), io, nullptr);
-    if (s.ok() && !r.payload.empty())
-      s = writer_->Append(rocksdb::Slice(r.payload.data(), r.payload.size()), io, nullptr);
+    std::string record(header, kHeaderBytes);
+    record.append(r.encoded_key.data(), r.encoded_key.size());
+    const size_t head = record.size();
+    // A small payload goes out with its header in one write; a large one
+    // is written from where it is (a copy would cost more than the call).
+    const bool copy = r.payload.size() <= kCopyBelowBytes;
+    if (copy) record.append(r.payload.data(), r.payload.size());
+    rocksdb::IOStatus s = writer_->Append(rocksdb::Slice(record), io, nullptr);
+    if (s.ok() && !copy) s = writer_->Append(rocksdb::Slice(r.payload.data(), r.payload.size()), io, nullptr);
     if (!s.ok()) return fail(s, "appending to");
-    out.push_back({active_, active_bytes_ + head.size(), r.payload.size()});
-    active_bytes_ += head.size() + r.payload.size();
+    out.push_back({active_, active_bytes_ + head, r.payload.size()});
+    active_bytes_ += head + r.payload.size();
     seg->size.store(active_bytes_, std::memory_order_release);
     unsynced_ = true;
   }

@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "rocksdb/db.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/table.h"
 #include "rocksdb/env.h"
 #include "rocksdb/file_system.h"
 #include "rocksdb/listener.h"
@@ -79,9 +81,18 @@ std::vector<rocksdb::ColumnFamilyDescriptor> ColumnFamilies(const SpillStoreOpti
   data_options.min_blob_size = 512;
   data_options.blob_file_size = options.blob_file_bytes;
   data_options.enable_blob_garbage_collection = false;
+  // Every write and delete first reads the meta it replaces (its segment
+  // bytes become garbage), most often of a key that is not there: Bloom
+  // filters on the tables and the memtable answer those misses.
+  rocksdb::ColumnFamilyOptions meta_options;
+  rocksdb::BlockBasedTableOptions meta_tables;
+  meta_tables.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  meta_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(meta_tables));
+  meta_options.memtable_prefix_bloom_size_ratio = 0.05;
+  meta_options.memtable_whole_key_filtering = true;
   return {
       {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
-      {kMetaCf, rocksdb::ColumnFamilyOptions()},
+      {kMetaCf, meta_options},
       {kDataCf, data_options},
       {kModelsCf, rocksdb::ColumnFamilyOptions()},
   };
