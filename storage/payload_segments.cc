@@ -112,6 +112,7 @@ absl::StatusOr<std::unique_ptr<PayloadSegments>> PayloadSegments::Open(const std
     seg->size.store(size);
     TQ_RETURN_IF_ERROR(
         FromIo(fs->NewRandomAccessFile(seg->path, rocksdb::FileOptions(), &seg->reader, nullptr), "opening", seg->path));
+    seg->reader->Hint(rocksdb::FSRandomAccessFile::kRandom);
     s->files_[n] = std::move(seg);
     s->next_ = std::max(s->next_, n + 1);
   }
@@ -139,6 +140,7 @@ absl::Status PayloadSegments::StartSegmentLocked() {
   TQ_RETURN_IF_ERROR(FromIo(fs_->NewWritableFile(seg->path, rocksdb::FileOptions(), &w, nullptr), "creating", seg->path));
   TQ_RETURN_IF_ERROR(
       FromIo(fs_->NewRandomAccessFile(seg->path, rocksdb::FileOptions(), &seg->reader, nullptr), "opening", seg->path));
+  seg->reader->Hint(rocksdb::FSRandomAccessFile::kRandom);
   std::unique_ptr<rocksdb::FSDirectory> d;
   TQ_RETURN_IF_ERROR(FromIo(fs_->NewDirectory(dir_, io, &d, nullptr), "opening", dir_));
   TQ_RETURN_IF_ERROR(FromIo(d->Fsync(io, nullptr), "syncing", dir_));
