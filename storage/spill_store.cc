@@ -682,10 +682,13 @@ absl::Status SpillStore::ScanBlocks(absl::FunctionRef<bool(BlockKey, DiskBlockMe
     return absl::OkStatus();
   }();
   db_->ReleaseSnapshot(scan.snapshot);
+  const PayloadSegments::FileSizes files = segments_->Files();
   absl::MutexLock l(&tally_mu_);
   scanning_ = false;
   if (whole) {
     for (const auto& [segment, bytes] : scan_delta_) live[segment] += bytes;
+    // Files collected during the scan: nothing lives there any more.
+    absl::erase_if(live, [&](const auto& e) { return !files.bytes.contains(e.first); });
     live_ = std::move(live);
     live_known_ = true;
   }
@@ -795,7 +798,6 @@ absl::Status SpillStore::CollectSegmentGarbage(double garbage_share) {
     TQ_RETURN_IF_ERROR(segments_->Remove(segment));
     absl::MutexLock l(&tally_mu_);
     live_.erase(segment);
-    if (scanning_) scan_delta_.erase(segment);
   }
   return absl::OkStatus();
 }
