@@ -22,7 +22,8 @@ namespace {
 constexpr uint32_t kMagic = 0x47535154;  // "TQSG" little-endian
 constexpr size_t kHeaderBytes = 24;
 constexpr char kSuffix[] = ".seg";
-constexpr size_t kCopyBelowBytes = 16 << 10;
+constexpr size_t kCopyBelowBytes = 64 << 10;
+constexpr size_t kBatchBytes = 1 << 20;
 
 void Put32(char* p, uint32_t v) { std::memcpy(p, &v, 4); }  // x86-64 and aarch64: little-endian
 void Put64(char* p, uint64_t v) { std::memcpy(p, &v, 8); }
@@ -164,11 +165,26 @@ absl::StatusOr<std::vector<SegmentLocation>> PayloadSegments::Append(absl::Span<
     unsynced_ = false;
     return FromIo(s, what, FileName(active_));
   };
+  // Records go out in as few writes as the file takes: small payloads are
+  // copied behind their headers into one buffer of up to kBatchBytes; a
+  // large payload is written from where it is (a copy would cost more
+  // than the call).
   std::shared_ptr<Segment> seg;
+  std::string pending;
+  auto flush = [&]() -> rocksdb::IOStatus {
+    if (pending.empty()) return rocksdb::IOStatus::OK();
+    const rocksdb::IOStatus s = writer_->Append(rocksdb::Slice(pending), io, nullptr);
+    pending.clear();
+    return s;
+  };
   for (const Record& r : records) {
     if (writer_ == nullptr || active_bytes_ >= segment_bytes_) {
+      if (writer_ != nullptr) {
+        if (const rocksdb::IOStatus s = flush(); !s.ok()) return fail(s, "appending to");
+        if (seg != nullptr) seg->size.store(active_bytes_, std::memory_order_release);
+      }
       TQ_RETURN_IF_ERROR(StartSegmentLocked());
-      seg.reset();
+      seg = Find(active_);
     }
     if (seg == nullptr) seg = Find(active_);
     char header[kHeaderBytes];
@@ -176,20 +192,25 @@ absl::StatusOr<std::vector<SegmentLocation>> PayloadSegments::Append(absl::Span<
     Put32(header + 4, static_cast<uint32_t>(r.encoded_key.size()));
     Put64(header + 8, r.payload.size());
     Put64(header + 16, HeaderChecksum(header, r.encoded_key));
-    std::string record(header, kHeaderBytes);
-    record.append(r.encoded_key.data(), r.encoded_key.size());
-    const size_t head = record.size();
-    // A small payload goes out with its header in one write; a large one
-    // is written from where it is (a copy would cost more than the call).
-    const bool copy = r.payload.size() <= kCopyBelowBytes;
-    if (copy) record.append(r.payload.data(), r.payload.size());
-    rocksdb::IOStatus s = writer_->Append(rocksdb::Slice(record), io, nullptr);
-    if (s.ok() && !copy) s = writer_->Append(rocksdb::Slice(r.payload.data(), r.payload.size()), io, nullptr);
+    pending.append(header, kHeaderBytes);
+    pending.append(r.encoded_key.data(), r.encoded_key.size());
+    const size_t head = kHeaderBytes + r.encoded_key.size();
+    rocksdb::IOStatus s;
+    if (r.payload.size() <= kCopyBelowBytes) {
+      pending.append(r.payload.data(), r.payload.size());
+      if (pending.size() >= kBatchBytes) s = flush();
+    } else {
+      s = flush();
+      if (s.ok()) s = writer_->Append(rocksdb::Slice(r.payload.data(), r.payload.size()), io, nullptr);
+    }
     if (!s.ok()) return fail(s, "appending to");
     out.push_back({active_, active_bytes_ + head, r.payload.size()});
     active_bytes_ += head + r.payload.size();
-    seg->size.store(active_bytes_, std::memory_order_release);
     unsynced_ = true;
+  }
+  if (writer_ != nullptr) {
+    if (const rocksdb::IOStatus s = flush(); !s.ok()) return fail(s, "appending to");
+    if (seg != nullptr) seg->size.store(active_bytes_, std::memory_order_release);
   }
   if (sync && unsynced_) {
     const rocksdb::IOStatus s = writer_->Sync(io, nullptr);

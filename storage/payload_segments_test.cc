@@ -134,6 +134,13 @@ TEST(PayloadSegments, RemoveAndBadLocations) {
   past.offset += 1;
   EXPECT_EQ(s->Read(past, buf.data()).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(Read(*s, (*at)[1]), std::string(200, 'b'));
+  // A call that starts where the last one filled its file starts a new one.
+  auto next = s->Append({{"c", std::string(100 << 10, 'c')}, {"d", "d"}}, false);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*next)[0].segment, 3u);
+  EXPECT_EQ((*next)[1].segment, 4u);
+  EXPECT_EQ(Read(*s, (*next)[0]), std::string(100 << 10, 'c'));
+  EXPECT_EQ(Read(*s, (*next)[1]), "d");
 }
 
 // A file system that refuses appends with ENOSPC while `full` is set.

@@ -63,10 +63,10 @@ absl::Status Damaged(absl::string_view path, const rocksdb::Status& s) {
 // integrated blob files every byte went to the WAL and again to a blob
 // file at flush, each pass with a software CRC32C (Debian's build); a
 // profile of a 256 KiB fill had half its write CPU in the WAL's copy. With
-// segments (`disk_tier_bench --block_bytes 262144`, build machine, two
-// runs): spills 0.62-0.66 of the device's fdatasync'd sequential writes
-// (blob files: 0.28-0.35), cold Gets 0.53-0.63 of its random reads
-// (0.31-0.45). block_data keeps the payloads of earlier-format records
+// segments (`disk_tier_bench`, build machine, bench/RESULTS.md "Disk tier
+// at scale"): 256 KiB spills 0.57-0.88 of the device's fdatasync'd
+// sequential writes (blob files: 0.29-0.31), cold Gets 0.49-0.63 of its
+// random reads (0.34); 17 KiB spills 0.53-0.70, Gets 0.52-0.64. block_data keeps the payloads of earlier-format records
 // (read, deleted, never written): no compression (packed pages do not
 // compress), values of 512 bytes and more in blob files, whose garbage
 // compactions do not collect by themselves (CollectBlobFileGarbage).
