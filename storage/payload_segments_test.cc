@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "rocksdb/file_system.h"
+#include "storage/full_disk_fs.h"
 #include "storage/test_util.h"
 
 namespace tqkv::storage {
@@ -142,36 +143,6 @@ TEST(PayloadSegments, RemoveAndBadLocations) {
   EXPECT_EQ(Read(*s, (*next)[0]), std::string(100 << 10, 'c'));
   EXPECT_EQ(Read(*s, (*next)[1]), "d");
 }
-
-// A file system that refuses appends with ENOSPC while `full` is set.
-class FullWhenSet final : public rocksdb::FSWritableFileOwnerWrapper {
- public:
-  FullWhenSet(std::unique_ptr<rocksdb::FSWritableFile> f, const std::atomic<bool>* full)
-      : FSWritableFileOwnerWrapper(std::move(f)), full_(full) {}
-  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
-                           rocksdb::IODebugContext* d) override {
-    if (*full_) return rocksdb::IOStatus::NoSpace("injected: no space left on device");
-    return target()->Append(data, o, d);
-  }
-
- private:
-  const std::atomic<bool>* full_;
-};
-
-class FullDiskFs final : public rocksdb::FileSystemWrapper {
- public:
-  FullDiskFs() : FileSystemWrapper(rocksdb::FileSystem::Default()) {}
-  const char* Name() const override { return "FullDiskFs"; }
-  rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& o,
-                                    std::unique_ptr<rocksdb::FSWritableFile>* out,
-                                    rocksdb::IODebugContext* d) override {
-    std::unique_ptr<rocksdb::FSWritableFile> f;
-    rocksdb::IOStatus s = target()->NewWritableFile(name, o, &f, d);
-    if (s.ok()) *out = std::make_unique<FullWhenSet>(std::move(f), &full);
-    return s;
-  }
-  std::atomic<bool> full{false};
-};
 
 // A full disk fails the append whole (RESOURCE_EXHAUSTED); the next append
 // goes to a new file, and what was written before reads back.

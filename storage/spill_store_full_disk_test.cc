@@ -9,55 +9,12 @@
 #include <string>
 
 #include "rocksdb/env.h"
-#include "rocksdb/file_system.h"
+#include "storage/full_disk_fs.h"
 #include "storage/spill_store.h"
 #include "storage/test_util.h"
 
 namespace tqkv::storage {
 namespace {
-
-using rocksdb::FileOptions;
-using rocksdb::FSWritableFile;
-using rocksdb::IODebugContext;
-using rocksdb::IOOptions;
-using rocksdb::IOStatus;
-
-class FullWhenSet final : public rocksdb::FSWritableFileOwnerWrapper {
- public:
-  FullWhenSet(std::unique_ptr<FSWritableFile> f, const std::atomic<bool>* full)
-      : FSWritableFileOwnerWrapper(std::move(f)), full_(full) {}
-  IOStatus Append(const rocksdb::Slice& data, const IOOptions& o, IODebugContext* d) override {
-    if (*full_) return IOStatus::NoSpace("injected: no space left on device");
-    return target()->Append(data, o, d);
-  }
-  IOStatus Append(const rocksdb::Slice& data, const IOOptions& o,
-                  const rocksdb::DataVerificationInfo& v, IODebugContext* d) override {
-    if (*full_) return IOStatus::NoSpace("injected: no space left on device");
-    return target()->Append(data, o, v, d);
-  }
-  IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t off, const IOOptions& o,
-                            IODebugContext* d) override {
-    if (*full_) return IOStatus::NoSpace("injected: no space left on device");
-    return target()->PositionedAppend(data, off, o, d);
-  }
-
- private:
-  const std::atomic<bool>* full_;
-};
-
-class FullDiskFs final : public rocksdb::FileSystemWrapper {
- public:
-  FullDiskFs() : FileSystemWrapper(rocksdb::FileSystem::Default()) {}
-  const char* Name() const override { return "FullDiskFs"; }
-  IOStatus NewWritableFile(const std::string& name, const FileOptions& o,
-                           std::unique_ptr<FSWritableFile>* out, IODebugContext* d) override {
-    std::unique_ptr<FSWritableFile> f;
-    IOStatus s = target()->NewWritableFile(name, o, &f, d);
-    if (s.ok()) *out = std::make_unique<FullWhenSet>(std::move(f), &full);
-    return s;
-  }
-  std::atomic<bool> full{false};
-};
 
 DiskBlockMeta MetaFor(const BlockKey& key, absl::string_view payload) {
   DiskBlockMeta m;

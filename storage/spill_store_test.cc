@@ -99,6 +99,20 @@ TEST(SpillStore, ACleanCloseLeavesNoWalToReplay) {
   }
 }
 
+// Blocks 0, every, 2 * every ... read back exactly; the rest are absent.
+void ExpectEveryNthOnly(SpillStore& store, const std::vector<BlockKey>& keys, const std::vector<std::string>& payloads,
+                        int every) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto got = store.ReadPayload(keys[i]);
+    if (i % every != 0) {
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << i;
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)->view(), payloads[i]);
+  }
+}
+
 // Removed blocks leave garbage in segment files that also hold live ones
 // (a hot block among deleted ones). Garbage is known once a scan of every
 // meta has run; collecting it moves the live payloads and deletes the old
@@ -145,15 +159,7 @@ TEST(SpillStore, CollectingGarbageFreesTheSpaceOfRemovedBlocks) {
   EXPECT_EQ(after.garbage_bytes, 0u);
   EXPECT_LT(after.file_bytes, uint64_t{kBlocks / kEvery} * ((64 << 10) + 256));
   for (int reopen = 0; reopen < 2; ++reopen) {
-    for (int i = 0; i < kBlocks; ++i) {
-      auto got = (*store)->ReadPayload(keys[i]);
-      if (i % kEvery != 0) {
-        EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << i;
-        continue;
-      }
-      ASSERT_TRUE(got.ok()) << got.status();
-      EXPECT_EQ((*got)->view(), payloads[i]);
-    }
+    ExpectEveryNthOnly(**store, keys, payloads, kEvery);
     store->reset();
     store = SpillStore::Open(options);
     ASSERT_TRUE(store.ok()) << store.status();
@@ -240,15 +246,7 @@ TEST(SpillStore, ReadsAndCollectsBlockDataRecords) {
   const SpillStore::PayloadSpace after = (*store)->PayloadFileSpace();
   EXPECT_EQ(after.garbage_bytes, 0u);
   EXPECT_LT(after.file_bytes, uint64_t{kBlocks / kEvery + 1} * (64 << 10) + 4096);
-  for (int i = 0; i < kBlocks; ++i) {
-    auto got = (*store)->ReadPayload(keys[i]);
-    if (i % kEvery != 0) {
-      EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << i;
-      continue;
-    }
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ((*got)->view(), payloads[i]);
-  }
+  ExpectEveryNthOnly(**store, keys, payloads, kEvery);
   // Rewriting one moves it to a segment file and deletes its block_data payload.
   const DiskBlockMeta meta = MetaFor(payloads[0]);
   ASSERT_TRUE((*store)->Apply({{&keys[0], &meta, payloads[0]}}, {}, false).ok());
