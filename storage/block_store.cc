@@ -44,8 +44,6 @@ constexpr int kMaxAdmissionRounds = 16;
 // of writing them for this long, then tries the disk again.
 constexpr absl::Duration kDiskFullRetryInterval = absl::Seconds(1);
 constexpr int kMaxGetAttempts = 4;
-// CollectDiskGarbage waits for at least this much blob garbage.
-constexpr uint64_t kMinDiskGarbageBytes = uint64_t{256} << 20;
 // A Lookup prefetches the index memory of the hash this far ahead of the
 // one it probes (each probe's cache misses overlap the next ones').
 constexpr size_t kLookupAhead = 8;
@@ -1077,7 +1075,7 @@ absl::Status BlockStore::Sync() { return spill_ ? spill_->SyncWal() : absl::OkSt
 absl::StatusOr<uint64_t> BlockStore::CollectDiskGarbage() {
   if (spill_ == nullptr) return 0;
   const SpillStore::PayloadSpace space = spill_->PayloadFileSpace();
-  if (space.garbage_bytes < kMinDiskGarbageBytes || space.garbage_bytes * 4 < space.file_bytes) return 0;
+  if (space.garbage_bytes < options_.disk_gc_min_garbage_bytes || space.garbage_bytes * 4 < space.file_bytes) return 0;
   TQ_RETURN_IF_ERROR(spill_->CollectGarbage(/*garbage_share=*/0.5));
   return space.garbage_bytes / 2;
 }

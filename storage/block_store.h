@@ -136,6 +136,10 @@ struct BlockStoreOptions {
   // min_free_bytes): spills past it are dropped and durable puts refused
   // as on a full disk. Default: 1 GiB.
   uint64_t disk_min_free_bytes = uint64_t{1} << 30;
+  // CollectDiskGarbage waits for at least this many bytes of removed
+  // blocks' payloads in the disk tier's files (and a quarter of them).
+  // Default: 256 MiB.
+  uint64_t disk_gc_min_garbage_bytes = uint64_t{256} << 20;
   // fsync the WAL on every spill (power-loss durable spills, slower
   // eviction). Default: false.
   bool sync_spills = false;
@@ -454,7 +458,8 @@ class BlockStore {
 
   // Frees the disk space of removed blocks (SpillStore::CollectGarbage)
   // once it is a quarter of the disk tier's payload files and at least
-  // 256 MiB: the files holding half of it are rewritten without it.
+  // disk_gc_min_garbage_bytes: the files holding half of it are rewritten
+  // without it.
   // Returns the garbage bytes it set out to free (0: none yet). Blocks while
   // it runs; everything else goes on. For a periodic caller (the server's
   // maintenance loop); OK without a disk tier.
