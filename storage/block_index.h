@@ -53,6 +53,11 @@ struct BlockRecord {
   // Residency. Read freely; change only through BlockIndex.
   std::shared_ptr<const HostBuffer> host;  // non-null iff resident in host
   bool on_disk = false;                    // RocksDB holds this block
+  // Where the disk copy's payload is (SpillStore::ReadPayload's hint;
+  // segment 0: none known), and whether it is sealed at rest.
+  bool disk_sealed = false;
+  uint32_t disk_segment = 0;
+  uint64_t disk_offset = 0;
 
   // State kept for the caller.
   bool visible = false;  // committed and not being deleted: Lookup/Get see it

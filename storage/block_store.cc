@@ -224,6 +224,9 @@ void BlockStore::InsertLoadedLocked(BlockKey key, DiskBlockMeta meta, absl::Time
   r.accounting = meta.accounting;
   r.size_bytes = meta.size_bytes;
   r.on_disk = true;
+  r.disk_segment = meta.at.segment;
+  r.disk_offset = meta.at.offset;
+  r.disk_sealed = meta.sealed;
   r.visible = true;
   r.last_access = now;
   index_.Insert(std::move(r));
@@ -429,7 +432,8 @@ absl::Status BlockStore::RunPlanLocked(IoPlan* plan) {
   for (const IoPlan::Drop& d : plan->drops) deletes.push_back(d.record->key);
 
   mu_.Unlock();
-  absl::Status s = spill_->Apply(writes, deletes, plan->sync || options_.sync_spills);
+  std::vector<SegmentLocation> placed;
+  absl::Status s = spill_->Apply(writes, deletes, plan->sync || options_.sync_spills, &placed);
   mu_.Lock();
 
   absl::Time now = clock_->Now();
@@ -439,7 +443,8 @@ absl::Status BlockStore::RunPlanLocked(IoPlan* plan) {
   } else if (absl::IsResourceExhausted(s) && !plan->writes.empty()) {
     disk_full_until_ = now + kDiskFullRetryInterval;
   }
-  for (const IoPlan::Write& w : plan->writes) {
+  for (size_t j = 0; j < plan->writes.size(); ++j) {
+    const IoPlan::Write& w = plan->writes[j];
     BlockRecord* r = w.record;
     const uint64_t size = r->size_bytes;
     r->io_busy = false;
@@ -447,6 +452,9 @@ absl::Status BlockStore::RunPlanLocked(IoPlan* plan) {
     if (w.evict_after) host_spilling_bytes_ -= size;
     if (!s.ok()) continue;
     index_.SetOnDisk(r, true);
+    r->disk_segment = placed[j].segment;
+    r->disk_offset = placed[j].offset;
+    r->disk_sealed = options_.at_rest_cipher != nullptr;
     if (plan->written_behind) {
       counters_.written_behind++;
       counters_.written_behind_bytes += size;
@@ -761,6 +769,8 @@ absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
   for (int attempt = 0; attempt < kMaxGetAttempts; ++attempt) {
     BlockData data;
     uint64_t generation = 0;
+    SegmentLocation hint;
+    bool sealed = false;
     {
       absl::MutexLock l(&mu_);
       BlockRecord* r = FindLocked(key);
@@ -779,10 +789,12 @@ absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
         return data;
       }
       generation = r->generation;
+      hint = {r->disk_segment, r->disk_offset, r->size_bytes + (r->disk_sealed ? AtRestCipher::kOverheadBytes : 0)};
+      sealed = r->disk_sealed;
     }
 
     // Disk-only: read and verify outside the lock.
-    absl::StatusOr<std::unique_ptr<HostBuffer>> read = spill_->ReadPayload(key);
+    absl::StatusOr<std::unique_ptr<HostBuffer>> read = spill_->ReadPayload(key, hint, sealed);
     if (!read.ok() && !absl::IsNotFound(read.status()) && !absl::IsDataLoss(read.status())) {
       return read.status();  // an I/O error says nothing about the block
     }

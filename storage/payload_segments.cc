@@ -1,5 +1,7 @@
 #include "storage/payload_segments.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -289,6 +291,17 @@ absl::Status PayloadSegments::Remove(uint32_t segment) {
   }
   // Readers holding the segment finish their reads from the open file.
   return FromIo(fs_->DeleteFile(seg->path, rocksdb::IOOptions(), nullptr), "deleting", seg->path);
+}
+
+absl::Status PayloadSegments::OverwriteForTest(const SegmentLocation& at, absl::string_view bytes) {
+  std::shared_ptr<Segment> seg = Find(at.segment);
+  if (seg == nullptr) return absl::NotFoundError(absl::StrCat("segment ", FileName(at.segment), " does not exist"));
+  const int fd = ::open(seg->path.c_str(), O_WRONLY);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("opening ", seg->path));
+  const ssize_t n = ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(at.offset));
+  ::close(fd);
+  return n == static_cast<ssize_t>(bytes.size()) ? absl::OkStatus()
+                                                 : absl::UnavailableError(absl::StrCat("writing ", seg->path));
 }
 
 PayloadSegments::FileSizes PayloadSegments::Files() {

@@ -116,6 +116,10 @@ class PayloadSegments {
   // The file name of a segment.
   static std::string FileName(uint32_t segment);
 
+  // Test hook: writes `bytes` over the file at `at.offset`, bypassing every
+  // check, to simulate damage.
+  absl::Status OverwriteForTest(const SegmentLocation& at, absl::string_view bytes);
+
  private:
   struct Segment;
   PayloadSegments(std::string dir, rocksdb::FileSystem* fs, uint64_t segment_bytes);

@@ -259,10 +259,10 @@ absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in, SegmentL
   m.accounting.total_bytes = m.size_bytes;
   if (located) {
     const uint64_t segment = GetFixed64(p + kMetaFixedBytes);
-    if (segment > UINT32_MAX) return absl::DataLossError("block meta names no segment file");
-    if (at != nullptr)
-      *at = SegmentLocation{static_cast<uint32_t>(segment), GetFixed64(p + kMetaFixedBytes + 8),
-                            GetFixed64(p + kMetaFixedBytes + 16)};
+    if (segment == 0 || segment > UINT32_MAX) return absl::DataLossError("block meta names no segment file");
+    m.at = SegmentLocation{static_cast<uint32_t>(segment), GetFixed64(p + kMetaFixedBytes + 8),
+                           GetFixed64(p + kMetaFixedBytes + 16)};
+    if (at != nullptr) *at = m.at;
   }
   if (has_at != nullptr) *has_at = located;
   m.parent_hash = std::string(p + fixed, plen);
@@ -524,7 +524,7 @@ void SpillStore::CountLive(uint32_t segment, int64_t bytes) {
 }
 
 absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
-                               absl::Span<const BlockKey> deletes, bool sync) {
+                               absl::Span<const BlockKey> deletes, bool sync, std::vector<SegmentLocation>* placed) {
   if (writes.empty() && deletes.empty()) return absl::OkStatus();
   uint64_t bytes = 0;
   for (const BlockWrite& w : writes) bytes += w.payload.size() + 128;  // meta, keys, headers
@@ -576,6 +576,7 @@ absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
   wo.sync = sync;
   // A failed write leaves its appended payloads unreferenced: garbage.
   TQ_RETURN_IF_ERROR(WriteStatus(db_->Write(wo, &batch), "writing spill batch"));
+  if (placed != nullptr) *placed = at;
   absl::MutexLock l(&tally_mu_);
   for (size_t i = 0; i < writes.size(); ++i)
     CountLive(at[i].segment, static_cast<int64_t>(SegmentRecordBytes(keys[i].size(), at[i].bytes)));
@@ -630,14 +631,28 @@ absl::StatusOr<std::string> SpillStore::ReadStoredPayload(const BlockKey& key) {
   return std::string(stored.second->view());
 }
 
-absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockKey& key) {
-  TQ_ASSIGN_OR_RETURN(auto stored, ReadStored(key));
-  auto& [m, bytes] = stored;
-  if (!m.meta.sealed) return std::move(bytes);
+absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockKey& key, const SegmentLocation& hint,
+                                                                    bool sealed) {
+  std::unique_ptr<HostBuffer> bytes;
+  if (hint.segment != 0) {
+    TQ_ASSIGN_OR_RETURN(bytes, HostBuffer::Allocate(hint.bytes));
+    const absl::Status read = segments_->Read(hint, reinterpret_cast<char*>(bytes->data()));
+    if (!read.ok() && !absl::IsNotFound(read))
+      return absl::Status(read.code(), absl::StrCat("reading block ", DebugString(key), ": ", read.message()));
+    if (!read.ok()) bytes.reset();  // the file was collected: the meta says where the payload went
+  }
+  if (bytes == nullptr) {
+    TQ_ASSIGN_OR_RETURN(auto stored, ReadStored(key));
+    bytes = std::move(stored.second);
+    sealed = stored.first.meta.sealed;
+  }
+  if (!sealed) return std::move(bytes);
   if (cipher_ == nullptr)
     return absl::FailedPreconditionError(absl::StrCat(
         "block ", DebugString(key), " is encrypted at rest and the store has no key (--at_rest_key_file)"));
   absl::StatusOr<std::unique_ptr<HostBuffer>> open = cipher_->Open(key.tenant, EncodeBlockKey(key), bytes->view());
+  if (!open.ok() && absl::IsDataLoss(open.status()) && hint.segment != 0)
+    return ReadPayload(key);  // the hint's sealed flag or place was stale: the meta decides
   if (!open.ok())
     return absl::Status(open.status().code(), absl::StrCat("block ", DebugString(key), ": ", open.status().message()));
   return open;
@@ -948,6 +963,11 @@ absl::Status SpillStore::OverwritePayloadForTest(const BlockKey& key, absl::stri
   TQ_ASSIGN_OR_RETURN(const std::vector<std::optional<StoredMeta>> metas, ReadStoredMetas({k}));
   if (!metas[0].has_value() || !metas[0]->in_segment)
     return FromRocks(db_->Put(rocksdb::WriteOptions(), data_cf_.get(), k, ToSlice(bytes)), "overwriting payload");
+  // Damage in place (what a reader with the location finds) ...
+  const SegmentLocation& old = metas[0]->at;
+  TQ_RETURN_IF_ERROR(segments_->OverwriteForTest(old, bytes.substr(0, std::min<uint64_t>(bytes.size(), old.bytes))));
+  if (bytes.size() == old.bytes) return absl::OkStatus();
+  // ... and a payload of another length: the meta points at it.
   TQ_ASSIGN_OR_RETURN(const std::vector<SegmentLocation> at, segments_->Append({{k, bytes}}, /*sync=*/false));
   return FromRocks(db_->Put(rocksdb::WriteOptions(), meta_cf_.get(), k, EncodeDiskBlockMeta(metas[0]->meta, &at[0])),
                    "overwriting payload");

@@ -111,11 +111,18 @@ struct DiskBlockMeta {
   // alone (BlockStore folds the key's tag in when it loads one).
   uint64_t checksum = 0;
   uint8_t version = kDiskFormatVersion;  // of the decoded record (not encoded from here)
-  // The payload is sealed (format 3). Set by SpillStore when it seals.
+  // The payload is sealed (formats 3 and 5). Set by SpillStore when it seals.
   bool sealed = false;
+  // Where a format 4 or 5 record's payload is (decoded; segment 0: in
+  // block_data). A hint for ReadPayload. Not encoded from here
+  // (EncodeDiskBlockMeta takes the location apart) nor compared.
+  SegmentLocation at;
   std::string parent_hash;
   BlockAccounting accounting;  // total_bytes == size_bytes
-  friend bool operator==(const DiskBlockMeta&, const DiskBlockMeta&) = default;
+  friend bool operator==(const DiskBlockMeta& a, const DiskBlockMeta& b) {
+    return a.size_bytes == b.size_bytes && a.checksum == b.checksum && a.version == b.version &&
+           a.sealed == b.sealed && a.parent_hash == b.parent_hash && a.accounting == b.accounting;
+  }
 };
 
 // A 64-bit tag of the key (XXH64 of its encoding).
@@ -239,19 +246,25 @@ class SpillStore {
 
   // Atomically writes `writes` and deletes `deletes`: the payloads go to
   // the segment file, then every meta write and delete in one WriteBatch.
-  // sync=true makes both power-loss durable before returning.
+  // sync=true makes both power-loss durable before returning. `placed`
+  // (may be null) receives each write's location, a hint for ReadPayload.
   // RESOURCE_EXHAUSTED (nothing written) when the disk is full or the batch
   // would leave less than min_free_bytes free.
   absl::Status Apply(absl::Span<const BlockWrite> writes, absl::Span<const BlockKey> deletes,
-                     bool sync);
+                     bool sync, std::vector<SegmentLocation>* placed = nullptr);
 
   // The stored payload of `key` in a new buffer (opened when sealed).
   // NOT_FOUND if absent; DATA_LOSS when its meta does not decode or a
   // sealed payload fails authentication; FAILED_PRECONDITION when it is
   // sealed and the store has no cipher, or not the key it was sealed with
   // (AtRestCipher::Open). Does not verify the checksum (the caller compares
-  // with its index).
-  absl::StatusOr<std::unique_ptr<HostBuffer>> ReadPayload(const BlockKey& key);
+  // with its index). With `hint` (where Apply or ScanBlocks said the payload
+  // is: segment not 0) the payload is read from there without its meta; a
+  // segment file keeps its bytes until it is deleted, after its live
+  // payloads moved, so a hint reads the same bytes or finds no file, and
+  // then the meta is read.
+  absl::StatusOr<std::unique_ptr<HostBuffer>> ReadPayload(const BlockKey& key, const SegmentLocation& hint = {},
+                                                          bool sealed = false);
 
   // Calls on_block for every block in block_meta, in key order, until it
   // returns false. Entries whose key or meta fail to decode are not passed

@@ -297,6 +297,44 @@ TEST(SpillStore, GarbageCollectionKeepsTheFreeSpace) {
   EXPECT_EQ((*got)->view(), payload);
 }
 
+// Apply says where each payload went; ReadPayload with that hint reads it
+// without the meta (here damaged, so a read through the meta fails), and
+// a hint into a collected file falls back to the meta.
+TEST(SpillStore, APlacementHintReadsWithoutTheMeta) {
+  TempDir dir;
+  const SpillStoreOptions options{.path = dir.path()};  // a and b in one segment file
+  const BlockKey a{"t", 1, "a"}, b{"t", 1, "b"};
+  const std::string pa(4096, 'a'), pb(4096, 'b');
+  const DiskBlockMeta ma = MetaFor(pa), mb = MetaFor(pb);
+  std::vector<SegmentLocation> placed;
+  {
+    auto store = SpillStore::Open(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Apply({{&a, &ma, pa}, {&b, &mb, pb}}, {}, /*sync=*/true, &placed).ok());
+    ASSERT_EQ(placed.size(), 2u);
+    EXPECT_EQ(placed[0].bytes, pa.size());
+    ASSERT_TRUE((*store)->OverwriteMetaForTest(a, "garbage").ok());
+    EXPECT_EQ((*store)->ReadPayload(a).status().code(), absl::StatusCode::kDataLoss);
+    auto got = (*store)->ReadPayload(a, placed[0]);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)->view(), pa);
+    ASSERT_TRUE((*store)->DeleteEncodedKeys({EncodeBlockKey(a)}).ok());
+  }
+  auto store = SpillStore::Open(options);  // the file closed: collectable
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->ScanBlocks([](BlockKey, DiskBlockMeta) { return true; }, nullptr).ok());
+  // Half the file is garbage (a's meta is gone): b moves and the file goes.
+  const uint64_t before = (*store)->PayloadFileSpace().file_bytes;
+  ASSERT_TRUE((*store)->CollectGarbage(1.0).ok());
+  EXPECT_LT((*store)->PayloadFileSpace().file_bytes, before);
+  auto got = (*store)->ReadPayload(b, placed[1]);  // its file is gone: read through the meta
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->view(), pb);
+  auto meta = (*store)->ReadMeta(b);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_NE(meta->at.segment, placed[1].segment);
+}
+
 TEST(SpillStore, OpenRejectsEmptyPath) {
   EXPECT_EQ(SpillStore::Open({}).status().code(), absl::StatusCode::kInvalidArgument);
 }
