@@ -75,6 +75,12 @@ void FlipByte(const fs::path& p, size_t at) {
   WriteFile(p, bytes);
 }
 
+// Flips a byte in the middle of `dir`'s current MANIFEST.
+void DamageManifest(const std::string& dir) {
+  const fs::path manifest = Files(dir, "MANIFEST-", "").back();
+  FlipByte(manifest, fs::file_size(manifest) / 2);
+}
+
 // The table file of a column family (its name is in the file's properties).
 fs::path TableOf(const std::string& dir, const std::string& cf) {
   for (const fs::path& p : Files(dir, "", ".sst")) {
@@ -244,8 +250,7 @@ TEST_F(DiskDamageTest, TheLastAcknowledgedWalRecordDamagedFailsOpen) {
 
 TEST_F(DiskDamageTest, ADamagedManifestFailsOpenAndRepairRebuildsEverything) {
   WriteTables();
-  const fs::path manifest = Files(db_, "MANIFEST-", "").back();
-  FlipByte(manifest, fs::file_size(manifest) / 2);
+  DamageManifest(db_);
   ExpectRepairPath(Open(db_).status(), db_);
 
   std::string out;
@@ -266,8 +271,7 @@ TEST_F(DiskDamageTest, ADamagedManifestFailsOpenAndRepairRebuildsEverything) {
 // not list the blob files; the payloads come back from them.
 TEST_F(DiskDamageTest, ARebuildReadsBlockDataPayloadsBackFromTheBlobFiles) {
   WriteBlockDataTables();
-  const fs::path manifest = Files(db_, "MANIFEST-", "").back();
-  FlipByte(manifest, fs::file_size(manifest) / 2);
+  DamageManifest(db_);
   ExpectRepairPath(Open(db_).status(), db_);
   std::string out;
   ASSERT_EQ(Repair(db_, &out), 0) << out;
@@ -336,8 +340,7 @@ TEST_F(DiskDamageTest, ARepairCutShortKeepsEveryBlobFileItSetAside) {
   fs::create_directories(db_ + "/blob_salvage");
   fs::copy_file(blob, db_ + "/blob_salvage/" + blob.filename().string());
   FlipByte(blob, fs::file_size(blob) / 3);  // the database's copy: one payload damaged
-  const fs::path manifest = Files(db_, "MANIFEST-", "").back();
-  FlipByte(manifest, fs::file_size(manifest) / 2);
+  DamageManifest(db_);
   std::string out;
   ASSERT_EQ(Repair(db_, &out), 0) << out;
   EXPECT_NE(out.find(std::to_string(kBlocks) + " blocks intact, 0 damaged"), std::string::npos) << out;
@@ -354,8 +357,7 @@ TEST_F(DiskDamageTest, ARebuildReadsSealedPayloadsBack) {
   fs::copy(db_, image, fs::copy_options::recursive);
   const std::string key_file = KeyFile("keys", kKeys);
   for (const std::string& dir : {db_, image}) {
-    const fs::path manifest = Files(dir, "MANIFEST-", "").back();
-    FlipByte(manifest, fs::file_size(manifest) / 2);
+    DamageManifest(dir);
   }
   std::string out;
   ASSERT_EQ(Repair(db_, &out, "--at_rest_key_file " + key_file), 0) << out;

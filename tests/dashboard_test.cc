@@ -166,11 +166,7 @@ class DashboardTest : public ServerTest {
     for (const auto& h : chain) cs.add_block_hashes(h);
     auto seq = client_->CreateSequence(cs);
     ASSERT_TRUE(seq.ok()) << seq.status();
-    v1::AttendRequest at;
-    at.set_layer(0);
-    v1::AttendItem* item = at.add_items();
-    item->set_sequence_id(seq->sequence_id());
-    *item->mutable_q() = client::RandomTensor(v1::DTYPE_FP32, {1, 4, 64}, round);
+    const v1::AttendRequest at = OneQueryAttend(seq->sequence_id(), 0, v1::DTYPE_FP32, round);
     auto out = client_->Attend(at);
     ASSERT_TRUE(out.ok()) << out.status();
     v1::DropSequenceRequest drop;

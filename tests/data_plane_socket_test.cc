@@ -101,11 +101,7 @@ TEST_F(DataPlaneSocketTest, ServesWhatTcpServesOnAFileOfTheServersUserOnly) {
   *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 32);
   auto seq = client_->CreateSequence(cs);
   ASSERT_TRUE(seq.ok()) << seq.status();
-  v1::AttendRequest at;
-  at.set_layer(1);
-  v1::AttendItem* item = at.add_items();
-  item->set_sequence_id(seq->sequence_id());
-  *item->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 33);
+  const v1::AttendRequest at = OneQueryAttend(seq->sequence_id(), 1, v1::DTYPE_FP16, 33);
   auto over_unix = unix_dp->Attend(at);
   auto over_tcp = tcp_dp->Attend(at);
   ASSERT_TRUE(over_unix.ok()) << over_unix.status();

@@ -448,11 +448,7 @@ TEST_F(DataPlaneTest, AttendGivesTheSameOutputsAsGrpcAttend) {
   ASSERT_NE(dp, nullptr);
   const uint64_t before = DataGetRequests("DataAttend");
   for (int layer = 0; layer < 2; ++layer) {
-    v1::AttendRequest at;
-    at.set_layer(layer);
-    v1::AttendItem* item = at.add_items();
-    item->set_sequence_id(seq->sequence_id());
-    *item->mutable_q() = client::RandomTensor(v1::DTYPE_FP16, {1, 4, 64}, 30 + layer);
+    const v1::AttendRequest at = OneQueryAttend(seq->sequence_id(), layer, v1::DTYPE_FP16, 30 + layer);
     auto via_grpc = client_->Attend(at);
     auto via_dp = dp->Attend(at);
     ASSERT_TRUE(via_grpc.ok()) << via_grpc.status();

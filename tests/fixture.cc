@@ -148,4 +148,13 @@ v1::GetBlocksRequest GetBlocksReq(const v1::ModelRef& model, const std::vector<s
   return r;
 }
 
+v1::AttendRequest OneQueryAttend(const std::string& sequence_id, uint32_t layer, v1::DType dtype, uint64_t seed) {
+  v1::AttendRequest at;
+  at.set_layer(layer);
+  v1::AttendItem* item = at.add_items();
+  item->set_sequence_id(sequence_id);
+  *item->mutable_q() = client::RandomTensor(dtype, {1, 4, 64}, seed);
+  return at;
+}
+
 }  // namespace tqkv::testing

@@ -70,6 +70,9 @@ class ServerTest : public ::testing::Test {
 std::unique_ptr<client::DataPlaneClient> ConnectDataPlane(const std::string& target, const std::string& token = "");
 // A GetBlocksRequest of `hashes` of `model`.
 v1::GetBlocksRequest GetBlocksReq(const v1::ModelRef& model, const std::vector<std::string>& hashes);
+// An Attend of `layer` with one item: sequence `sequence_id`, one random
+// query of client::SmallModel's layout ([1, 4, 64]) in `dtype` from `seed`.
+v1::AttendRequest OneQueryAttend(const std::string& sequence_id, uint32_t layer, v1::DType dtype, uint64_t seed);
 
 // The codec the server must use for client::SmallModel, built locally.
 std::unique_ptr<ModelCodec> SmallCodec();
