@@ -789,7 +789,7 @@ absl::StatusOr<BlockData> BlockStore::Get(const BlockKey& key) {
         return data;
       }
       generation = r->generation;
-      hint = {r->disk_segment, r->disk_offset, r->size_bytes + (r->disk_sealed ? AtRestCipher::kOverheadBytes : 0)};
+      hint = {r->disk_segment, r->disk_offset, StoredPayloadBytes(r->size_bytes, r->disk_sealed)};
       sealed = r->disk_sealed;
     }
 

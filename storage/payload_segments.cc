@@ -73,6 +73,7 @@ uint64_t SegmentRecordBytes(uint64_t key_bytes, uint64_t payload_bytes) {
 }
 
 struct PayloadSegments::Segment {
+  uint32_t number = 0;
   std::string path;
   std::unique_ptr<rocksdb::FSRandomAccessFile> reader;
   std::atomic<uint64_t> size{0};
@@ -108,18 +109,25 @@ absl::StatusOr<std::unique_ptr<PayloadSegments>> PayloadSegments::Open(const std
   for (const std::string& name : names) {
     const uint32_t n = SegmentOf(name);
     if (n == 0) continue;
-    auto seg = std::make_shared<Segment>();
-    seg->path = dir + "/" + name;
+    const std::string path = dir + "/" + name;
     uint64_t size = 0;
-    TQ_RETURN_IF_ERROR(FromIo(fs->GetFileSize(seg->path, io, &size, nullptr), "sizing", seg->path));
-    seg->size.store(size);
-    TQ_RETURN_IF_ERROR(
-        FromIo(fs->NewRandomAccessFile(seg->path, rocksdb::FileOptions(), &seg->reader, nullptr), "opening", seg->path));
-    seg->reader->Hint(rocksdb::FSRandomAccessFile::kRandom);
-    s->files_[n] = std::move(seg);
+    TQ_RETURN_IF_ERROR(FromIo(fs->GetFileSize(path, io, &size, nullptr), "sizing", path));
+    TQ_ASSIGN_OR_RETURN(s->files_[n], s->OpenSegment(n, size));
     s->next_ = std::max(s->next_, n + 1);
   }
   return s;
+}
+
+absl::StatusOr<std::shared_ptr<PayloadSegments::Segment>> PayloadSegments::OpenSegment(uint32_t number,
+                                                                                     uint64_t size) {
+  auto seg = std::make_shared<Segment>();
+  seg->number = number;
+  seg->path = dir_ + "/" + FileName(number);
+  seg->size.store(size);
+  TQ_RETURN_IF_ERROR(
+      FromIo(fs_->NewRandomAccessFile(seg->path, rocksdb::FileOptions(), &seg->reader, nullptr), "opening", seg->path));
+  seg->reader->Hint(rocksdb::FSRandomAccessFile::kRandom);  // no readahead past a payload
+  return seg;
 }
 
 absl::Status PayloadSegments::StartSegmentLocked() {
@@ -129,7 +137,9 @@ absl::Status PayloadSegments::StartSegmentLocked() {
     const rocksdb::IOStatus synced = writer_->Sync(io, nullptr);
     (void)writer_->Close(io, nullptr);
     writer_.reset();
-    TQ_RETURN_IF_ERROR(FromIo(synced, "syncing", FileName(active_)));
+    const uint32_t filled = active_->number;
+    active_.reset();
+    TQ_RETURN_IF_ERROR(FromIo(synced, "syncing", FileName(filled)));
     unsynced_ = false;
   }
   uint32_t n;
@@ -137,18 +147,15 @@ absl::Status PayloadSegments::StartSegmentLocked() {
     absl::MutexLock l(&files_mu_);
     n = next_++;
   }
-  auto seg = std::make_shared<Segment>();
-  seg->path = dir_ + "/" + FileName(n);
+  const std::string path = dir_ + "/" + FileName(n);
   std::unique_ptr<rocksdb::FSWritableFile> w;
-  TQ_RETURN_IF_ERROR(FromIo(fs_->NewWritableFile(seg->path, rocksdb::FileOptions(), &w, nullptr), "creating", seg->path));
-  TQ_RETURN_IF_ERROR(
-      FromIo(fs_->NewRandomAccessFile(seg->path, rocksdb::FileOptions(), &seg->reader, nullptr), "opening", seg->path));
-  seg->reader->Hint(rocksdb::FSRandomAccessFile::kRandom);
+  TQ_RETURN_IF_ERROR(FromIo(fs_->NewWritableFile(path, rocksdb::FileOptions(), &w, nullptr), "creating", path));
+  TQ_ASSIGN_OR_RETURN(std::shared_ptr<Segment> seg, OpenSegment(n, 0));
   std::unique_ptr<rocksdb::FSDirectory> d;
   TQ_RETURN_IF_ERROR(FromIo(fs_->NewDirectory(dir_, io, &d, nullptr), "opening", dir_));
   TQ_RETURN_IF_ERROR(FromIo(d->Fsync(io, nullptr), "syncing", dir_));
   writer_ = std::move(w);
-  active_ = n;
+  active_ = seg;
   active_bytes_ = 0;
   absl::MutexLock l(&files_mu_);
   files_[n] = std::move(seg);
@@ -164,14 +171,15 @@ absl::StatusOr<std::vector<SegmentLocation>> PayloadSegments::Append(absl::Span<
     // The file's end is unknown now: no later record goes after it.
     (void)writer_->Close(io, nullptr);
     writer_.reset();
+    const uint32_t failed = active_->number;
+    active_.reset();
     unsynced_ = false;
-    return FromIo(s, what, FileName(active_));
+    return FromIo(s, what, FileName(failed));
   };
   // Records go out in as few writes as the file takes: small payloads are
   // copied behind their headers into one buffer of up to kBatchBytes; a
   // large payload is written from where it is (a copy would cost more
   // than the call).
-  std::shared_ptr<Segment> seg;
   std::string pending;
   auto flush = [&]() -> rocksdb::IOStatus {
     if (pending.empty()) return rocksdb::IOStatus::OK();
@@ -183,12 +191,10 @@ absl::StatusOr<std::vector<SegmentLocation>> PayloadSegments::Append(absl::Span<
     if (writer_ == nullptr || active_bytes_ >= segment_bytes_) {
       if (writer_ != nullptr) {
         if (const rocksdb::IOStatus s = flush(); !s.ok()) return fail(s, "appending to");
-        if (seg != nullptr) seg->size.store(active_bytes_, std::memory_order_release);
+        active_->size.store(active_bytes_, std::memory_order_release);
       }
       TQ_RETURN_IF_ERROR(StartSegmentLocked());
-      seg = Find(active_);
     }
-    if (seg == nullptr) seg = Find(active_);
     char header[kHeaderBytes];
     Put32(header, kMagic);
     Put32(header + 4, static_cast<uint32_t>(r.encoded_key.size()));
@@ -206,13 +212,13 @@ absl::StatusOr<std::vector<SegmentLocation>> PayloadSegments::Append(absl::Span<
       if (s.ok()) s = writer_->Append(rocksdb::Slice(r.payload.data(), r.payload.size()), io, nullptr);
     }
     if (!s.ok()) return fail(s, "appending to");
-    out.push_back({active_, active_bytes_ + head, r.payload.size()});
+    out.push_back({active_->number, active_bytes_ + head, r.payload.size()});
     active_bytes_ += head + r.payload.size();
     unsynced_ = true;
   }
   if (writer_ != nullptr) {
     if (const rocksdb::IOStatus s = flush(); !s.ok()) return fail(s, "appending to");
-    if (seg != nullptr) seg->size.store(active_bytes_, std::memory_order_release);
+    active_->size.store(active_bytes_, std::memory_order_release);
   }
   if (sync && unsynced_) {
     const rocksdb::IOStatus s = writer_->Sync(io, nullptr);
@@ -225,20 +231,20 @@ absl::StatusOr<std::vector<SegmentLocation>> PayloadSegments::Append(absl::Span<
 absl::Status PayloadSegments::Sync() {
   absl::MutexLock l(&append_mu_);
   if (writer_ == nullptr || !unsynced_) return absl::OkStatus();
-  TQ_RETURN_IF_ERROR(FromIo(writer_->Sync(rocksdb::IOOptions(), nullptr), "syncing", FileName(active_)));
+  TQ_RETURN_IF_ERROR(FromIo(writer_->Sync(rocksdb::IOOptions(), nullptr), "syncing", FileName(active_->number)));
   unsynced_ = false;
   return absl::OkStatus();
 }
 
-std::shared_ptr<PayloadSegments::Segment> PayloadSegments::Find(uint32_t segment) {
+absl::StatusOr<std::shared_ptr<PayloadSegments::Segment>> PayloadSegments::Find(uint32_t segment) {
   absl::MutexLock l(&files_mu_);
   auto it = files_.find(segment);
-  return it == files_.end() ? nullptr : it->second;
+  if (it == files_.end()) return absl::NotFoundError(absl::StrCat("segment ", FileName(segment), " does not exist"));
+  return it->second;
 }
 
 absl::Status PayloadSegments::Read(const SegmentLocation& at, char* dst) {
-  std::shared_ptr<Segment> seg = Find(at.segment);
-  if (seg == nullptr) return absl::NotFoundError(absl::StrCat("segment ", FileName(at.segment), " does not exist"));
+  TQ_ASSIGN_OR_RETURN(const std::shared_ptr<Segment> seg, Find(at.segment));
   if (at.offset + at.bytes > seg->size.load(std::memory_order_acquire) || at.offset + at.bytes < at.offset)
     return absl::DataLossError(absl::StrCat("segment ", FileName(at.segment), " is shorter than a record it holds"));
   uint64_t done = 0;
@@ -255,8 +261,7 @@ absl::Status PayloadSegments::Read(const SegmentLocation& at, char* dst) {
 }
 
 absl::StatusOr<std::unique_ptr<PayloadSegments::Contents>> PayloadSegments::ReadAll(uint32_t segment) {
-  std::shared_ptr<Segment> seg = Find(segment);
-  if (seg == nullptr) return absl::NotFoundError(absl::StrCat("segment ", FileName(segment), " does not exist"));
+  TQ_ASSIGN_OR_RETURN(const std::shared_ptr<Segment> seg, Find(segment));
   const uint64_t size = seg->size.load(std::memory_order_acquire);
   auto out = std::make_unique<Contents>();
   out->bytes.resize(size);
@@ -281,7 +286,7 @@ absl::Status PayloadSegments::Remove(uint32_t segment) {
   std::shared_ptr<Segment> seg;
   {
     absl::MutexLock l(&append_mu_);
-    if (writer_ != nullptr && segment == active_)
+    if (active_ != nullptr && segment == active_->number)
       return absl::FailedPreconditionError("the segment being appended to cannot be removed");
     absl::MutexLock f(&files_mu_);
     auto it = files_.find(segment);
@@ -294,8 +299,7 @@ absl::Status PayloadSegments::Remove(uint32_t segment) {
 }
 
 absl::Status PayloadSegments::OverwriteForTest(const SegmentLocation& at, absl::string_view bytes) {
-  std::shared_ptr<Segment> seg = Find(at.segment);
-  if (seg == nullptr) return absl::NotFoundError(absl::StrCat("segment ", FileName(at.segment), " does not exist"));
+  TQ_ASSIGN_OR_RETURN(const std::shared_ptr<Segment> seg, Find(at.segment));
   const int fd = ::open(seg->path.c_str(), O_WRONLY);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("opening ", seg->path));
   const ssize_t n = ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(at.offset));
@@ -308,7 +312,7 @@ PayloadSegments::FileSizes PayloadSegments::Files() {
   FileSizes out;
   {
     absl::MutexLock l(&append_mu_);
-    out.active = writer_ != nullptr ? active_ : 0;
+    out.active = active_ != nullptr ? active_->number : 0;
   }
   absl::MutexLock l(&files_mu_);
   for (const auto& [n, seg] : files_) out.bytes[n] = seg->size.load(std::memory_order_acquire);

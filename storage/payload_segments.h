@@ -123,10 +123,12 @@ class PayloadSegments {
  private:
   struct Segment;
   PayloadSegments(std::string dir, rocksdb::FileSystem* fs, uint64_t segment_bytes);
+  // A reader of segment file `number` of `size` bytes.
+  absl::StatusOr<std::shared_ptr<Segment>> OpenSegment(uint32_t number, uint64_t size);
   // Opens a new file for appends (after the last one filled or failed).
   absl::Status StartSegmentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
-  // The segment's reader, or null when it does not exist.
-  std::shared_ptr<Segment> Find(uint32_t segment);
+  // The segment's reader; NOT_FOUND when it does not exist.
+  absl::StatusOr<std::shared_ptr<Segment>> Find(uint32_t segment);
 
   const std::string dir_;
   rocksdb::FileSystem* const fs_;
@@ -135,8 +137,9 @@ class PayloadSegments {
   // Appends serialise on append_mu_; the map of readers has its own lock,
   // so reads go on during an append.
   absl::Mutex append_mu_;
+  // The file appends go to, and its reader: both null, or neither.
   std::unique_ptr<rocksdb::FSWritableFile> writer_ ABSL_GUARDED_BY(append_mu_);
-  uint32_t active_ ABSL_GUARDED_BY(append_mu_) = 0;
+  std::shared_ptr<Segment> active_ ABSL_GUARDED_BY(append_mu_);
   uint64_t active_bytes_ ABSL_GUARDED_BY(append_mu_) = 0;
   bool unsynced_ ABSL_GUARDED_BY(append_mu_) = false;
 

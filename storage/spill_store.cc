@@ -194,6 +194,10 @@ uint64_t PayloadChecksum(absl::string_view bytes) {
   return XXH64(bytes.data(), bytes.size(), /*seed=*/0);
 }
 
+uint64_t StoredPayloadBytes(uint64_t payload_bytes, bool sealed) {
+  return payload_bytes + (sealed ? AtRestCipher::kOverheadBytes : 0);
+}
+
 uint64_t KeyTag(const BlockKey& key) {
   const std::string k = EncodeBlockKey(key);
   return XXH64(k.data(), k.size(), /*seed=*/0x6b6579);
@@ -203,10 +207,11 @@ uint64_t BlockChecksum(const BlockKey& key, absl::string_view payload) {
   return PayloadChecksum(payload) ^ KeyTag(key);
 }
 
-std::string EncodeDiskBlockMeta(const DiskBlockMeta& m, const SegmentLocation* at) {
+std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
+  const bool located = m.at.segment != 0;
   std::string out;
   out.reserve(kMetaFixedBytes + kLocationBytes + m.parent_hash.size() + 8);
-  const uint8_t version = at != nullptr ? (m.sealed ? kSealedSegmentDiskFormatVersion : kSegmentDiskFormatVersion)
+  const uint8_t version = located ? (m.sealed ? kSealedSegmentDiskFormatVersion : kSegmentDiskFormatVersion)
                                         : (m.sealed ? kSealedDiskFormatVersion : kDiskFormatVersion);
   out.push_back(static_cast<char>(version));
   out.push_back(0);
@@ -220,17 +225,17 @@ std::string EncodeDiskBlockMeta(const DiskBlockMeta& m, const SegmentLocation* a
   PutFixed64(&out, m.accounting.packed_v_bytes);
   PutFixed64(&out, m.accounting.norms_metadata_bytes);
   PutFixed64(&out, m.accounting.dense_window_bytes);
-  if (at != nullptr) {
-    PutFixed64(&out, at->segment);  // u32 segment, u32 reserved (0)
-    PutFixed64(&out, at->offset);
-    PutFixed64(&out, at->bytes);
+  if (located) {
+    PutFixed64(&out, m.at.segment);  // u32 segment, u32 reserved (0)
+    PutFixed64(&out, m.at.offset);
+    PutFixed64(&out, m.at.bytes);
   }
   out.append(m.parent_hash);
   PutFixed64(&out, PayloadChecksum(out));
   return out;
 }
 
-absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in, SegmentLocation* at, bool* has_at) {
+absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in) {
   if (in.size() < kMetaFixedBytes + 8) return absl::DataLossError("block meta is truncated");
   const uint8_t version = static_cast<uint8_t>(in[0]);
   if (version < 1 || version > kSealedSegmentDiskFormatVersion) {
@@ -262,9 +267,7 @@ absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view in, SegmentL
     if (segment == 0 || segment > UINT32_MAX) return absl::DataLossError("block meta names no segment file");
     m.at = SegmentLocation{static_cast<uint32_t>(segment), GetFixed64(p + kMetaFixedBytes + 8),
                            GetFixed64(p + kMetaFixedBytes + 16)};
-    if (at != nullptr) *at = m.at;
   }
-  if (has_at != nullptr) *has_at = located;
   m.parent_hash = std::string(p + fixed, plen);
   return m;
 }
@@ -453,18 +456,11 @@ absl::StatusOr<SpillStore::RepairReport> SpillStore::Repair(const SpillStoreOpti
 absl::Status SpillStore::WriteStatus(const rocksdb::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
   if (s.IsIOError()) needs_resume_.store(true, std::memory_order_relaxed);
-  absl::Status st = FromRocks(s, what);
-  if (s.IsNoSpace()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("disk tier at ", path_, " is full: ", st.message()));
-  }
-  if (s.IsIOError()) {
-    return absl::UnavailableError(absl::StrCat("disk tier at ", path_, ": ", st.message()));
-  }
-  return st;
+  const absl::Status st = FromRocks(s, what);  // NoSpace: RESOURCE_EXHAUSTED; other I/O errors: UNAVAILABLE
+  return s.IsIOError() ? DiskError(st) : st;
 }
 
-absl::Status SpillStore::SegmentStatus(const absl::Status& s) const {
+absl::Status SpillStore::DiskError(const absl::Status& s) const {
   if (absl::IsResourceExhausted(s))
     return absl::ResourceExhaustedError(absl::StrCat("disk tier at ", path_, " is full: ", s.message()));
   if (absl::IsUnavailable(s)) return absl::UnavailableError(absl::StrCat("disk tier at ", path_, ": ", s.message()));
@@ -495,9 +491,8 @@ absl::Status SpillStore::CheckHeadroom(uint64_t bytes) const {
                                                    min_free_bytes_));
 }
 
-absl::StatusOr<std::vector<std::optional<SpillStore::StoredMeta>>> SpillStore::ReadStoredMetas(
-    absl::Span<const std::string> keys) {
-  std::vector<std::optional<StoredMeta>> out(keys.size());
+absl::StatusOr<std::vector<std::optional<DiskBlockMeta>>> SpillStore::ReadMetas(absl::Span<const std::string> keys) {
+  std::vector<std::optional<DiskBlockMeta>> out(keys.size());
   if (keys.empty()) return out;
   std::vector<rocksdb::Slice> slices;
   slices.reserve(keys.size());
@@ -508,12 +503,8 @@ absl::StatusOr<std::vector<std::optional<SpillStore::StoredMeta>>> SpillStore::R
   for (size_t i = 0; i < keys.size(); ++i) {
     if (statuses[i].IsNotFound()) continue;
     if (!statuses[i].ok()) return FromRocks(statuses[i], "reading block meta");
-    StoredMeta m;
-    absl::StatusOr<DiskBlockMeta> meta =
-        DecodeDiskBlockMeta(absl::string_view(values[i].data(), values[i].size()), &m.at, &m.in_segment);
-    if (!meta.ok()) continue;  // damaged: what it pointed at is unknown
-    m.meta = *std::move(meta);
-    out[i] = std::move(m);
+    absl::StatusOr<DiskBlockMeta> meta = DecodeDiskBlockMeta(absl::string_view(values[i].data(), values[i].size()));
+    if (meta.ok()) out[i] = *std::move(meta);  // else damaged: what it pointed at is unknown
   }
   return out;
 }
@@ -532,30 +523,29 @@ absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
   // keys: the writes', then the deletes'.
   std::vector<std::string> keys;
   keys.reserve(writes.size() + deletes.size());
+  for (const BlockWrite& w : writes) keys.push_back(EncodeBlockKey(*w.key));
+  for (const BlockKey& k : deletes) keys.push_back(EncodeBlockKey(k));
   std::vector<std::string> sealed(cipher_ != nullptr ? writes.size() : 0);
   std::vector<PayloadSegments::Record> records;
   records.reserve(writes.size());
   for (size_t i = 0; i < writes.size(); ++i) {
-    const BlockWrite& w = writes[i];
-    keys.push_back(EncodeBlockKey(*w.key));
-    absl::string_view stored = w.payload;
+    absl::string_view stored = writes[i].payload;
     if (cipher_ != nullptr) {
-      absl::StatusOr<std::string> s = cipher_->Seal(w.key->tenant, keys.back(), w.payload);
+      absl::StatusOr<std::string> s = cipher_->Seal(writes[i].key->tenant, keys[i], stored);
       if (!s.ok()) return s.status();
       sealed[i] = *std::move(s);
       stored = sealed[i];
     }
-    records.push_back({keys.back(), stored});
+    records.push_back({keys[i], stored});
   }
-  for (const BlockKey& k : deletes) keys.push_back(EncodeBlockKey(k));
   TQ_RETURN_IF_ERROR(ResumeIfStopped());
 
   absl::ReaderMutexLock apply(&apply_mu_);
   // What the writes replace and the deletes remove: their segment bytes
   // become garbage, their block_data payloads are deleted.
-  TQ_ASSIGN_OR_RETURN(const std::vector<std::optional<StoredMeta>> old, ReadStoredMetas(keys));
+  TQ_ASSIGN_OR_RETURN(const std::vector<std::optional<DiskBlockMeta>> old, ReadMetas(keys));
   absl::StatusOr<std::vector<SegmentLocation>> appended = segments_->Append(records, sync);
-  if (!appended.ok()) return SegmentStatus(appended.status());
+  if (!appended.ok()) return DiskError(appended.status());
   const std::vector<SegmentLocation>& at = *appended;
   rocksdb::WriteBatch batch;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -563,12 +553,13 @@ absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
     if (i < writes.size()) {
       DiskBlockMeta m = *writes[i].meta;
       m.sealed = cipher_ != nullptr;
-      s = batch.Put(meta_cf_.get(), keys[i], EncodeDiskBlockMeta(m, &at[i]));
+      m.at = at[i];
+      s = batch.Put(meta_cf_.get(), keys[i], EncodeDiskBlockMeta(m));
     } else {
       s = batch.Delete(meta_cf_.get(), keys[i]);
     }
     // A format 1-3 record's payload (or damaged meta: it may have one).
-    if (s.ok() && (i >= writes.size() || (old[i].has_value() && !old[i]->in_segment)))
+    if (s.ok() && (i >= writes.size() || (old[i].has_value() && old[i]->at.segment == 0)))
       s = batch.Delete(data_cf_.get(), keys[i]);
     if (!s.ok()) return FromRocks(s, "building spill batch");
   }
@@ -581,14 +572,21 @@ absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
   for (size_t i = 0; i < writes.size(); ++i)
     CountLive(at[i].segment, static_cast<int64_t>(SegmentRecordBytes(keys[i].size(), at[i].bytes)));
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (old[i].has_value() && old[i]->in_segment)
+    if (old[i].has_value() && old[i]->at.segment != 0)
       CountLive(old[i]->at.segment, -static_cast<int64_t>(SegmentRecordBytes(keys[i].size(), old[i]->at.bytes)));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::pair<SpillStore::StoredMeta, std::unique_ptr<HostBuffer>>> SpillStore::ReadStored(
-    const BlockKey& key) {
+absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadAt(const BlockKey& key, const SegmentLocation& at) {
+  TQ_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> bytes, HostBuffer::Allocate(at.bytes));
+  const absl::Status read = segments_->Read(at, reinterpret_cast<char*>(bytes->data()));
+  if (read.ok()) return bytes;
+  if (absl::IsNotFound(read)) return read;
+  return absl::Status(read.code(), absl::StrCat("reading block ", DebugString(key), ": ", read.message()));
+}
+
+absl::StatusOr<std::pair<DiskBlockMeta, std::unique_ptr<HostBuffer>>> SpillStore::ReadStored(const BlockKey& key) {
   const std::string k = EncodeBlockKey(key);
   // Once more if a garbage collection moved the payload between reading
   // its meta and its bytes.
@@ -596,10 +594,8 @@ absl::StatusOr<std::pair<SpillStore::StoredMeta, std::unique_ptr<HostBuffer>>> S
     rocksdb::PinnableSlice meta_bytes;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), k, &meta_bytes);
     if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
-    StoredMeta m;
-    TQ_ASSIGN_OR_RETURN(m.meta, DecodeDiskBlockMeta(absl::string_view(meta_bytes.data(), meta_bytes.size()), &m.at,
-                                                    &m.in_segment));
-    if (!m.in_segment) {
+    TQ_ASSIGN_OR_RETURN(DiskBlockMeta m, DecodeDiskBlockMeta(absl::string_view(meta_bytes.data(), meta_bytes.size())));
+    if (m.at.segment == 0) {
       // Every reader checks the payload against the meta's checksum (bound
       // to the key), so RocksDB's own CRC32C of the same bytes (computed in
       // software by Debian's build) is skipped.
@@ -613,16 +609,13 @@ absl::StatusOr<std::pair<SpillStore::StoredMeta, std::unique_ptr<HostBuffer>>> S
       return std::make_pair(std::move(m), std::move(bytes));
     }
     // A stored length far from the meta's is damage, not an allocation to try.
-    const uint64_t overhead = m.meta.sealed ? AtRestCipher::kOverheadBytes : 0;
-    if (m.at.bytes != m.meta.size_bytes + overhead)
+    if (m.at.bytes != StoredPayloadBytes(m.size_bytes, m.sealed))
       return absl::DataLossError(absl::StrCat("block ", DebugString(key), ": stored ", m.at.bytes,
-                                              " bytes where its meta says ", m.meta.size_bytes + overhead));
-    TQ_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> bytes, HostBuffer::Allocate(m.at.bytes));
-    absl::Status read = segments_->Read(m.at, reinterpret_cast<char*>(bytes->data()));
-    if (absl::IsNotFound(read) && attempt == 0) continue;
-    if (!read.ok())
-      return absl::Status(read.code(), absl::StrCat("reading block ", DebugString(key), ": ", read.message()));
-    return std::make_pair(std::move(m), std::move(bytes));
+                                              " bytes where its meta says ", StoredPayloadBytes(m.size_bytes, m.sealed)));
+    absl::StatusOr<std::unique_ptr<HostBuffer>> bytes = ReadAt(key, m.at);
+    if (absl::IsNotFound(bytes.status()) && attempt == 0) continue;
+    if (!bytes.ok()) return bytes.status();
+    return std::make_pair(std::move(m), *std::move(bytes));
   }
 }
 
@@ -635,16 +628,14 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockK
                                                                     bool sealed) {
   std::unique_ptr<HostBuffer> bytes;
   if (hint.segment != 0) {
-    TQ_ASSIGN_OR_RETURN(bytes, HostBuffer::Allocate(hint.bytes));
-    const absl::Status read = segments_->Read(hint, reinterpret_cast<char*>(bytes->data()));
-    if (!read.ok() && !absl::IsNotFound(read))
-      return absl::Status(read.code(), absl::StrCat("reading block ", DebugString(key), ": ", read.message()));
-    if (!read.ok()) bytes.reset();  // the file was collected: the meta says where the payload went
+    absl::StatusOr<std::unique_ptr<HostBuffer>> read = ReadAt(key, hint);
+    if (!read.ok() && !absl::IsNotFound(read.status())) return read.status();
+    if (read.ok()) bytes = *std::move(read);  // else collected: the meta says where the payload went
   }
   if (bytes == nullptr) {
     TQ_ASSIGN_OR_RETURN(auto stored, ReadStored(key));
     bytes = std::move(stored.second);
-    sealed = stored.first.meta.sealed;
+    sealed = stored.first.sealed;
   }
   if (!sealed) return std::move(bytes);
   if (cipher_ == nullptr)
@@ -680,15 +671,13 @@ absl::Status SpillStore::ScanBlocks(absl::FunctionRef<bool(BlockKey, DiskBlockMe
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       absl::string_view raw_key(it->key().data(), it->key().size());
       absl::StatusOr<BlockKey> key = DecodeBlockKey(raw_key);
-      SegmentLocation at;
-      bool in_segment = false;
-      absl::StatusOr<DiskBlockMeta> meta =
-          DecodeDiskBlockMeta(absl::string_view(it->value().data(), it->value().size()), &at, &in_segment);
+      absl::StatusOr<DiskBlockMeta> meta = DecodeDiskBlockMeta(absl::string_view(it->value().data(), it->value().size()));
       if (!key.ok() || !meta.ok()) {
         if (corrupt_keys != nullptr) corrupt_keys->emplace_back(raw_key);
         continue;
       }
-      if (in_segment) live[at.segment] += static_cast<int64_t>(SegmentRecordBytes(raw_key.size(), at.bytes));
+      if (meta->at.segment != 0)
+        live[meta->at.segment] += static_cast<int64_t>(SegmentRecordBytes(raw_key.size(), meta->at.bytes));
       if (!on_block(*std::move(key), *std::move(meta))) return absl::OkStatus();
     }
     if (it->status().IsCorruption()) return Damaged(path_, it->status());
@@ -740,15 +729,22 @@ SpillStore::PayloadSpace SpillStore::PayloadFileSpace() {
     space.garbage_bytes += f.garbage_blob_bytes;
   }
   const PayloadSegments::FileSizes files = segments_->Files();
+  for (const auto& [segment, bytes] : files.bytes) space.file_bytes += bytes;
   absl::MutexLock l(&tally_mu_);
+  for (const SegmentGarbage& g : SegmentGarbageLocked(files)) space.garbage_bytes += g.garbage;
+  return space;
+}
+
+std::vector<SpillStore::SegmentGarbage> SpillStore::SegmentGarbageLocked(const PayloadSegments::FileSizes& files) {
+  std::vector<SegmentGarbage> out;
+  if (!live_known_) return out;
   for (const auto& [segment, bytes] : files.bytes) {
-    space.file_bytes += bytes;
-    if (!live_known_ || segment == files.active) continue;
+    if (segment == files.active) continue;
     auto it = live_.find(segment);
     const uint64_t live = it == live_.end() ? 0 : static_cast<uint64_t>(std::max<int64_t>(0, it->second));
-    space.garbage_bytes += bytes - std::min(bytes, live);
+    if (bytes > live) out.push_back({segment, bytes - live, live});
   }
-  return space;
+  return out;
 }
 
 absl::Status SpillStore::CollectGarbage(double garbage_share) {
@@ -758,27 +754,17 @@ absl::Status SpillStore::CollectGarbage(double garbage_share) {
 }
 
 absl::Status SpillStore::CollectSegmentGarbage(double garbage_share) {
-  const PayloadSegments::FileSizes files = segments_->Files();
-  struct Candidate {
-    uint64_t garbage, live;
-    uint32_t segment;
-  };
-  std::vector<Candidate> candidates;
-  uint64_t garbage = 0;
+  std::vector<SegmentGarbage> candidates;
   {
+    const PayloadSegments::FileSizes files = segments_->Files();
     absl::MutexLock l(&tally_mu_);
     if (!live_known_) return absl::OkStatus();
-    for (const auto& [segment, bytes] : files.bytes) {
-      if (segment == files.active) continue;
-      auto it = live_.find(segment);
-      const uint64_t live = it == live_.end() ? 0 : static_cast<uint64_t>(std::max<int64_t>(0, it->second));
-      if (bytes <= live) continue;
-      candidates.push_back({bytes - live, std::min(bytes, live), segment});
-      garbage += bytes - live;
-    }
+    candidates = SegmentGarbageLocked(files);
   }
+  uint64_t garbage = 0;
+  for (const SegmentGarbage& g : candidates) garbage += g.garbage;
   // The files with the most garbage first: the least moved per byte freed.
-  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+  std::sort(candidates.begin(), candidates.end(), [](const SegmentGarbage& a, const SegmentGarbage& b) {
     return a.garbage != b.garbage ? a.garbage > b.garbage : a.segment < b.segment;
   });
   size_t picked = 0;
@@ -807,8 +793,7 @@ absl::Status SpillStore::CollectSegmentGarbage(double garbage_share) {
                    PayloadSegments::FileName(segment).c_str());
       continue;
     }
-    // Where the moved payloads and their meta are durable before the file goes.
-    TQ_RETURN_IF_ERROR(segments_->Sync());
+    // The moved payloads, then their meta, durable before the file goes.
     TQ_RETURN_IF_ERROR(SyncWal());
     TQ_RETURN_IF_ERROR(segments_->Remove(segment));
     absl::MutexLock l(&tally_mu_);
@@ -823,21 +808,23 @@ absl::Status SpillStore::MoveLive(absl::Span<const PayloadSegments::Contents::En
   for (const auto& r : records) keys.emplace_back(r.encoded_key);
   TQ_RETURN_IF_ERROR(ResumeIfStopped());
   absl::WriterMutexLock apply(&apply_mu_);
-  TQ_ASSIGN_OR_RETURN(const std::vector<std::optional<StoredMeta>> metas, ReadStoredMetas(keys));
+  TQ_ASSIGN_OR_RETURN(std::vector<std::optional<DiskBlockMeta>> metas, ReadMetas(keys));
   std::vector<size_t> live;  // into records
   std::vector<PayloadSegments::Record> moved;
   for (size_t i = 0; i < records.size(); ++i) {
-    if (!metas[i].has_value() || !metas[i]->in_segment || !(metas[i]->at == records[i].at)) continue;
+    if (!metas[i].has_value() || !(metas[i]->at == records[i].at)) continue;
     live.push_back(i);
     moved.push_back({records[i].encoded_key, records[i].payload});
   }
   if (live.empty()) return absl::OkStatus();
   absl::StatusOr<std::vector<SegmentLocation>> appended = segments_->Append(moved, /*sync=*/false);
-  if (!appended.ok()) return SegmentStatus(appended.status());
+  if (!appended.ok()) return DiskError(appended.status());
   const std::vector<SegmentLocation>& at = *appended;
   rocksdb::WriteBatch batch;
   for (size_t j = 0; j < live.size(); ++j) {
-    const rocksdb::Status s = batch.Put(meta_cf_.get(), keys[live[j]], EncodeDiskBlockMeta(metas[live[j]]->meta, &at[j]));
+    DiskBlockMeta& m = *metas[live[j]];
+    m.at = at[j];
+    const rocksdb::Status s = batch.Put(meta_cf_.get(), keys[live[j]], EncodeDiskBlockMeta(m));
     if (!s.ok()) return FromRocks(s, "building the move batch");
   }
   TQ_RETURN_IF_ERROR(WriteStatus(db_->Write(rocksdb::WriteOptions(), &batch), "moving payloads"));
@@ -905,7 +892,7 @@ absl::Status SpillStore::DeleteEncodedKeys(absl::Span<const std::string> encoded
 
 absl::Status SpillStore::SyncWal() {
   // The payloads first: a synced meta never points at bytes a power loss took.
-  TQ_RETURN_IF_ERROR(SegmentStatus(segments_->Sync()));
+  TQ_RETURN_IF_ERROR(DiskError(segments_->Sync()));
   TQ_RETURN_IF_ERROR(ResumeIfStopped());
   return WriteStatus(db_->SyncWAL(), "syncing WAL");
 }
@@ -960,16 +947,17 @@ absl::StatusOr<std::vector<ModelRecord>> SpillStore::ListModelRecords() {
 
 absl::Status SpillStore::OverwritePayloadForTest(const BlockKey& key, absl::string_view bytes) {
   const std::string k = EncodeBlockKey(key);
-  TQ_ASSIGN_OR_RETURN(const std::vector<std::optional<StoredMeta>> metas, ReadStoredMetas({k}));
-  if (!metas[0].has_value() || !metas[0]->in_segment)
+  TQ_ASSIGN_OR_RETURN(std::vector<std::optional<DiskBlockMeta>> metas, ReadMetas({k}));
+  if (!metas[0].has_value() || metas[0]->at.segment == 0)
     return FromRocks(db_->Put(rocksdb::WriteOptions(), data_cf_.get(), k, ToSlice(bytes)), "overwriting payload");
   // Damage in place (what a reader with the location finds) ...
-  const SegmentLocation& old = metas[0]->at;
+  const SegmentLocation old = metas[0]->at;
   TQ_RETURN_IF_ERROR(segments_->OverwriteForTest(old, bytes.substr(0, std::min<uint64_t>(bytes.size(), old.bytes))));
   if (bytes.size() == old.bytes) return absl::OkStatus();
   // ... and a payload of another length: the meta points at it.
   TQ_ASSIGN_OR_RETURN(const std::vector<SegmentLocation> at, segments_->Append({{k, bytes}}, /*sync=*/false));
-  return FromRocks(db_->Put(rocksdb::WriteOptions(), meta_cf_.get(), k, EncodeDiskBlockMeta(metas[0]->meta, &at[0])),
+  metas[0]->at = at[0];
+  return FromRocks(db_->Put(rocksdb::WriteOptions(), meta_cf_.get(), k, EncodeDiskBlockMeta(*metas[0])),
                    "overwriting payload");
 }
 
@@ -981,8 +969,8 @@ absl::Status SpillStore::OverwriteMetaForTest(const BlockKey& key, absl::string_
 
 bool SpillStore::HasPayloadForTest(const BlockKey& key) {
   const std::string k = EncodeBlockKey(key);
-  absl::StatusOr<std::vector<std::optional<StoredMeta>>> metas = ReadStoredMetas({k});
-  if (metas.ok() && (*metas)[0].has_value() && (*metas)[0]->in_segment)
+  absl::StatusOr<std::vector<std::optional<DiskBlockMeta>>> metas = ReadMetas({k});
+  if (metas.ok() && (*metas)[0].has_value() && (*metas)[0]->at.segment != 0)
     return segments_->Files().bytes.contains((*metas)[0]->at.segment);
   rocksdb::PinnableSlice value;
   return db_->Get(rocksdb::ReadOptions(), data_cf_.get(), k, &value).ok();

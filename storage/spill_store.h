@@ -113,9 +113,9 @@ struct DiskBlockMeta {
   uint8_t version = kDiskFormatVersion;  // of the decoded record (not encoded from here)
   // The payload is sealed (formats 3 and 5). Set by SpillStore when it seals.
   bool sealed = false;
-  // Where a format 4 or 5 record's payload is (decoded; segment 0: in
-  // block_data). A hint for ReadPayload. Not encoded from here
-  // (EncodeDiskBlockMeta takes the location apart) nor compared.
+  // Where the payload is: in a segment file (formats 4 and 5), or, with
+  // segment 0, in block_data (formats 1-3). Where, not what: operator==
+  // leaves it out.
   SegmentLocation at;
   std::string parent_hash;
   BlockAccounting accounting;  // total_bytes == size_bytes
@@ -131,14 +131,16 @@ uint64_t KeyTag(const BlockKey& key);
 // the key's tag, so bytes stored or misplaced under another key fail it.
 uint64_t BlockChecksum(const BlockKey& key, absl::string_view payload);
 
-// A format 2 or 3 record (no segment location), or with `at` a format 4
-// or 5 one.
-std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta, const SegmentLocation* at = nullptr);
+// A format 4 or 5 record when meta.at names a segment, else a format 2
+// or 3 one (3 and 5: meta.sealed).
+std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta);
 // DATA_LOSS if the bytes are truncated, fail their checksum or carry an
-// unknown format version. `at` (may be null) receives a format 4 or 5
-// record's location; *has_at says whether there was one.
-absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view bytes, SegmentLocation* at = nullptr,
-                                                  bool* has_at = nullptr);
+// unknown format version.
+absl::StatusOr<DiskBlockMeta> DecodeDiskBlockMeta(absl::string_view bytes);
+
+// The bytes a payload of `payload_bytes` takes on disk: more when sealed
+// at rest (AtRestCipher::kOverheadBytes).
+uint64_t StoredPayloadBytes(uint64_t payload_bytes, bool sealed);
 
 // XXH64 of `bytes` with seed 0 (a record's own checksum; format 1 payloads).
 uint64_t PayloadChecksum(absl::string_view bytes);
@@ -340,8 +342,9 @@ class SpillStore {
   SpillStore();
   // Maps a write's RocksDB status; an I/O error marks writes as stopped.
   absl::Status WriteStatus(const rocksdb::Status& s, absl::string_view what);
-  // A segment file error in the store's words ("disk tier at PATH is full").
-  absl::Status SegmentStatus(const absl::Status& s) const;
+  // An I/O error in the store's words: "disk tier at PATH is full" for
+  // RESOURCE_EXHAUSTED, "disk tier at PATH: ..." for UNAVAILABLE.
+  absl::Status DiskError(const absl::Status& s) const;
   // After an I/O error: DB::Resume, or its error while the disk is full.
   absl::Status ResumeIfStopped();
 
@@ -349,18 +352,24 @@ class SpillStore {
   // min_free_bytes_ free under path_.
   absl::Status CheckHeadroom(uint64_t bytes) const;
 
-  // A block's meta as stored, with its payload's location.
-  struct StoredMeta {
-    DiskBlockMeta meta;
-    bool in_segment = false;
-    SegmentLocation at;
-  };
   // The stored metas of `keys` (encoded): nullopt where absent or damaged.
-  absl::StatusOr<std::vector<std::optional<StoredMeta>>> ReadStoredMetas(absl::Span<const std::string> keys);
+  absl::StatusOr<std::vector<std::optional<DiskBlockMeta>>> ReadMetas(absl::Span<const std::string> keys);
   // A block's meta and its stored payload bytes (sealed ones as sealed).
-  absl::StatusOr<std::pair<StoredMeta, std::unique_ptr<HostBuffer>>> ReadStored(const BlockKey& key);
+  absl::StatusOr<std::pair<DiskBlockMeta, std::unique_ptr<HostBuffer>>> ReadStored(const BlockKey& key);
+  // The payload at `at` in a new buffer: NOT_FOUND when its file was
+  // collected (the meta says where it went); other errors name `key`.
+  absl::StatusOr<std::unique_ptr<HostBuffer>> ReadAt(const BlockKey& key, const SegmentLocation& at);
   // Adds `bytes` to (or takes them from) a segment file's live bytes.
   void CountLive(uint32_t segment, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tally_mu_);
+  // A segment file's garbage and live bytes.
+  struct SegmentGarbage {
+    uint32_t segment;
+    uint64_t garbage, live;
+  };
+  // The files of `files` (not the one appended to) holding garbage; none
+  // while the live bytes are not known.
+  std::vector<SegmentGarbage> SegmentGarbageLocked(const PayloadSegments::FileSizes& files)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(tally_mu_);
   // Blob files (block_data) and segment files: CollectGarbage's halves.
   absl::Status CollectBlobFileGarbage(double garbage_share);
   absl::Status CollectSegmentGarbage(double garbage_share);
