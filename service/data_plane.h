@@ -138,6 +138,12 @@ struct DataPlaneOptions {
   // timeout alone lets a client that sends a byte now and then keep it).
   // Default: 60 s (a 64 MiB frame at about 1 MiB/s).
   absl::Duration frame_timeout = absl::Seconds(60);
+  // After serving a request, a loop keeps polling its sockets (epoll
+  // without sleeping) for this long before it sleeps again, so that the
+  // next request of a client that calls in a tight loop (a decode worker's
+  // per-layer Attend) is read without a thread wake-up. Costs one core per
+  // busy loop while it polls. Default: 0 (sleep at once).
+  absl::Duration busy_poll = absl::ZeroDuration();
   // Accept CUDA IPC frames (proto "Same-host GPU memory") from loopback
   // and Unix-domain connections. Default: true.
   bool cuda_ipc = true;

@@ -146,6 +146,8 @@ void DataPlaneServer::Loop::Process(Conn* c) {
     c->in_off += frame;
     Serve(c, &req, {reinterpret_cast<const uint8_t*>(p + prefix + n), payload}, frame);
     Uncharge(c);  // only the frame at in_off can be charged: this one
+    if (options_.busy_poll > absl::ZeroDuration())
+      spin_until_ = std::chrono::steady_clock::now() + absl::ToChronoMicroseconds(options_.busy_poll);
   }
   if (c->in_off == c->in.size()) {
     c->in.Clear();

@@ -94,7 +94,7 @@ void DataPlaneServer::Loop::Run() {
       timeout_ms = static_cast<int>(
           std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(left).count()));
     }
-    if (in_flight_ > 0 && now < poll_until_) timeout_ms = 0;
+    if ((in_flight_ > 0 && now < poll_until_) || now < spin_until_) timeout_ms = 0;
     const int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;

@@ -250,6 +250,8 @@ class DataPlaneServer::Loop {
   int in_flight_ = 0;
   std::chrono::steady_clock::time_point poll_until_;
   static constexpr std::chrono::microseconds kPollWhileBusy{500};
+  // Until then the loop polls after serving a request (options_.busy_poll).
+  std::chrono::steady_clock::time_point spin_until_;
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
   std::vector<Conn*> stalled_;  // connections whose frame found the work queue full
   char scratch_[64 << 10];  // ReadInput's reads outside a charged frame's body

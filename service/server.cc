@@ -73,6 +73,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (s->log_) s->log_->Write(absl::StrCat("tqkv-server: ", line));
   };
   const bool data_on = !options.data_listen.empty() && options.data_listen != "off";
+  if (options.data_busy_poll < absl::ZeroDuration() || options.data_busy_poll > absl::Seconds(1))
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data_busy_poll ", absl::FormatDuration(options.data_busy_poll), " is outside 0..1s"));
   if (!data_on && !options.data_socket.empty())
     return absl::InvalidArgumentError("--data_socket needs the data plane (--data_listen is off)");
   const std::string data_listen =
@@ -198,6 +201,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     dp.cuda_ipc = options.data_cuda_ipc;
     dp.socket_path = options.data_socket;
     dp.socket_mode = options.data_socket_mode;
+    dp.busy_poll = options.data_busy_poll;
     dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
     dp.max_dense_reply_bytes = static_cast<uint64_t>(options.max_message_bytes);
     dp.tls = options.tls;  // the data plane speaks TLS whenever gRPC does

@@ -100,6 +100,9 @@ struct ServerOptions {
   // plane on). Default: none, 0600.
   std::string data_socket;
   unsigned data_socket_mode = 0600;
+  // How long a data-plane loop polls after serving a request before it
+  // sleeps (DataPlaneOptions::busy_poll). Default: 0.
+  absl::Duration data_busy_poll = absl::ZeroDuration();
   // Prometheus /metrics address; port 0 picks a free port; empty disables.
   // It serves HTTPS when `tls` is on, and with an auth file only scrapes
   // that carry an admin or `metrics` credential (metrics_http.h).

@@ -79,6 +79,10 @@ ABSL_FLAG(std::string, data_socket, "",
           "unix:PATH; no TLS on it: the file's mode admits the peers; auth as on TCP); empty: none");
 ABSL_FLAG(std::string, data_socket_mode, "0600",
           "file mode of --data_socket, octal (0600: the server's user only; 0660 adds its group)");
+ABSL_FLAG(absl::Duration, data_busy_poll, absl::ZeroDuration(),
+          "after serving a request, a data-plane loop polls its sockets this long (e.g. 200us) before it sleeps, "
+          "so a decode worker's next per-layer call is read without a thread wake-up; costs a core per busy loop "
+          "while it polls; 0: sleep at once");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address HOST:PORT (port 0: any free port; empty: disabled); HTTPS "
           "with --tls_cert_file (and the client CA's mTLS); with --auth_tokens_file a scrape needs "
@@ -268,6 +272,7 @@ int main(int argc, char** argv) {
       std::min<uint64_t>(absl::GetFlag(FLAGS_data_max_unauthenticated_frame_bytes).bytes, UINT32_MAX));
   o.data_cuda_ipc = absl::GetFlag(FLAGS_data_cuda_ipc);
   o.data_socket = absl::GetFlag(FLAGS_data_socket);
+  o.data_busy_poll = absl::GetFlag(FLAGS_data_busy_poll);
   {
     const std::string mode = absl::GetFlag(FLAGS_data_socket_mode);
     char* end = nullptr;

@@ -672,6 +672,50 @@ TEST_F(DataPlaneTest, OutOfDescriptorsDoesNotSpinAndRecovers) {
   EXPECT_EQ(dp->Attend(at).status().code(), StatusCode::kNotFound);
 }
 
+// --data_busy_poll: a loop polls for a while after each request (its
+// replies are gRPC's) and sleeps once the window has passed; a window
+// outside 0..1s is refused at start.
+TEST_F(DataPlaneTest, BusyPollServesLikeGrpcAndThenSleeps) {
+  server_.reset();
+  StartServer({"--data_busy_poll=300ms", "--data_threads=1"});
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(8, 3);
+  PutDense(model, chain, 1200);
+  v1::CreateSequenceRequest cs;
+  *cs.mutable_model() = model;
+  for (const auto& h : chain) cs.add_block_hashes(h);
+  auto seq = client_->CreateSequence(cs);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  auto dp = Dp();
+  ASSERT_NE(dp, nullptr);
+  for (int i = 0; i < 20; ++i) {
+    const v1::AttendRequest at = OneQueryAttend(seq->sequence_id(), i % 2, v1::DTYPE_FP16, 60 + i);
+    auto via_grpc = client_->Attend(at);
+    auto via_dp = dp->Attend(at);
+    ASSERT_TRUE(via_grpc.ok()) << via_grpc.status();
+    ASSERT_TRUE(via_dp.ok()) << via_dp.status();
+    EXPECT_EQ(via_dp->outputs(0).data(), via_grpc->outputs(0).data()) << "call " << i;
+  }
+  // Within the window the loop polls (CPU time accrues); past it, it sleeps.
+  const pid_t pid = server_->pid();
+  const double cpu0 = CpuSeconds(pid);
+  absl::SleepFor(absl::Milliseconds(200));
+  const double polling = CpuSeconds(pid) - cpu0;
+  absl::SleepFor(absl::Milliseconds(300));
+  const double cpu1 = CpuSeconds(pid);
+  absl::SleepFor(absl::Seconds(1));
+  const double idle = CpuSeconds(pid) - cpu1;
+  EXPECT_GT(polling, 0.02) << "CPU seconds in the first 200 ms of the window";
+  EXPECT_LT(idle, 0.2) << "CPU seconds in one second after the window";
+
+  const std::string err = MakeTempDir("tqkv-err") + "/stderr";
+  auto refused = ServerProcess::Start(MakeTempDir("tqkv-data"), {"--data_busy_poll=2s"}, {.stderr_path = err});
+  EXPECT_FALSE(refused.ok());
+  std::ifstream in(err);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("--data_busy_poll 2s is outside 0..1s"), std::string::npos) << text;
+}
+
 // Idle connections are closed, and a connection over the cap gets
 // RESOURCE_EXHAUSTED and is closed; the others are served as before.
 TEST_F(DataPlaneTest, IdleConnectionsCloseAndTheConnectionCapHolds) {
