@@ -414,7 +414,6 @@ class CudaBackend : public ComputeBackend {
     const size_t q32_off = st.Add(wire.on_device ? nq * qrow * sizeof(float) : 0);    // device only
     const size_t out16_off = st.Add(wire.on_device ? nq * qrow * DTypeSize(wire.dtype) : 0);
     packs.AddOutputs(st);
-    const size_t up_off = st.Add(up.blocks.size() * codec.block_bytes());
     TQ_RETURN_IF_ERROR(host_.Reserve(st.size()));
     uint8_t* h = host_.as<uint8_t>();
     packs.Stage(b, h);
@@ -451,8 +450,6 @@ class CudaBackend : public ComputeBackend {
       std::memcpy(h + piece_src[i], up.pieces[i].src, up.pieces[i].bytes);
       pieces[i] = {up.pieces[i].dst, piece_src[i], up.pieces[i].bytes};
     }
-    for (size_t u = 0; u < up.blocks.size(); ++u)
-      std::memcpy(h + up_off + u * codec.block_bytes(), up.blocks[u].second, codec.block_bytes());
 
     AttentionLaunch a;
     a.k_comp = tables->device(l, Component::kKey);
@@ -506,11 +503,7 @@ class CudaBackend : public ComputeBackend {
     a.workspace = d + ws_off;
     a.workspace_bytes = ws;
     cudaStream_t sm = stream_.get();
-    for (size_t u = 0; u < up.blocks.size(); ++u)
-      TQ_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(cache_->base() + static_cast<size_t>(up.blocks[u].first) * cache_->slot_bytes(),
-                          h + up_off + u * codec.block_bytes(), codec.block_bytes(), cudaMemcpyHostToDevice, sm),
-          "upload block");
+    TQ_RETURN_IF_ERROR(UploadBlocks(codec, up.blocks, sm));
     if (mapped) {
       // One launch: the staging's chunks to the device buffer, the pieces
       // to their destinations, all read from host memory.
@@ -623,6 +616,39 @@ class CudaBackend : public ComputeBackend {
       TQ_ASSIGN_OR_RETURN(e, CudaEvent::Create());
     }
     return c;
+  }
+
+  // Copies stored blocks (slot, host payload) into their arena slots on
+  // `sm`, through the two halves of a bounded pinned ring: a half is
+  // refilled once its previous copies have left it, so a call that uploads
+  // a whole context (a sequence's first Attend) pins no more than the ring
+  // and its host copies overlap the transfers.
+  absl::Status UploadBlocks(const ModelCodec& codec, const std::vector<std::pair<int32_t, const uint8_t*>>& blocks,
+                            cudaStream_t sm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (blocks.empty()) return absl::OkStatus();
+    const size_t bb = codec.block_bytes();
+    const size_t per_half = std::max<size_t>(1, options_.upload_staging_bytes / 2 / bb);
+    const size_t half_bytes = per_half * bb;
+    TQ_RETURN_IF_ERROR(upload_ring_.Reserve(2 * half_bytes));
+    for (CudaEvent& e : upload_done_) {
+      if (e.get() != nullptr) continue;
+      TQ_ASSIGN_OR_RETURN(e, CudaEvent::Create());
+    }
+    for (size_t at = 0, fill = 0; at < blocks.size(); at += per_half, ++fill) {
+      const size_t n = std::min(per_half, blocks.size() - at), half = fill % 2;
+      uint8_t* ring = upload_ring_.as<uint8_t>() + half * half_bytes;
+      // (Also across calls: a failed call may have left copies in flight.)
+      TQ_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(upload_done_[half].get()), "upload blocks");
+      ParallelFor(n, n * bb, [&](size_t i) { std::memcpy(ring + i * bb, blocks[at + i].second, bb); },
+                  /*max_threads=*/8, /*min_bytes_per_thread=*/size_t{4} << 20);
+      for (size_t i = 0; i < n; ++i)
+        TQ_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(cache_->base() + static_cast<size_t>(blocks[at + i].first) * cache_->slot_bytes(),
+                            ring + i * bb, bb, cudaMemcpyHostToDevice, sm),
+            "upload block");
+      TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(upload_done_[half].get(), sm), "record upload");
+    }
+    return absl::OkStatus();
   }
 
   // Where a device call reads or writes: a block slot and its tokens.
@@ -1023,6 +1049,8 @@ class CudaBackend : public ComputeBackend {
   std::unordered_map<uint64_t, int64_t> tail_rows_ ABSL_GUARDED_BY(mu_);          // rows a tail slot holds
   PinnedBuffer host_ ABSL_GUARDED_BY(mu_);
   CudaEvent chunk_done_[2] ABSL_GUARDED_BY(mu_);  // device calls: a chunk's pages are in host half i
+  PinnedBuffer upload_ring_ ABSL_GUARDED_BY(mu_);  // UploadBlocks' two halves
+  CudaEvent upload_done_[2] ABSL_GUARDED_BY(mu_);  // the copies out of half i
   DeviceBuffer dev_ ABSL_GUARDED_BY(mu_);  // staging + workspace, grows to the largest call
 };
 

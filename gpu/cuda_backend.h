@@ -39,6 +39,11 @@ struct CudaBackendOptions {
   // blocks (64K tokens at block 16).
   size_t table_arena_bytes = size_t{64} << 20;
   size_t max_table_blocks = size_t{1} << 18;
+  // Pinned bytes through which stored blocks are copied into the block
+  // arena (two halves, each holding at least one block): a call that
+  // uploads more (the first Attend over a long context) streams its blocks
+  // through them. Default 64 MiB.
+  size_t upload_staging_bytes = size_t{64} << 20;
 };
 
 // A CudaBackend, or UNAVAILABLE (with the CUDA error) when no GPU/driver is

@@ -545,7 +545,8 @@ TEST(CudaBackend, LargeCallsShipQueriesAndOutputsInTheirDtype) {
 // a table that grows past its chunk moves to a larger one, a list whose end
 // is taken back and refilled with other blocks is rebuilt, a shorter list
 // keeps its prefix, a batch mixes kept and unkeyed tables, and a table
-// arena too small for every table stages the rest with their call. Every
+// arena too small for every table stages the rest with their call, and a
+// block upload ring of one block a half streams each call's uploads. Every
 // call is bit-identical to a backend given no keys (every table staged)
 // and matches the CPU backend.
 TEST(CudaBackend, KeptBlockTablesGrowShrinkAndFallBack) {
@@ -557,6 +558,8 @@ TEST(CudaBackend, KeptBlockTablesGrowShrinkAndFallBack) {
   auto kept_or = CreateCudaBackend({.arena_bytes = arena});
   auto small_or = CreateCudaBackend({.arena_bytes = arena, .table_arena_bytes = 1024});  // one 256-block chunk
   auto plain_or = CreateCudaBackend({.arena_bytes = arena});
+  auto ring_or = CreateCudaBackend({.arena_bytes = arena, .upload_staging_bytes = 3 * codec->block_bytes()});
+  ASSERT_TRUE(ring_or.ok()) << ring_or.status();
   ASSERT_TRUE(kept_or.ok()) << kept_or.status();
   ASSERT_TRUE(small_or.ok()) << small_or.status();
   ASSERT_TRUE(plain_or.ok()) << plain_or.status();
@@ -598,17 +601,20 @@ TEST(CudaBackend, KeptBlockTablesGrowShrinkAndFallBack) {
     bare.query_offsets = keyed.query_offsets;
     bare.positions = keyed.positions;
     std::vector<float> q = RandomRows(items.size() * QH, dim, 500 + call++);
-    std::vector<float> kept(q.size()), small(q.size()), plain(q.size()), want(q.size());
+    std::vector<float> kept(q.size()), small(q.size()), ring(q.size()), plain(q.size()), want(q.size());
     PointAtContiguousF32(keyed, q.data(), kept.data());
     ASSERT_TRUE((*kept_or)->Attend(*codec, keyed).ok());
     PointAtContiguousF32(keyed, q.data(), small.data());
     ASSERT_TRUE((*small_or)->Attend(*codec, keyed).ok());
+    PointAtContiguousF32(keyed, q.data(), ring.data());
+    ASSERT_TRUE((*ring_or)->Attend(*codec, keyed).ok());
     PointAtContiguousF32(bare, q.data(), plain.data());
     ASSERT_TRUE((*plain_or)->Attend(*codec, bare).ok());
     PointAtContiguousF32(bare, q.data(), want.data());
     ASSERT_TRUE(cpu.Attend(*codec, bare).ok());
     EXPECT_EQ(kept, plain);
     EXPECT_EQ(small, plain);
+    EXPECT_EQ(ring, plain);
     std::vector<double> wd(want.begin(), want.end());
     EXPECT_LT(RelativeError(wd.data(), kept.data(), kept.size()), 2e-3);
   };
