@@ -53,6 +53,26 @@ class DataPlaneTest : public ServerTest {
 
   int RawConnect() { return testing::RawConnect(server_->data_address()); }
 
+  // A sequence over `blocks` blocks of a newly registered small model, put
+  // dense (inputs of seed `put_seed`) under chain `chain_seed`; with
+  // tail_seed != 0 it starts with a 5-token fp16 tail of seeds tail_seed,
+  // tail_seed + 1.
+  std::string SequenceOverStoredBlocks(uint64_t chain_seed, size_t blocks, uint64_t put_seed, int tail_seed = 0) {
+    const v1::ModelRef model = RegisterSmall();
+    const std::vector<std::string> chain = client::HashChain(chain_seed, blocks);
+    PutDense(model, chain, put_seed);
+    v1::CreateSequenceRequest cs;
+    *cs.mutable_model() = model;
+    for (const auto& h : chain) cs.add_block_hashes(h);
+    if (tail_seed != 0) {
+      *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, tail_seed);
+      *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, tail_seed + 1);
+    }
+    auto seq = client_->CreateSequence(cs);
+    EXPECT_TRUE(seq.ok()) << seq.status();
+    return seq.ok() ? seq->sequence_id() : "";
+  }
+
   uint64_t DataGetRequests(const std::string& method = "DataGetBlocks") {
     auto text = HttpGet(server_->metrics_address(), "/metrics");
     EXPECT_TRUE(text.ok()) << text.status();
@@ -434,21 +454,13 @@ TEST_F(DataPlaneTest, ConcurrentClientsGetTheirOwnBlocks) {
 }
 
 TEST_F(DataPlaneTest, AttendGivesTheSameOutputsAsGrpcAttend) {
-  const v1::ModelRef model = RegisterSmall();
-  const std::vector<std::string> chain = client::HashChain(8, 6);
-  PutDense(model, chain, 1000);
-  v1::CreateSequenceRequest cs;
-  *cs.mutable_model() = model;
-  for (const auto& h : chain) cs.add_block_hashes(h);
-  *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 21);
-  *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, 22);
-  auto seq = client_->CreateSequence(cs);
-  ASSERT_TRUE(seq.ok()) << seq.status();
+  const std::string seq = SequenceOverStoredBlocks(8, 6, 1000, 21);
+  ASSERT_FALSE(seq.empty());
   auto dp = Dp();
   ASSERT_NE(dp, nullptr);
   const uint64_t before = DataGetRequests("DataAttend");
   for (int layer = 0; layer < 2; ++layer) {
-    const v1::AttendRequest at = OneQueryAttend(seq->sequence_id(), layer, v1::DTYPE_FP16, 30 + layer);
+    const v1::AttendRequest at = OneQueryAttend(seq, layer, v1::DTYPE_FP16, 30 + layer);
     auto via_grpc = client_->Attend(at);
     auto via_dp = dp->Attend(at);
     ASSERT_TRUE(via_grpc.ok()) << via_grpc.status();
@@ -466,12 +478,12 @@ TEST_F(DataPlaneTest, AttendGivesTheSameOutputsAsGrpcAttend) {
   EXPECT_EQ(dp->Attend(bad).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(client_->Attend(bad).status().code(), StatusCode::kNotFound);
   v1::AttendRequest layer_out = bad;
-  layer_out.mutable_items(0)->set_sequence_id(seq->sequence_id());
+  layer_out.mutable_items(0)->set_sequence_id(seq);
   layer_out.set_layer(7);
   EXPECT_EQ(dp->Attend(layer_out).status().code(), client_->Attend(layer_out).status().code());
   EXPECT_NE(dp->Attend(layer_out).status().code(), StatusCode::kOk);
   v1::AttendRequest ok = bad;
-  ok.mutable_items(0)->set_sequence_id(seq->sequence_id());
+  ok.mutable_items(0)->set_sequence_id(seq);
   EXPECT_TRUE(dp->Attend(ok).ok());
   EXPECT_EQ(DataGetRequests("DataAttend") - before, 6u);  // 2 layers, 3 errors, 1 ok
 }
@@ -678,18 +690,12 @@ TEST_F(DataPlaneTest, OutOfDescriptorsDoesNotSpinAndRecovers) {
 TEST_F(DataPlaneTest, BusyPollServesLikeGrpcAndThenSleeps) {
   server_.reset();
   StartServer({"--data_busy_poll=300ms", "--data_threads=1"});
-  const v1::ModelRef model = RegisterSmall();
-  const std::vector<std::string> chain = client::HashChain(8, 3);
-  PutDense(model, chain, 1200);
-  v1::CreateSequenceRequest cs;
-  *cs.mutable_model() = model;
-  for (const auto& h : chain) cs.add_block_hashes(h);
-  auto seq = client_->CreateSequence(cs);
-  ASSERT_TRUE(seq.ok()) << seq.status();
+  const std::string seq = SequenceOverStoredBlocks(8, 3, 1200);
+  ASSERT_FALSE(seq.empty());
   auto dp = Dp();
   ASSERT_NE(dp, nullptr);
   for (int i = 0; i < 20; ++i) {
-    const v1::AttendRequest at = OneQueryAttend(seq->sequence_id(), i % 2, v1::DTYPE_FP16, 60 + i);
+    const v1::AttendRequest at = OneQueryAttend(seq, i % 2, v1::DTYPE_FP16, 60 + i);
     auto via_grpc = client_->Attend(at);
     auto via_dp = dp->Attend(at);
     ASSERT_TRUE(via_grpc.ok()) << via_grpc.status();
