@@ -611,11 +611,17 @@ class CudaBackend : public ComputeBackend {
     c.host_bytes = st.size();
     TQ_RETURN_IF_ERROR(host_.Reserve(2 * st.size()));
     TQ_RETURN_IF_ERROR(dev_.Reserve(st.size()));
-    for (CudaEvent& e : chunk_done_) {
+    TQ_RETURN_IF_ERROR(CreateMissing(chunk_done_));
+    return c;
+  }
+
+  // Creates the events of a two-half ring not created yet.
+  static absl::Status CreateMissing(CudaEvent (&events)[2]) {
+    for (CudaEvent& e : events) {
       if (e.get() != nullptr) continue;
       TQ_ASSIGN_OR_RETURN(e, CudaEvent::Create());
     }
-    return c;
+    return absl::OkStatus();
   }
 
   // Copies stored blocks (slot, host payload) into their arena slots on
@@ -630,10 +636,7 @@ class CudaBackend : public ComputeBackend {
     const size_t per_half = std::max<size_t>(1, options_.upload_staging_bytes / 2 / bb);
     const size_t half_bytes = per_half * bb;
     TQ_RETURN_IF_ERROR(upload_ring_.Reserve(2 * half_bytes));
-    for (CudaEvent& e : upload_done_) {
-      if (e.get() != nullptr) continue;
-      TQ_ASSIGN_OR_RETURN(e, CudaEvent::Create());
-    }
+    TQ_RETURN_IF_ERROR(CreateMissing(upload_done_));
     for (size_t at = 0, fill = 0; at < blocks.size(); at += per_half, ++fill) {
       const size_t n = std::min(per_half, blocks.size() - at), half = fill % 2;
       uint8_t* ring = upload_ring_.as<uint8_t>() + half * half_bytes;

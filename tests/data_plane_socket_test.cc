@@ -45,16 +45,6 @@ class DataPlaneSocketTest : public ServerTest {
     return GetBlocksReq(model, hashes);
   }
 
-  // The server's exit code and stderr when it is started with `flags` and
-  // exits before it listens.
-  std::pair<absl::Status, std::string> FailedStart(const std::vector<std::string>& flags) {
-    const std::string err = MakeTempDir("tqkv-err") + "/stderr";
-    auto p = ServerProcess::Start(MakeTempDir("tqkv-data"), flags, {.stderr_path = err});
-    std::ifstream in(err);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return {p.ok() ? absl::OkStatus() : p.status(), text};
-  }
-
   std::string dir_, socket_;
 };
 

@@ -53,25 +53,6 @@ class DataPlaneTest : public ServerTest {
 
   int RawConnect() { return testing::RawConnect(server_->data_address()); }
 
-  // A sequence over `blocks` blocks of a newly registered small model, put
-  // dense (inputs of seed `put_seed`) under chain `chain_seed`; with
-  // tail_seed != 0 it starts with a 5-token fp16 tail of seeds tail_seed,
-  // tail_seed + 1.
-  std::string SequenceOverStoredBlocks(uint64_t chain_seed, size_t blocks, uint64_t put_seed, int tail_seed = 0) {
-    const v1::ModelRef model = RegisterSmall();
-    const std::vector<std::string> chain = client::HashChain(chain_seed, blocks);
-    PutDense(model, chain, put_seed);
-    v1::CreateSequenceRequest cs;
-    *cs.mutable_model() = model;
-    for (const auto& h : chain) cs.add_block_hashes(h);
-    if (tail_seed != 0) {
-      *cs.mutable_tail_k() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, tail_seed);
-      *cs.mutable_tail_v() = client::RandomTensor(v1::DTYPE_FP16, {2, 5, 2, 64}, tail_seed + 1);
-    }
-    auto seq = client_->CreateSequence(cs);
-    EXPECT_TRUE(seq.ok()) << seq.status();
-    return seq.ok() ? seq->sequence_id() : "";
-  }
 
   uint64_t DataGetRequests(const std::string& method = "DataGetBlocks") {
     auto text = HttpGet(server_->metrics_address(), "/metrics");
@@ -454,7 +435,10 @@ TEST_F(DataPlaneTest, ConcurrentClientsGetTheirOwnBlocks) {
 }
 
 TEST_F(DataPlaneTest, AttendGivesTheSameOutputsAsGrpcAttend) {
-  const std::string seq = SequenceOverStoredBlocks(8, 6, 1000, 21);
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(8, 6);
+  PutDense(model, chain, 1000);
+  const std::string seq = NewSequence(model, chain, 5, 21);
   ASSERT_FALSE(seq.empty());
   auto dp = Dp();
   ASSERT_NE(dp, nullptr);
@@ -690,7 +674,10 @@ TEST_F(DataPlaneTest, OutOfDescriptorsDoesNotSpinAndRecovers) {
 TEST_F(DataPlaneTest, BusyPollServesLikeGrpcAndThenSleeps) {
   server_.reset();
   StartServer({"--data_busy_poll=300ms", "--data_threads=1"});
-  const std::string seq = SequenceOverStoredBlocks(8, 3, 1200);
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(8, 3);
+  PutDense(model, chain, 1200);
+  const std::string seq = NewSequence(model, chain, 5, 23);
   ASSERT_FALSE(seq.empty());
   auto dp = Dp();
   ASSERT_NE(dp, nullptr);
@@ -714,12 +701,9 @@ TEST_F(DataPlaneTest, BusyPollServesLikeGrpcAndThenSleeps) {
   EXPECT_GT(polling, 0.02) << "CPU seconds in the first 200 ms of the window";
   EXPECT_LT(idle, 0.2) << "CPU seconds in one second after the window";
 
-  const std::string err = MakeTempDir("tqkv-err") + "/stderr";
-  auto refused = ServerProcess::Start(MakeTempDir("tqkv-data"), {"--data_busy_poll=2s"}, {.stderr_path = err});
+  auto [refused, refused_err] = FailedStart({"--data_busy_poll=2s"});
   EXPECT_FALSE(refused.ok());
-  std::ifstream in(err);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("--data_busy_poll 2s is outside 0..1s"), std::string::npos) << text;
+  EXPECT_NE(refused_err.find("--data_busy_poll 2s is outside 0..1s"), std::string::npos) << refused_err;
 }
 
 // Idle connections are closed, and a connection over the cap gets

@@ -148,6 +148,12 @@ v1::GetBlocksRequest GetBlocksReq(const v1::ModelRef& model, const std::vector<s
   return r;
 }
 
+std::pair<absl::Status, std::string> FailedStart(const std::vector<std::string>& flags) {
+  const std::string err = MakeTempDir("tqkv-err") + "/stderr";
+  auto p = ServerProcess::Start(MakeTempDir("tqkv-data"), flags, {.stderr_path = err});
+  return {p.ok() ? absl::OkStatus() : p.status(), ReadFileOrEmpty(err)};
+}
+
 v1::AttendRequest OneQueryAttend(const std::string& sequence_id, uint32_t layer, v1::DType dtype, uint64_t seed) {
   v1::AttendRequest at;
   at.set_layer(layer);

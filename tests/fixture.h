@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "client/cpp/client.h"
@@ -68,6 +69,9 @@ class ServerTest : public ::testing::Test {
 // A data-plane connection to `target` (HOST:PORT or unix:PATH) with
 // `token`, a 30 s timeout; null after a failure, which is reported.
 std::unique_ptr<client::DataPlaneClient> ConnectDataPlane(const std::string& target, const std::string& token = "");
+// The start's status and the server's stderr when it is started with
+// `flags` on a fresh data dir and exits before it listens.
+std::pair<absl::Status, std::string> FailedStart(const std::vector<std::string>& flags);
 // A GetBlocksRequest of `hashes` of `model`.
 v1::GetBlocksRequest GetBlocksReq(const v1::ModelRef& model, const std::vector<std::string>& hashes);
 // An Attend of `layer` with one item: sequence `sequence_id`, one random
