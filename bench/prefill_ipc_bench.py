@@ -13,7 +13,7 @@ bytes (torch), and a device-to-host copy into pinned memory.
 
 Usage (GPU machine, tools/hf_bundle.sh): dist/hf_xz/env.sh python3
 bench/prefill_ipc_bench.py [--tokens 32768 --layers 32 --kv_heads 8
---head_dim 128 --format k4v4 --wire_blocks 256]
+--head_dim 128 --format k4v4 --wire_blocks 256 --server_args "--pin_host_tier=false" --settle_s 20]
 """
 import argparse
 import os
@@ -50,6 +50,9 @@ def main():
     ap.add_argument("--format", default="k4v4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--wire_blocks", type=int, default=256, help="blocks of the (slow) wire paths")
+    ap.add_argument("--server_args", default="", help="more tqkv-server flags, space-separated")
+    ap.add_argument("--settle_s", type=float, default=0,
+                    help="seconds to wait after the server starts (e.g. while it pins its host tier)")
     a = ap.parse_args()
     blocks = a.tokens // a.block_size
     shape = (blocks, a.block_size, a.kv_heads, a.head_dim)
@@ -71,7 +74,8 @@ def main():
     rows = [("d2d copy (baseline)", d2d, gb), ("d2h copy to pinned (baseline)", d2h, gb)]
 
     server = Server(os.environ["TQKV_SERVER"], ["--backend", "cuda", "--host_budget_bytes", "60GB",
-                                                 "--threads", "16"])
+                                                 "--threads", "16"] + a.server_args.split())
+    time.sleep(a.settle_s)
     try:
         with tqkv.Client(server.address, timeout=600) as c, tqkv.DataPlane(server.data_address, timeout=600) as dp:
             m = c.register_model("prefill", num_layers=a.layers, num_kv_heads=a.kv_heads,

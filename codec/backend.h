@@ -137,6 +137,8 @@ struct BackendStats {
   uint64_t device_blocks = 0;
   uint64_t uploads = 0;                // blocks promoted host → device
   uint64_t evictions = 0;              // blocks demoted (dropped) from device
+  uint64_t host_pinned_bytes = 0;      // of the host arena (UseHostArena) pinned so far
+  std::string host_pinning_error;      // why pinning the host arena stopped short (empty: it did not)
 };
 
 // Argument checks every backend applies (INVALID_ARGUMENT naming the field).
@@ -226,6 +228,17 @@ class ComputeBackend {
   virtual void Forget(uint64_t id) { (void)id; }
 
   virtual BackendStats Stats() const { return {}; }
+
+  // The host tier's memory (storage::HostArena): a backend that moves
+  // blocks between host and device may pin [base, base + bytes), in the
+  // background, and then copy the blocks that lie in it by DMA, with no
+  // staging copy. Called at most once. REQUIRES: the range stays mapped
+  // until the backend is destroyed. Default: nothing to do.
+  virtual absl::Status UseHostArena(uint8_t* base, size_t bytes) {
+    (void)base;
+    (void)bytes;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace tqkv

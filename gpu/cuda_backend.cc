@@ -1,6 +1,7 @@
 #include "gpu/cuda_backend.h"
 
 #include <algorithm>
+#include <optional>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "gpu/codec_tables.h"
 #include "gpu/convert.h"
 #include "gpu/cuda_util.h"
+#include "gpu/host_pinning.h"
 #include "gpu/ipc_memory.h"
 #include "gpu/kernels.h"
 #include "gpu/scatter.h"
@@ -67,7 +69,8 @@ class CudaBackend : public ComputeBackend {
   // One upload of every block's dense rows (per layer, all blocks' tokens
   // back to back; fp32 for all when the inputs' dtypes differ), one encode
   // launch per layer over all blocks (slot b·block_size + t; rows past a
-  // block's tokens stay zero), one download.
+  // block's tokens stay zero), one download (per run of outputs in the
+  // pinned host arena).
   absl::Status EncodeBlocks(const ModelCodec& codec, int first, int last,
                             std::span<const EncodeItem> items) override {
     if (items.empty()) return absl::OkStatus();
@@ -135,12 +138,18 @@ class CudaBackend : public ComputeBackend {
                                      tokens[i], reinterpret_cast<const int64_t*>(d + slots_off[i]),
                                      reinterpret_cast<unsigned long long*>(d + flag_off)));
     }
-    TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d + pages_off, n * out_bytes, cudaMemcpyDeviceToHost, sm),
-                            "download pages");
+    // Into the outputs: straight where they lie in the pinned host arena,
+    // else through the staging.
+    TQ_ASSIGN_OR_RETURN(const bool direct,
+                        DownloadToPinned([&](size_t b) { return items[b].out; }, n, out_bytes, d + pages_off, sm));
+    if (!direct)
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h, d + pages_off, n * out_bytes, cudaMemcpyDeviceToHost, sm),
+                              "download pages");
     TQ_RETURN_IF_ERROR(stream_.Synchronize("encode"));
-    ParallelFor(
-        n, n * out_bytes, [&](size_t b) { std::memcpy(items[b].out, h + b * out_bytes, out_bytes); },
-        /*max_threads=*/8, /*min_bytes_per_thread=*/size_t{1} << 20);
+    if (!direct)
+      ParallelFor(
+          n, n * out_bytes, [&](size_t b) { std::memcpy(items[b].out, h + b * out_bytes, out_bytes); },
+          /*max_threads=*/8, /*min_bytes_per_thread=*/size_t{1} << 20);
     return absl::OkStatus();
   }
 
@@ -255,9 +264,10 @@ class CudaBackend : public ComputeBackend {
 
   // Per chunk of blocks: the rows' offsets up, then per layer a gather of
   // K and V from the worker's memory into staging and the encode launch,
-  // then one download of the chunk's pages into one of two host halves;
-  // while the device works on a chunk, the host copies the previous one's
-  // pages out (in parallel for large chunks).
+  // then the chunk's pages down: straight into the outputs where they lie
+  // in the pinned host arena, else into one of two host halves, whose
+  // pages the host copies out while the device works on the next chunk
+  // (in parallel for large chunks).
   absl::Status EncodeDeviceBlocks(const ModelCodec& codec, int first, int last, const DeviceKvRef& src,
                                   std::span<const DeviceEncodeItem> items) override {
     if (items.empty()) return absl::OkStatus();
@@ -285,8 +295,12 @@ class CudaBackend : public ComputeBackend {
       return absl::OkStatus();
     };
     int half = 0;
+    std::optional<std::pair<size_t, int>> staged;  // a chunk (first item, half) whose pages wait in a host half
     for (size_t at = 0; at < items.size(); at += chunk.blocks, half ^= 1) {
       const size_t n = std::min(chunk.blocks, items.size() - at);
+      // This half's last use (two chunks ago) must be over before it is refilled.
+      if (at >= 2 * chunk.blocks)
+        TQ_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(chunk_done_[half].get()), "device encode");
       uint8_t* h = host_.as<uint8_t>() + half * chunk.host_bytes;
       uint8_t* d = dev_.as<uint8_t>();
       bool aligned = true;
@@ -300,14 +314,20 @@ class CudaBackend : public ComputeBackend {
                                        reinterpret_cast<const int64_t*>(d + chunk.slots_off),
                                        reinterpret_cast<unsigned long long*>(d + chunk.flag_off)));
       }
-      TQ_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(h + chunk.pages_off, d + chunk.pages_off, n * out_bytes, cudaMemcpyDeviceToHost, sm),
-          "download pages");
+      TQ_ASSIGN_OR_RETURN(const bool direct, DownloadToPinned([&](size_t b) { return items[at + b].out; }, n,
+                                                              out_bytes, d + chunk.pages_off, sm));
+      if (!direct) {
+        TQ_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(h + chunk.pages_off, d + chunk.pages_off, n * out_bytes, cudaMemcpyDeviceToHost, sm),
+            "download pages");
+      }
       TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_done_[half].get(), sm), "record chunk");
-      if (at > 0) TQ_RETURN_IF_ERROR(copy_out(at - chunk.blocks, half ^ 1));
+      if (staged) TQ_RETURN_IF_ERROR(copy_out(staged->first, staged->second));
+      staged.reset();
+      if (!direct) staged.emplace(at, half);
     }
-    TQ_RETURN_IF_ERROR(copy_out((items.size() - 1) / chunk.blocks * chunk.blocks, half ^ 1));
-    return absl::OkStatus();
+    if (staged) TQ_RETURN_IF_ERROR(copy_out(staged->first, staged->second));
+    return stream_.Synchronize("device encode");
   }
 
   // Per chunk of blocks: the pages and row offsets up (filled into one of
@@ -340,12 +360,34 @@ class CudaBackend : public ComputeBackend {
       uint8_t* d = dev_.as<uint8_t>();
       bool aligned = true;
       const int64_t rows = FillRows(dst, std::span(spans).subspan(at, n), s.block_size, h, chunk, &aligned);
-      ParallelFor(n, n * in_bytes,
-                  [&](size_t b) { std::memcpy(h + chunk.pages_off + b * in_bytes, items[at + b].payload, in_bytes); });
       TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, chunk.k_off, cudaMemcpyHostToDevice, sm), "upload rows");
-      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d + chunk.pages_off, h + chunk.pages_off, n * in_bytes,
-                                              cudaMemcpyHostToDevice, sm),
-                              "upload pages");
+      // Payloads in the pinned host arena go up as they are; the others
+      // through the host half.
+      std::vector<size_t> via_half;
+      for (size_t b = 0; b < n; ++b) {
+        const uint8_t* p = items[at + b].payload;
+        if (!Pinned(p, in_bytes)) {
+          via_half.push_back(b);
+          continue;
+        }
+        TQ_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(d + chunk.pages_off + b * in_bytes, p, in_bytes, cudaMemcpyHostToDevice, sm),
+            "upload pages");
+      }
+      ParallelFor(via_half.size(), via_half.size() * in_bytes, [&](size_t j) {
+        const size_t b = via_half[j];
+        std::memcpy(h + chunk.pages_off + b * in_bytes, items[at + b].payload, in_bytes);
+      });
+      if (via_half.size() == n) {
+        TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d + chunk.pages_off, h + chunk.pages_off, n * in_bytes,
+                                                cudaMemcpyHostToDevice, sm),
+                                "upload pages");
+      } else {
+        for (size_t b : via_half)
+          TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d + chunk.pages_off + b * in_bytes, h + chunk.pages_off + b * in_bytes,
+                                                  in_bytes, cudaMemcpyHostToDevice, sm),
+                                  "upload pages");
+      }
       TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_done_[half].get(), sm), "record chunk");
       for (int l = first; l < last; ++l) {
         TQ_RETURN_IF_ERROR(DecodeLayer(codec, *tables, first, l, n, in_bytes, d + chunk.pages_off, d + chunk.k_off,
@@ -578,7 +620,18 @@ class CudaBackend : public ComputeBackend {
     st.device_blocks = cache_->resident_blocks();
     st.uploads = cache_->uploads();
     st.evictions = cache_->evictions();
+    if (pinned_host_ != nullptr) {
+      st.host_pinned_bytes = pinned_host_->pinned_bytes();
+      st.host_pinning_error = pinned_host_->error();
+    }
     return st;
+  }
+
+  absl::Status UseHostArena(uint8_t* base, size_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    if (pinned_host_ != nullptr) return absl::FailedPreconditionError("the backend already uses a host arena");
+    pinned_host_ = std::make_unique<PinnedHostRange>(options_.device, base, bytes);
+    return absl::OkStatus();
   }
 
  private:
@@ -615,6 +668,30 @@ class CudaBackend : public ComputeBackend {
     return c;
   }
 
+  // Whether [p, p + n) is pinned host memory a copy may use directly.
+  bool Pinned(const void* p, size_t n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pinned_host_ != nullptr && pinned_host_->Holds(p, n);
+  }
+
+  // Queues the copies of n pages of `bytes` each, back to back at `src` on
+  // the device, to out(0) .. out(n - 1) when every one of those is pinned
+  // host memory (one copy per run of outputs that follow each other in one
+  // pinned piece) and returns true; returns false, queuing nothing,
+  // otherwise.
+  template <typename Out>
+  absl::StatusOr<bool> DownloadToPinned(Out out, size_t n, size_t bytes, const uint8_t* src, cudaStream_t sm)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t b = 0; b < n; ++b)
+      if (!Pinned(out(b), bytes)) return false;
+    for (size_t b = 0, e; b < n; b = e) {
+      for (e = b + 1; e < n && out(e) == out(e - 1) + bytes && Pinned(out(b), (e + 1 - b) * bytes); ++e) {
+      }
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out(b), src + b * bytes, (e - b) * bytes, cudaMemcpyDeviceToHost, sm),
+                              "download pages");
+    }
+    return true;
+  }
+
   // Creates the events of a two-half ring not created yet.
   static absl::Status CreateMissing(CudaEvent (&events)[2]) {
     for (CudaEvent& e : events) {
@@ -625,14 +702,26 @@ class CudaBackend : public ComputeBackend {
   }
 
   // Copies stored blocks (slot, host payload) into their arena slots on
-  // `sm`, through the two halves of a bounded pinned ring: a half is
-  // refilled once its previous copies have left it, so a call that uploads
-  // a whole context (a sequence's first Attend) pins no more than the ring
-  // and its host copies overlap the transfers.
-  absl::Status UploadBlocks(const ModelCodec& codec, const std::vector<std::pair<int32_t, const uint8_t*>>& blocks,
-                            cudaStream_t sm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (blocks.empty()) return absl::OkStatus();
+  // `sm`: blocks in the pinned host arena straight from it, the others
+  // through the two halves of a bounded pinned ring: a half is refilled
+  // once its previous copies have left it, so a call that uploads a whole
+  // context (a sequence's first Attend) pins no more than the ring and its
+  // host copies overlap the transfers. The payloads must stay alive until
+  // `sm` has passed the copies.
+  absl::Status UploadBlocks(const ModelCodec& codec,
+                            const std::vector<std::pair<int32_t, const uint8_t*>>& all_blocks, cudaStream_t sm)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const size_t bb = codec.block_bytes();
+    auto slot = [&](int32_t i) { return cache_->base() + static_cast<size_t>(i) * cache_->slot_bytes(); };
+    std::vector<std::pair<int32_t, const uint8_t*>> blocks;
+    for (const auto& [i, payload] : all_blocks) {
+      if (!Pinned(payload, bb)) {
+        blocks.push_back({i, payload});
+        continue;
+      }
+      TQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot(i), payload, bb, cudaMemcpyHostToDevice, sm), "upload block");
+    }
+    if (blocks.empty()) return absl::OkStatus();
     const size_t per_half = std::max<size_t>(1, options_.upload_staging_bytes / 2 / bb);
     const size_t half_bytes = per_half * bb;
     TQ_RETURN_IF_ERROR(upload_ring_.Reserve(2 * half_bytes));
@@ -646,8 +735,7 @@ class CudaBackend : public ComputeBackend {
                   /*max_threads=*/8, /*min_bytes_per_thread=*/size_t{4} << 20);
       for (size_t i = 0; i < n; ++i)
         TQ_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(cache_->base() + static_cast<size_t>(blocks[at + i].first) * cache_->slot_bytes(),
-                            ring + i * bb, bb, cudaMemcpyHostToDevice, sm),
+            cudaMemcpyAsync(slot(blocks[at + i].first), ring + i * bb, bb, cudaMemcpyHostToDevice, sm),
             "upload block");
       TQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(upload_done_[half].get(), sm), "record upload");
     }
@@ -1055,6 +1143,7 @@ class CudaBackend : public ComputeBackend {
   PinnedBuffer upload_ring_ ABSL_GUARDED_BY(mu_);  // UploadBlocks' two halves
   CudaEvent upload_done_[2] ABSL_GUARDED_BY(mu_);  // the copies out of half i
   DeviceBuffer dev_ ABSL_GUARDED_BY(mu_);  // staging + workspace, grows to the largest call
+  std::unique_ptr<PinnedHostRange> pinned_host_ ABSL_GUARDED_BY(mu_);  // the host tier's arena (UseHostArena)
 };
 
 }  // namespace

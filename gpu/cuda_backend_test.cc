@@ -62,6 +62,13 @@ TEST(CudaBackend, EncodeBlocksMatchesCpuEncodeOfEachBlock) {
     ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
     ComputeBackend& gpu = **gpu_or;
     const std::vector<int> tokens = {16, 16, 9, 16, 1, 16, 15};
+    // A backend whose outputs lie in its pinned host arena downloads the
+    // pages straight into them.
+    auto pinned_or = CreateCudaBackend({.arena_bytes = ArenaOfSlots(*codec, 4)});
+    ASSERT_TRUE(pinned_or.ok()) << pinned_or.status();
+    testing_util::HostRegion region =
+        testing_util::PinnedRegion(**pinned_or, tokens.size() * codec->layer_range_bytes(0, layers));
+    ASSERT_NE(region, nullptr);
     struct Range {
       int first, last;
       bool mixed;  // block 3's input is fp32 (the batch falls back to one block at a time)
@@ -99,6 +106,12 @@ TEST(CudaBackend, EncodeBlocksMatchesCpuEncodeOfEachBlock) {
         ASSERT_TRUE(cpu.EncodeBlock(*codec, r.first, r.last, items[b].k, items[b].v, want.data()).ok());
         EXPECT_EQ(got[b], want) << "block " << b << " (" << tokens[b] << " tokens)";
       }
+      std::memset(region.get(), 0x5A, tokens.size() * bytes);
+      std::vector<ComputeBackend::EncodeItem> in_arena = items;
+      for (size_t b = 0; b < tokens.size(); ++b) in_arena[b].out = region.get() + b * bytes;
+      ASSERT_TRUE((*pinned_or)->EncodeBlocks(*codec, r.first, r.last, in_arena).ok());
+      for (size_t b = 0; b < tokens.size(); ++b)
+        EXPECT_EQ(std::vector<uint8_t>(in_arena[b].out, in_arena[b].out + bytes), got[b]) << "pinned, block " << b;
       // The batch decodes back like the CPU backend: fp16 outputs for every
       // block (decoded to fp16 on the device), then fp16 and fp32 mixed.
       for (bool mixed_out : {false, true}) {
@@ -559,22 +572,31 @@ TEST(CudaBackend, KeptBlockTablesGrowShrinkAndFallBack) {
   auto small_or = CreateCudaBackend({.arena_bytes = arena, .table_arena_bytes = 1024});  // one 256-block chunk
   auto plain_or = CreateCudaBackend({.arena_bytes = arena});
   auto ring_or = CreateCudaBackend({.arena_bytes = arena, .upload_staging_bytes = 3 * codec->block_bytes()});
+  auto pinned_or = CreateCudaBackend({.arena_bytes = arena});
   ASSERT_TRUE(ring_or.ok()) << ring_or.status();
+  ASSERT_TRUE(pinned_or.ok()) << pinned_or.status();
   ASSERT_TRUE(kept_or.ok()) << kept_or.status();
   ASSERT_TRUE(small_or.ok()) << small_or.status();
   ASSERT_TRUE(plain_or.ok()) << plain_or.status();
-  std::vector<std::vector<uint8_t>> payloads(8, std::vector<uint8_t>(codec->block_bytes()));
+  // The payloads lie in host memory that `pinned_or` pins (as a server's
+  // host arena): it copies them by DMA, the others through their staging.
+  const size_t bb = codec->block_bytes();
+  testing_util::HostRegion region = testing_util::PinnedRegion(**pinned_or, 8 * bb);
+  ASSERT_NE(region, nullptr);
+  EXPECT_EQ((*pinned_or)->UseHostArena(region.get(), 8 * bb).code(), absl::StatusCode::kFailedPrecondition);
+  std::vector<uint8_t*> payloads(8);
+  for (int b = 0; b < 8; ++b) payloads[b] = region.get() + b * bb;
   for (int b = 0; b < 8; ++b) {
     std::vector<float> k = RandomRows(bs * H, dim, 40 + b), v = RandomRows(bs * H, dim, 80 + b);
     ASSERT_TRUE(cpu.EncodeBlock(*codec, 0, 1, {{k.data(), DType::kF32, bs, H, dim}},
-                                {{v.data(), DType::kF32, bs, H, dim}}, payloads[b].data())
+                                {{v.data(), DType::kF32, bs, H, dim}}, payloads[b])
                     .ok());
   }
   // Block j of a list: id `base + j`, one of the 8 payloads.
   std::deque<std::vector<BlockRef>> lists;
   auto blocks = [&](uint64_t base, int n) {
     std::vector<BlockRef>& r = lists.emplace_back();
-    for (int j = 0; j < n; ++j) r.push_back({base + j, payloads[(base + j * 5) % 8].data()});
+    for (int j = 0; j < n; ++j) r.push_back({base + j, payloads[(base + j * 5) % 8]});
     return absl::MakeConstSpan(r);
   };
   struct Item {
@@ -601,13 +623,16 @@ TEST(CudaBackend, KeptBlockTablesGrowShrinkAndFallBack) {
     bare.query_offsets = keyed.query_offsets;
     bare.positions = keyed.positions;
     std::vector<float> q = RandomRows(items.size() * QH, dim, 500 + call++);
-    std::vector<float> kept(q.size()), small(q.size()), ring(q.size()), plain(q.size()), want(q.size());
+    std::vector<float> kept(q.size()), small(q.size()), ring(q.size()), pinned(q.size()), plain(q.size()),
+        want(q.size());
     PointAtContiguousF32(keyed, q.data(), kept.data());
     ASSERT_TRUE((*kept_or)->Attend(*codec, keyed).ok());
     PointAtContiguousF32(keyed, q.data(), small.data());
     ASSERT_TRUE((*small_or)->Attend(*codec, keyed).ok());
     PointAtContiguousF32(keyed, q.data(), ring.data());
     ASSERT_TRUE((*ring_or)->Attend(*codec, keyed).ok());
+    PointAtContiguousF32(keyed, q.data(), pinned.data());
+    ASSERT_TRUE((*pinned_or)->Attend(*codec, keyed).ok());
     PointAtContiguousF32(bare, q.data(), plain.data());
     ASSERT_TRUE((*plain_or)->Attend(*codec, bare).ok());
     PointAtContiguousF32(bare, q.data(), want.data());
@@ -615,6 +640,7 @@ TEST(CudaBackend, KeptBlockTablesGrowShrinkAndFallBack) {
     EXPECT_EQ(kept, plain);
     EXPECT_EQ(small, plain);
     EXPECT_EQ(ring, plain);
+    EXPECT_EQ(pinned, plain);
     std::vector<double> wd(want.begin(), want.end());
     EXPECT_LT(RelativeError(wd.data(), kept.data(), kept.size()), 2e-3);
   };
@@ -627,7 +653,7 @@ TEST(CudaBackend, KeptBlockTablesGrowShrinkAndFallBack) {
   std::span<const BlockRef> b = blocks(20000, 40);
   std::span<const BlockRef> b2 = blocks(20000, 39);  // same prefix ...
   std::vector<BlockRef>& b3 = lists.emplace_back(b2.begin(), b2.end());
-  b3.push_back({29999, payloads[3].data()});  // ... and another block at its end
+  b3.push_back({29999, payloads[3]});  // ... and another block at its end
   std::span<const BlockRef> c = blocks(30000, 5);
   attend({{a.first(700), A}, {b, B}, {c, 0}});  // kept, new and unkeyed tables in one batch
   attend({{b2, B}, {a.first(650), A}});         // shorter lists keep their prefixes

@@ -203,6 +203,24 @@ TEST(CudaIpc, EncodeDeviceBlocksEqualsTheCpuEncodeOfTheSameRows) {
     std::vector<DeviceEncodeItem> items;
     for (size_t b = 0; b < slots.size(); ++b) items.push_back({slots[b], tokens[b], got[b].data()});
     ASSERT_TRUE((*gpu)->EncodeDeviceBlocks(*codec, k.first, k.last, cache.ref, items).ok());
+    // A backend whose outputs lie in its pinned host arena copies the pages
+    // straight into them (back to back: one copy); with one output outside
+    // it, the chunk goes through the host staging.
+    auto pinned = CreateCudaBackend({.arena_bytes = size_t{64} << 20});
+    ASSERT_TRUE(pinned.ok()) << pinned.status();
+    testing_util::HostRegion region = testing_util::PinnedRegion(**pinned, slots.size() * bytes);
+    ASSERT_NE(region, nullptr);
+    std::vector<uint8_t> outside(bytes, 0x5A);
+    for (bool all_pinned : {true, false}) {
+      std::memset(region.get(), 0x5A, slots.size() * bytes);
+      std::vector<DeviceEncodeItem> in_arena;
+      for (size_t b = 0; b < slots.size(); ++b)
+        in_arena.push_back({slots[b], tokens[b], !all_pinned && b == 2 ? outside.data() : region.get() + b * bytes});
+      ASSERT_TRUE((*pinned)->EncodeDeviceBlocks(*codec, k.first, k.last, cache.ref, in_arena).ok());
+      for (size_t b = 0; b < slots.size(); ++b)
+        EXPECT_EQ(std::vector<uint8_t>(in_arena[b].out, in_arena[b].out + bytes), got[b])
+            << "block " << b << (all_pinned ? ", every output pinned" : ", one output outside the arena");
+    }
     for (size_t b = 0; b < slots.size(); ++b) {
       std::vector<std::vector<uint8_t>> rows;
       std::vector<DenseView> kv[2];

@@ -171,6 +171,23 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
         static_cast<double>(st.host_used_bytes));
   gauge("tqkv_host_capacity_bytes", "Host tier byte budget.",
         static_cast<double>(st.host_capacity_bytes));
+  {
+    const storage::HostArena::Stats arena = st.host_arena.value_or(storage::HostArena::Stats{});
+    MetricFamily f = Family("tqkv_host_arena_bytes",
+                            "The pinned host tier's arena (--pin_host_tier) by state: chunks in use, freed chunks "
+                            "waiting for a put of their size, never used (all 0 without the arena).",
+                            MetricType::Gauge);
+    Add(f, {{"state", "in_use"}}, static_cast<double>(arena.in_use_bytes));
+    Add(f, {{"state", "free_listed"}}, static_cast<double>(arena.free_listed_bytes));
+    Add(f, {{"state", "untouched"}}, static_cast<double>(arena.untouched_bytes));
+    out.push_back(std::move(f));
+    MetricFamily fb = Family("tqkv_host_arena_heap_fallbacks_total",
+                             "Put buffers allocated on the heap because the arena had no chunk of their size "
+                             "(they are copied through staging, not by DMA).",
+                             MetricType::Counter);
+    Add(fb, {}, static_cast<double>(arena.heap_fallbacks));
+    out.push_back(std::move(fb));
+  }
   gauge("tqkv_disk_used_bytes", "Disk tier payload bytes.", static_cast<double>(st.disk_used_bytes));
   gauge("tqkv_disk_file_bytes", "Bytes of the disk tier's payload files (removed blocks' bytes until collected).",
         static_cast<double>(st.disk_file_bytes));
@@ -243,6 +260,8 @@ std::vector<MetricFamily> StoreCollector::Collect() const {
   gauge("tqkv_gpu_used_bytes", "Packed block bytes resident in the GPU tier.",
         static_cast<double>(gpu.device_bytes_used));
   gauge("tqkv_gpu_blocks", "Blocks resident in the GPU tier.", static_cast<double>(gpu.device_blocks));
+  gauge("tqkv_host_pinned_bytes", "Bytes of the host tier's arena pinned for DMA so far (--pin_host_tier).",
+        static_cast<double>(gpu.host_pinned_bytes));
   counter("tqkv_gpu_promotions_total", "Blocks copied from host memory into the GPU tier.",
           gpu.uploads);
   counter("tqkv_gpu_demotions_total", "Blocks dropped from the GPU tier to make room (their host copy stays).",

@@ -139,6 +139,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     so.at_rest_cipher = s->at_rest_.get();
     note(absl::StrCat("disk tier payloads encrypted at rest with key id ", s->at_rest_->current_key_id()));
   }
+  TQ_ASSIGN_OR_RETURN(SelectedBackend b, SelectBackend(options.backend, options.threads, cuda));
+  s->backend_ = std::move(b.backend);
+  s->backend_note_ = b.note;
+  if (!b.note.empty()) note(b.note);
+  if (options.pin_host_tier && s->backend_->name() == "cuda") {
+    TQ_ASSIGN_OR_RETURN(s->host_arena_, storage::HostArena::Create(options.host_budget_bytes));
+    TQ_RETURN_IF_ERROR(s->backend_->UseHostArena(s->host_arena_->base(), s->host_arena_->size()));
+    so.host_arena = s->host_arena_.get();
+    s->host_pinning_ = true;
+  }
   s->started_ = absl::Now();
   TQ_ASSIGN_OR_RETURN(s->store_, storage::BlockStore::Open(so));
   s->index_loading_ = s->store_->Stats().index_loading;
@@ -149,10 +159,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TQ_ASSIGN_OR_RETURN(std::vector<std::string> warnings, s->registry_->Load());
   for (const std::string& w : warnings) note(w);
 
-  TQ_ASSIGN_OR_RETURN(SelectedBackend b, SelectBackend(options.backend, options.threads, cuda));
-  s->backend_ = std::move(b.backend);
-  s->backend_note_ = b.note;
-  if (!b.note.empty()) note(b.note);
 
   s->service_ = std::make_unique<KvService>(options.service, s->store_.get(), s->registry_.get(),
                                             s->backend_.get(), s->clock_);
@@ -268,6 +274,7 @@ void Server::MaintenanceLoop() {
     service_->Maintain();
     if (auto r = auth_->ReloadIfChanged()) LogAuthReload(*r).IgnoreError();  // an edited auth file
     if (index_loading_) ReportIndexLoaded();
+    if (host_pinning_) ReportHostPinned();
     CollectDiskGarbage();
   }
 }
@@ -283,6 +290,23 @@ void Server::CollectDiskGarbage() {
                                         freed.status().ToString()));
 }
 
+void Server::ReportHostPinned() {
+  const BackendStats st = backend_->Stats();
+  const bool done = st.host_pinned_bytes >= host_arena_->size();
+  if (!done && st.host_pinning_error.empty()) return;
+  host_pinning_ = false;
+  if (!log_) return;
+  if (done) {
+    log_->Write(absl::StrCat("tqkv-server: host tier pinned for DMA: ", host_arena_->size(), " bytes ",
+                             absl::FormatDuration(absl::Trunc(absl::Now() - started_, absl::Milliseconds(1))),
+                             " after start"));
+  } else {
+    log_->Write(absl::StrCat("tqkv-server: ", st.host_pinning_error,
+                             "; blocks outside the pinned part are copied through staging"),
+                LogLevel::kError);
+  }
+}
+
 void Server::ReportIndexLoaded() {
   const storage::StoreStats st = store_->Stats();
   if (st.index_loading) return;
@@ -290,7 +314,10 @@ void Server::ReportIndexLoaded() {
   const absl::Status s = store_->AwaitIndexLoaded();  // done: returns at once
   if (!log_) return;
   if (s.ok()) {
-    log_->Write(absl::StrCat("tqkv-server: disk tier indexed: ", st.blocks, " blocks (", st.disk_used_bytes,
+    uint64_t disk_blocks = 0;  // (blocks put while it indexed are in st.blocks too)
+    for (const storage::TierUsage& u : st.usage)
+      if (u.tier == storage::Tier::kDisk) disk_blocks += u.blocks;
+    log_->Write(absl::StrCat("tqkv-server: disk tier indexed: ", disk_blocks, " blocks (", st.disk_used_bytes,
                              " bytes on disk) ", absl::FormatDuration(absl::Trunc(absl::Now() - started_, absl::Milliseconds(1))),
                              " after start"));
   } else {

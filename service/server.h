@@ -131,6 +131,12 @@ struct ServerOptions {
   std::string backend = "auto";
   // Host-memory budget for block payloads. Default: 1 GiB.
   uint64_t host_budget_bytes = uint64_t{1} << 30;
+  // With the CUDA backend: put buffers come from one arena of
+  // host_budget_bytes (storage/host_arena.h) that the backend pins in the
+  // background (~4 s per 100 GB), so blocks move between the host tier and
+  // the GPU by DMA. The process then holds the whole budget from start-up.
+  // Default: true.
+  bool pin_host_tier = true;
   // Host bytes one tenant's blocks may hold (storage's
   // tenant_host_quota_bytes): a tenant at it evicts its own blocks, never
   // another tenant's; a put that cannot make room among its own is
@@ -242,6 +248,8 @@ class Server {
   void CollectDiskGarbage();
   // Logs the end of the disk index load once it has ended.
   void ReportIndexLoaded();
+  // Logs once the backend has pinned the host arena (or failed to).
+  void ReportHostPinned();
   // Logs an auth reload's outcome; returns its status.
   absl::Status LogAuthReload(const absl::StatusOr<std::string>& r);
 
@@ -249,6 +257,7 @@ class Server {
   std::unique_ptr<storage::Clock> owned_clock_;
   storage::Clock* clock_ = nullptr;
   std::unique_ptr<storage::AtRestCipher> at_rest_;  // used by store_: declared before it
+  std::unique_ptr<storage::HostArena> host_arena_;  // used by store_ and backend_: declared before them
   std::unique_ptr<storage::BlockStore> store_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<ComputeBackend> backend_;
@@ -273,6 +282,7 @@ class Server {
   std::thread maintenance_;
   // The disk index was loading at start; the maintenance loop logs its end.
   bool index_loading_ = false;
+  bool host_pinning_ = false;  // the backend is pinning host_arena_
   absl::Time started_;
   bool shut_down_ = false;
 };

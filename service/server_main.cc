@@ -118,6 +118,10 @@ ABSL_FLAG(std::string, at_rest_key_file, "",
 ABSL_FLAG(std::string, backend, "auto",
           "compute backend: auto (cuda if built in and a GPU is usable, else cpu), cpu, cuda");
 ABSL_FLAG(tqkv::ByteSize, host_budget_bytes, tqkv::ByteSize{uint64_t{1} << 30}, "host-memory budget for block payloads");
+ABSL_FLAG(bool, pin_host_tier, true,
+          "with the CUDA backend: put buffers come from one arena of --host_budget_bytes that the backend pins "
+          "in the background, so blocks move between host memory and the GPU by DMA (the process holds the whole "
+          "budget from start-up)");
 ABSL_FLAG(tqkv::ByteSize, malloc_keep_free_bytes, tqkv::ByteSize{tqkv::kDefaultKeepFreeBytes},
           "freed memory the allocator keeps at the top of each arena for reuse instead of returning it to the "
           "kernel (blocks and frames are reused at the rate puts and evictions run; memory returned is faulted "
@@ -286,6 +290,7 @@ int main(int argc, char** argv) {
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes).bytes;
+  o.pin_host_tier = absl::GetFlag(FLAGS_pin_host_tier);
   o.tenant_host_quota_bytes = absl::GetFlag(FLAGS_tenant_host_quota_bytes).bytes;
   o.disk_budget_bytes = absl::GetFlag(FLAGS_disk_budget_bytes).bytes;
   o.write_behind_fraction = absl::GetFlag(FLAGS_write_behind_fraction);

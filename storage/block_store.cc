@@ -540,7 +540,7 @@ absl::StatusOr<PutHandle> BlockStore::BeginPut(const BlockKey& key,
       return s;
     }
   }
-  absl::StatusOr<std::unique_ptr<HostBuffer>> buffer = HostBuffer::Allocate(size_bytes);
+  absl::StatusOr<std::unique_ptr<HostBuffer>> buffer = HostBuffer::Allocate(size_bytes, options_.host_arena);
   PutHandle handle;
   handle.store_ = this;  // from here on, the handle owns the reservation
   handle.key_ = key;
@@ -1040,6 +1040,7 @@ ModelResidency BlockStore::ResidencyOf(absl::string_view tenant, uint64_t model_
 
 StoreStats BlockStore::Stats() {
   StoreStats s;
+  if (options_.host_arena != nullptr) s.host_arena = options_.host_arena->stats();
   if (spill_ != nullptr) {
     const SpillStore::PayloadSpace space = spill_->PayloadFileSpace();
     s.disk_file_bytes = space.file_bytes;

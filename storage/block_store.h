@@ -99,6 +99,7 @@
 #include "storage/block_index.h"
 #include "storage/block_key.h"
 #include "storage/clock.h"
+#include "storage/host_arena.h"
 #include "storage/host_pool.h"
 #include "storage/spill_store.h"
 
@@ -147,6 +148,12 @@ struct BlockStoreOptions {
   // at_rest_cipher.h); records already on disk are read either way. Not
   // owned; must outlive the store. Default: null (payloads in clear).
   const AtRestCipher* at_rest_cipher = nullptr;
+
+  // Where put buffers come from (host_arena.h), so that a GPU backend that
+  // pinned the arena moves them by DMA; buffers read back from the disk
+  // tier stay on the heap. Not owned; must outlive the store and every
+  // buffer it handed out. Default: null (the heap).
+  HostArena* host_arena = nullptr;
 
   // Write-behind: while host copies without a disk copy hold more than this
   // many bytes, a thread writes the oldest of them to disk in batches of
@@ -329,6 +336,8 @@ struct StoreStats {
   // The disk tier's index is still being loaded: counts cover the blocks
   // indexed so far (load_index_in_background).
   bool index_loading = false;
+  // The put buffers' arena (BlockStoreOptions::host_arena), if any.
+  std::optional<HostArena::Stats> host_arena;
 };
 
 class BlockStore {

@@ -70,6 +70,39 @@ TEST_F(BlockStoreTest, PutThenGetReturnsExactBytesAndMetadata) {
   EXPECT_EQ(s->Stats().counters.get_misses, 1u);
 }
 
+TEST_F(BlockStoreTest, PutBuffersComeFromTheArenaAndGoBackToIt) {
+  absl::StatusOr<std::unique_ptr<HostArena>> arena = HostArena::Create(1 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  {
+    BlockStoreOptions o;
+    o.host_capacity_bytes = 1 << 20;
+    o.clock = &clock_;
+    o.host_arena = arena->get();
+    absl::StatusOr<std::unique_ptr<BlockStore>> s = BlockStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(*PutBlock(**s, Key(i), 100000), CommitOutcome::kCommitted);
+    for (int i = 0; i < 3; ++i) {
+      absl::StatusOr<BlockData> got = (*s)->Get(Key(i));
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE((*arena)->Contains(got->payload->data())) << i;
+      EXPECT_EQ(got->payload->view(), TestPayload(Key(i), 100000));
+    }
+    StoreStats st = (*s)->Stats();
+    ASSERT_TRUE(st.host_arena.has_value());
+    EXPECT_EQ(st.host_arena->in_use_bytes, 3 * 100096u);  // rounded to 256 bytes
+    ASSERT_TRUE((*s)->Delete(Key(1)).ok());
+    st = (*s)->Stats();
+    EXPECT_EQ(st.host_arena->in_use_bytes, 2 * 100096u);
+    EXPECT_EQ(st.host_arena->free_listed_bytes, 100096u);
+    // The freed chunk serves the next put of that size.
+    ASSERT_EQ(*PutBlock(**s, Key(3), 100000), CommitOutcome::kCommitted);
+    EXPECT_EQ((*s)->Stats().host_arena->free_listed_bytes, 0u);
+    EXPECT_EQ((*s)->Stats().host_arena->heap_fallbacks, 0u);
+    ExpectBytes(**s, Key(3), 100000, Tier::kHost);
+  }
+  EXPECT_EQ((*arena)->stats().in_use_bytes, 0u) << "a closed store returns every chunk";
+}
+
 TEST_F(BlockStoreTest, BlockIsInvisibleUntilCommit) {
   auto s = OpenStore();
   BlockKey k = Key(1);

@@ -6,18 +6,27 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "storage/host_arena.h"
 
 namespace tqkv::storage {
 
-absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(size_t size) {
-  std::unique_ptr<uint8_t[]> data;
-  if (size > 0) {
-    data.reset(new (std::nothrow) uint8_t[size]);
-    if (data == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", size, " host bytes"));
-    }
+absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(size_t size, HostArena* arena) {
+  if (size == 0) return std::unique_ptr<HostBuffer>(new HostBuffer(nullptr, 0, nullptr));
+  if (arena != nullptr) {
+    if (uint8_t* p = arena->Allocate(size)) return std::unique_ptr<HostBuffer>(new HostBuffer(p, size, arena));
+    arena->CountHeapFallback();
   }
-  return std::unique_ptr<HostBuffer>(new HostBuffer(std::move(data), size));
+  uint8_t* data = new (std::nothrow) uint8_t[size];
+  if (data == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", size, " host bytes"));
+  return std::unique_ptr<HostBuffer>(new HostBuffer(data, size, nullptr));
+}
+
+HostBuffer::~HostBuffer() {
+  if (arena_ != nullptr) {
+    arena_->Free(data_, size_);
+  } else {
+    delete[] data_;
+  }
 }
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::CopyOf(absl::string_view bytes) {

@@ -1,7 +1,7 @@
 // Host-memory buffers and the host tier's byte budget.
 //
-// HostBuffer is a fixed-size heap byte array (contents uninitialised on
-// allocation). Blocks share finished buffers as std::shared_ptr<const
+// HostBuffer is a fixed-size byte array (contents uninitialised on
+// allocation), on the heap or in a HostArena (host_arena.h). Blocks share finished buffers as std::shared_ptr<const
 // HostBuffer>, so a buffer stays valid for as long as any reader holds it,
 // even after the block has been evicted or deleted.
 //
@@ -24,30 +24,34 @@
 
 namespace tqkv::storage {
 
+class HostArena;
+
 class HostBuffer {
  public:
   // A buffer of `size` uninitialised bytes, or RESOURCE_EXHAUSTED if the
-  // allocation fails. size 0 is allowed (data() may then be null).
-  static absl::StatusOr<std::unique_ptr<HostBuffer>> Allocate(size_t size);
+  // allocation fails. size 0 is allowed (data() may then be null). With an
+  // arena, the bytes come from it where it has room, else from the heap
+  // (counted by the arena); the arena must outlive the buffer.
+  static absl::StatusOr<std::unique_ptr<HostBuffer>> Allocate(size_t size, HostArena* arena = nullptr);
   // A buffer holding a copy of `bytes`.
   static absl::StatusOr<std::unique_ptr<HostBuffer>> CopyOf(absl::string_view bytes);
 
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
 
-  uint8_t* data() { return data_.get(); }
-  const uint8_t* data() const { return data_.get(); }
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
-  absl::Span<uint8_t> span() { return absl::Span<uint8_t>(data_.get(), size_); }
-  absl::string_view view() const {
-    return absl::string_view(reinterpret_cast<const char*>(data_.get()), size_);
-  }
+  absl::Span<uint8_t> span() { return absl::Span<uint8_t>(data_, size_); }
+  absl::string_view view() const { return absl::string_view(reinterpret_cast<const char*>(data_), size_); }
 
  private:
-  HostBuffer(std::unique_ptr<uint8_t[]> data, size_t size) : data_(std::move(data)), size_(size) {}
+  HostBuffer(uint8_t* data, size_t size, HostArena* arena) : data_(data), size_(size), arena_(arena) {}
 
-  std::unique_ptr<uint8_t[]> data_;
+  uint8_t* data_;
   size_t size_;
+  HostArena* arena_;  // the arena data_ came from; null: the heap
 };
 
 struct HostPoolOptions {
