@@ -6,6 +6,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/parallel_for.h"
@@ -77,6 +78,8 @@ class CudaBackend : public ComputeBackend {
     for (const EncodeItem& item : items) TQ_RETURN_IF_ERROR(ValidateEncodeArgs(codec, first, last, item.k, item.v));
     const DType dt = SharedDType(items);
     absl::MutexLock lock(&mu_);
+    // Copies queued before an error may still write the callers' buffers.
+    absl::Cleanup drain = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { (void)cudaStreamSynchronize(stream_.get()); };
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
     TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
     const ModelShape& s = codec.shape();
@@ -280,6 +283,8 @@ class CudaBackend : public ComputeBackend {
     std::vector<DeviceSpan> spans;
     for (const DeviceEncodeItem& it : items) spans.push_back({it.slot, it.tokens});
     absl::MutexLock lock(&mu_);
+    // Copies queued before an error may still touch the callers' buffers.
+    absl::Cleanup drain = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { (void)cudaStreamSynchronize(stream_.get()); };
     TQ_ASSIGN_OR_RETURN(DeviceCall call, OpenDeviceCall(codec, first, last, src, spans));
     const DeviceCodecTables* tables = call.tables;
     const IpcMappings& maps = call.maps;
@@ -344,6 +349,8 @@ class CudaBackend : public ComputeBackend {
     std::vector<DeviceSpan> spans;
     for (const DeviceDecodeItem& it : items) spans.push_back({it.slot, s.block_size});
     absl::MutexLock lock(&mu_);
+    // Copies queued before an error may still touch the callers' buffers.
+    absl::Cleanup drain = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { (void)cudaStreamSynchronize(stream_.get()); };
     TQ_ASSIGN_OR_RETURN(DeviceCall call, OpenDeviceCall(codec, first, last, dst, spans));
     const DeviceCodecTables* tables = call.tables;
     const IpcMappings& maps = call.maps;
@@ -404,6 +411,17 @@ class CudaBackend : public ComputeBackend {
     TQ_RETURN_IF_ERROR(ValidateAttendBatch(codec, b));
     if (b.query_offsets.back() == 0) return EncodePacks(codec, b);
     absl::MutexLock lock(&mu_);
+    absl::Status s = AttendLocked(codec, b);
+    if (!s.ok()) ForgetAfterFailure(b);
+    return s;
+  }
+
+  void Forget(uint64_t id) override {
+    absl::MutexLock lock(&mu_);
+    ForgetLocked(id);
+  }
+
+  absl::Status AttendLocked(const ModelCodec& codec, const AttendBatch& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     TQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
     TQ_ASSIGN_OR_RETURN(const DeviceCodecTables* tables, Tables(codec));
     TQ_RETURN_IF_ERROR(cache_->EnsureSlotBytes(codec.block_bytes()));
@@ -603,13 +621,25 @@ class CudaBackend : public ComputeBackend {
     return absl::OkStatus();
   }
 
-  void Forget(uint64_t id) override {
-    absl::MutexLock lock(&mu_);
+  void ForgetLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     cache_->Forget(id);
     layers_.erase(id);
     tail_cache_->Forget(id);
     tail_rows_.erase(id);
     seq_tables_->Forget(id);
+  }
+
+  // A failed Attend may have queued copies that still read its payloads
+  // (waited for here) and given blocks, tails and tables slots their bytes
+  // never reached (dropped: the next call that needs them uploads them).
+  void ForgetAfterFailure(const AttendBatch& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    (void)cudaStreamSynchronize(stream_.get());
+    for (const AttendSequence& q : b.sequences) {
+      for (const BlockRef& r : q.blocks) ForgetLocked(r.id);
+      if (q.tail_id != 0) ForgetLocked(q.tail_id);
+      if (q.sequence_key != 0) ForgetLocked(q.sequence_key);
+    }
+    for (const PackItem& p : b.packs) ForgetLocked(p.block_id);
   }
 
   BackendStats Stats() const override {

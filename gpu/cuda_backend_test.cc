@@ -333,7 +333,12 @@ TEST(CudaBackend, MatchesCpuBackend) {
     EXPECT_EQ(st.uploads, 8u);
     EXPECT_EQ(st.evictions, 3u);
     EXPECT_EQ(run(20, 5).code(), absl::StatusCode::kResourceExhausted);
-
+    // The failed call's blocks got slots their bytes never reached: none of
+    // them stays resident, so the next call uploads them.
+    EXPECT_EQ(gpu.Stats().device_blocks, 0u);
+    const uint64_t uploads = gpu.Stats().uploads;
+    EXPECT_TRUE(run(20, 4).ok());
+    EXPECT_EQ(gpu.Stats().uploads, uploads + 4);
   }
 }
 

@@ -133,10 +133,10 @@ struct ServerOptions {
   uint64_t host_budget_bytes = uint64_t{1} << 30;
   // With the CUDA backend: put buffers come from one arena of
   // host_budget_bytes (storage/host_arena.h) that the backend pins in the
-  // background (~4 s per 100 GB), so blocks move between the host tier and
-  // the GPU by DMA. The process then holds the whole budget from start-up.
-  // Default: true.
-  bool pin_host_tier = true;
+  // background, so blocks move between the host tier and the GPU by DMA.
+  // The process then holds the whole budget from start-up.
+  // Default: false.
+  bool pin_host_tier = false;
   // Host bytes one tenant's blocks may hold (storage's
   // tenant_host_quota_bytes): a tenant at it evicts its own blocks, never
   // another tenant's; a put that cannot make room among its own is

@@ -118,7 +118,7 @@ ABSL_FLAG(std::string, at_rest_key_file, "",
 ABSL_FLAG(std::string, backend, "auto",
           "compute backend: auto (cuda if built in and a GPU is usable, else cpu), cpu, cuda");
 ABSL_FLAG(tqkv::ByteSize, host_budget_bytes, tqkv::ByteSize{uint64_t{1} << 30}, "host-memory budget for block payloads");
-ABSL_FLAG(bool, pin_host_tier, true,
+ABSL_FLAG(bool, pin_host_tier, false,
           "with the CUDA backend: put buffers come from one arena of --host_budget_bytes that the backend pins "
           "in the background, so blocks move between host memory and the GPU by DMA (the process holds the whole "
           "budget from start-up)");
