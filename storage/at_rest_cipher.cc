@@ -150,7 +150,7 @@ absl::StatusOr<std::string> AtRestCipher::Seal(absl::string_view tenant, absl::s
 }
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> AtRestCipher::Open(absl::string_view tenant, absl::string_view aad,
-                                                               absl::string_view sealed) const {
+                                                               absl::string_view sealed, HostArena* arena) const {
   if (sealed.size() < kOverheadBytes)
     return absl::DataLossError(absl::StrCat("sealed record of ", sealed.size(), " bytes is truncated"));
   const auto* p = reinterpret_cast<const uint8_t*>(sealed.data());
@@ -167,7 +167,7 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> AtRestCipher::Open(absl::string_view
   absl::StatusOr<Key> key = TenantKey(id, tenant);
   if (!key.ok()) return key.status();
   const size_t size = sealed.size() - kOverheadBytes;
-  absl::StatusOr<std::unique_ptr<HostBuffer>> out = HostBuffer::Allocate(size);
+  absl::StatusOr<std::unique_ptr<HostBuffer>> out = HostBuffer::Allocate(size, arena);
   if (!out.ok()) return out.status();
   const uint8_t* nonce = p + kHeaderBytes;
   const uint8_t* body = nonce + kNonceBytes;

@@ -71,8 +71,9 @@ class AtRestCipher {
   // the key file must be fixed. DATA_LOSS when the record is truncated, has
   // an unknown envelope version, or fails authentication (edited, or moved
   // under another tenant or block key). Never returns unauthenticated bytes.
+  // The plaintext is allocated as HostBuffer::Allocate(size, arena) does.
   absl::StatusOr<std::unique_ptr<HostBuffer>> Open(absl::string_view tenant, absl::string_view aad,
-                                                   absl::string_view sealed) const;
+                                                   absl::string_view sealed, HostArena* arena = nullptr) const;
 
  private:
   struct Master {

@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const BlockStoreOpt
   if (!options.disk_path.empty()) {
     TQ_ASSIGN_OR_RETURN(spill, SpillStore::Open({.path = options.disk_path,
                                                       .cipher = options.at_rest_cipher,
+                                                      .host_arena = options.host_arena,
                                                       .min_free_bytes = options.disk_min_free_bytes}));
   }
   std::unique_ptr<BlockStore> store(new BlockStore(options, std::move(spill)));

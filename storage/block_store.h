@@ -149,10 +149,10 @@ struct BlockStoreOptions {
   // owned; must outlive the store. Default: null (payloads in clear).
   const AtRestCipher* at_rest_cipher = nullptr;
 
-  // Where put buffers come from (host_arena.h), so that a GPU backend that
-  // pinned the arena moves them by DMA; buffers read back from the disk
-  // tier stay on the heap. Not owned; must outlive the store and every
-  // buffer it handed out. Default: null (the heap).
+  // Where put buffers and payloads read back from the disk tier come from
+  // (host_arena.h), so that a GPU backend that pinned the arena moves them
+  // by DMA. Not owned; must outlive the store and every buffer it handed
+  // out. Default: null (the heap).
   HostArena* host_arena = nullptr;
 
   // Write-behind: while host copies without a disk copy hold more than this

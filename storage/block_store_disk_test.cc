@@ -57,6 +57,33 @@ class BlockStoreDiskTest : public ::testing::Test {
   FakeClock clock_;
 };
 
+// With a host arena, blocks promoted from disk land in it like puts (a
+// pinned arena's blocks move to a GPU by DMA), and their chunks go back to
+// it when the store lets go of them.
+TEST_F(BlockStoreDiskTest, PromotedBlocksLandInTheHostArena) {
+  absl::StatusOr<std::unique_ptr<HostArena>> arena = HostArena::Create(1 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  {
+    BlockStoreOptions o;
+    o.host_capacity_bytes = 1000;
+    o.disk_path = dir_.path();
+    o.clock = &clock_;
+    o.host_arena = arena->get();
+    absl::StatusOr<std::unique_ptr<BlockStore>> s = BlockStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(PutBlock(**s, Key(i)).ok());
+    ASSERT_EQ((*s)->Stats().counters.spills, 2u);
+    absl::StatusOr<BlockData> got = (*s)->Get(Key(0));  // from disk, promoted
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->tier, Tier::kDisk);
+    EXPECT_EQ(got->payload->view(), TestPayload(Key(0), 100));
+    EXPECT_TRUE((*arena)->Contains(got->payload->data()));
+    EXPECT_EQ((*s)->Stats().counters.promotions, 1u);
+    EXPECT_EQ((*s)->Stats().host_arena->heap_fallbacks, 0u);
+  }
+  EXPECT_EQ((*arena)->stats().in_use_bytes, 0u);
+}
+
 TEST_F(BlockStoreDiskTest, EvictionSpillsAndHitsAreServedFromDisk) {
   auto s = OpenStore();
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(PutBlock(*s, Key(i)).ok());

@@ -29,8 +29,8 @@ HostBuffer::~HostBuffer() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::CopyOf(absl::string_view bytes) {
-  absl::StatusOr<std::unique_ptr<HostBuffer>> buf = Allocate(bytes.size());
+absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::CopyOf(absl::string_view bytes, HostArena* arena) {
+  absl::StatusOr<std::unique_ptr<HostBuffer>> buf = Allocate(bytes.size(), arena);
   if (buf.ok() && !bytes.empty()) std::memcpy((*buf)->data(), bytes.data(), bytes.size());
   return buf;
 }

@@ -33,8 +33,8 @@ class HostBuffer {
   // arena, the bytes come from it where it has room, else from the heap
   // (counted by the arena); the arena must outlive the buffer.
   static absl::StatusOr<std::unique_ptr<HostBuffer>> Allocate(size_t size, HostArena* arena = nullptr);
-  // A buffer holding a copy of `bytes`.
-  static absl::StatusOr<std::unique_ptr<HostBuffer>> CopyOf(absl::string_view bytes);
+  // A buffer holding a copy of `bytes` (allocated as Allocate does).
+  static absl::StatusOr<std::unique_ptr<HostBuffer>> CopyOf(absl::string_view bytes, HostArena* arena = nullptr);
 
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;

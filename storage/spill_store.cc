@@ -321,6 +321,7 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(const SpillStoreOpt
   store->data_cf_.reset(handles[2]);
   store->models_cf_.reset(handles[3]);
   store->cipher_ = options.cipher;
+  store->host_arena_ = options.host_arena;
   store->path_ = options.path;
   store->min_free_bytes_ = options.min_free_bytes;
   store->fs_ = options.env != nullptr ? options.env->GetFileSystem() : rocksdb::FileSystem::Default();
@@ -579,7 +580,7 @@ absl::Status SpillStore::Apply(absl::Span<const BlockWrite> writes,
 }
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadAt(const BlockKey& key, const SegmentLocation& at) {
-  TQ_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> bytes, HostBuffer::Allocate(at.bytes));
+  TQ_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> bytes, HostBuffer::Allocate(at.bytes, host_arena_));
   const absl::Status read = segments_->Read(at, reinterpret_cast<char*>(bytes->data()));
   if (read.ok()) return bytes;
   if (absl::IsNotFound(read)) return read;
@@ -605,7 +606,7 @@ absl::StatusOr<std::pair<DiskBlockMeta, std::unique_ptr<HostBuffer>>> SpillStore
       s = db_->Get(data_read, data_cf_.get(), k, &value);
       if (!s.ok()) return FromRocks(s, absl::StrCat("reading block ", DebugString(key)));
       TQ_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> bytes,
-                          HostBuffer::CopyOf(absl::string_view(value.data(), value.size())));
+                          HostBuffer::CopyOf(absl::string_view(value.data(), value.size()), host_arena_));
       return std::make_pair(std::move(m), std::move(bytes));
     }
     // A stored length far from the meta's is damage, not an allocation to try.
@@ -641,7 +642,7 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> SpillStore::ReadPayload(const BlockK
   if (cipher_ == nullptr)
     return absl::FailedPreconditionError(absl::StrCat(
         "block ", DebugString(key), " is encrypted at rest and the store has no key (--at_rest_key_file)"));
-  absl::StatusOr<std::unique_ptr<HostBuffer>> open = cipher_->Open(key.tenant, EncodeBlockKey(key), bytes->view());
+  absl::StatusOr<std::unique_ptr<HostBuffer>> open = cipher_->Open(key.tenant, EncodeBlockKey(key), bytes->view(), host_arena_);
   if (!open.ok() && absl::IsDataLoss(open.status()) && hint.segment != 0)
     return ReadPayload(key);  // the hint's sealed flag or place was stale: the meta decides
   if (!open.ok())

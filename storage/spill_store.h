@@ -161,6 +161,10 @@ struct SpillStoreOptions {
   // disk are read either way. Not owned; must outlive the store. Default:
   // null (payloads stored in clear; sealed records cannot be read).
   const AtRestCipher* cipher = nullptr;
+  // Where payloads read back are allocated (host_arena.h; the heap where
+  // it has no room). Not owned; must outlive the store and the buffers it
+  // hands out. Default: null (the heap).
+  HostArena* host_arena = nullptr;
   // The RocksDB Env (file system) under the database; tests inject disk
   // faults through it. Not owned; must outlive the store. Default: null
   // (RocksDB's default Env).
@@ -404,6 +408,7 @@ class SpillStore {
   std::unique_ptr<rocksdb::ColumnFamilyHandle> data_cf_;
   std::unique_ptr<rocksdb::ColumnFamilyHandle> models_cf_;
   const AtRestCipher* cipher_ = nullptr;
+  HostArena* host_arena_ = nullptr;
 };
 
 }  // namespace tqkv::storage
