@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(size_t bytes) {
 
 HostArena::~HostArena() {
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     assert(in_use_ == 0 && "a host arena destroyed with chunks in use");
   }
   munmap(base_, size_);
@@ -36,7 +36,7 @@ HostArena::~HostArena() {
 uint8_t* HostArena::Allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t n = Round(bytes);
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   if (auto it = free_.find(n); it != free_.end() && !it->second.empty()) {
     uint8_t* p = it->second.back();
     it->second.pop_back();
@@ -54,19 +54,19 @@ uint8_t* HostArena::Allocate(size_t bytes) {
 void HostArena::Free(uint8_t* p, size_t bytes) {
   const size_t n = Round(bytes);
   assert(Contains(p));
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   free_[n].push_back(p);
   in_use_ -= n;
   free_listed_ += n;
 }
 
 void HostArena::CountHeapFallback() {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   ++heap_fallbacks_;
 }
 
 HostArena::Stats HostArena::stats() const {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   return Stats{.capacity_bytes = size_,
                .in_use_bytes = in_use_,
                .free_listed_bytes = free_listed_,

@@ -26,12 +26,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace tqkv::storage {
 
@@ -79,12 +78,14 @@ class HostArena {
 
   uint8_t* const base_;
   const size_t size_;
-  mutable absl::Mutex mu_;
-  size_t top_ ABSL_GUARDED_BY(mu_) = 0;  // offset of the first never-used byte
-  absl::flat_hash_map<size_t, std::vector<uint8_t*>> free_ ABSL_GUARDED_BY(mu_);  // by rounded size
-  uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t free_listed_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t heap_fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  // std::mutex (not absl::Mutex): ThreadSanitizer builds see it (the
+  // system's Abseil is not instrumented). It guards the members below.
+  mutable std::mutex mu_;
+  size_t top_ = 0;  // offset of the first never-used byte
+  absl::flat_hash_map<size_t, std::vector<uint8_t*>> free_;  // by rounded size
+  uint64_t in_use_ = 0;
+  uint64_t free_listed_ = 0;
+  uint64_t heap_fallbacks_ = 0;
 };
 
 }  // namespace tqkv::storage
