@@ -16,7 +16,10 @@
 # benchmark); E2E_ARGS: more decode_loop_bench flags, e.g. "--tensors inline";
 # E2E_UNIX=1: the decode loop and the put benchmark on the server's
 # Unix-domain socket (--data_socket) instead of loopback TCP);
-# SERVER_ARGS: more tqkv-server flags for those (e.g. "--work_threads=0").
+# SERVER_ARGS: more tqkv-server flags for those (e.g. "--work_threads=0");
+# then a server with its host tier pinned (--pin_host_tier): the decode
+# loop's first step and the data-plane puts again (SKIP_PINNED=1 leaves it
+# out).
 # Same-host GPU memory (CUDA IPC): the Python client's torch tests and the
 # prefill benchmark (bench/prefill_ipc_bench.py) run against the bundle's
 # server with the bundle's stubs (SKIP_IPC=1 leaves them out). A stock
@@ -126,6 +129,29 @@ if [ -z "${SKIP_E2E:-}" ]; then
     echo "service_bench put rc=$?" | tee -a "$LOGS/summary.txt"
   fi
   kill "$spid"; wait "$spid"
+  # The same server with its host tier pinned for DMA (--pin_host_tier),
+  # once the pinning is done: a context's first decode step (its upload)
+  # and the data-plane puts, beside the heap tier's numbers above.
+  if [ -z "${SKIP_PINNED:-}" ]; then
+    data="$(mktemp -d)"
+    "$HERE/tqkv-server" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --data_dir "$data" \
+      --backend cuda --host_budget_bytes 48000000000 --threads 16 --pin_host_tier=true ${SERVER_ARGS:-} \
+      > "$LOGS/e2e_pinned_server.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 1200); do
+      grep -q "host tier pinned for DMA\|pinning the host tier stopped" "$LOGS/e2e_pinned_server.log" && break
+      sleep 0.25
+    done
+    addr=$(sed -n 's/^tqkv-server listening on //p' "$LOGS/e2e_pinned_server.log" | head -1)
+    daddr=$(sed -n "s/^tqkv-server data plane listening on //p" "$LOGS/e2e_pinned_server.log" | head -1)
+    timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "$daddr" --layers 32 --format k4v4 \
+      --shapes 1x32768 --steps 8 --two_call_steps 0 > "$LOGS/decode_loop_bench_pinned.log" 2>&1
+    echo "decode_loop_bench pinned rc=$?" | tee -a "$LOGS/summary.txt"
+    timeout 300 "$HERE/service_bench" --tqkv "$addr" --tqkv_data "$daddr" --mode put --put_gib 2 \
+      --put_frame_mib 8 --paths "dense, data plane;packed, data plane" > "$LOGS/service_bench_put_pinned.log" 2>&1
+    echo "service_bench put pinned rc=$?" | tee -a "$LOGS/summary.txt"
+    kill "$spid"; wait "$spid"
+  fi
 fi
 # The Python steps: the bundle's server, client and stubs.
 if [ -z "${SKIP_IPC:-}" ] || [ -z "${SKIP_HF:-}" ]; then

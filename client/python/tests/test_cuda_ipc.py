@@ -1,7 +1,8 @@
 """Same-host K/V in GPU memory (tqkv.DeviceKv over torch CUDA tensors) against
-a `--backend cuda` server: device puts store the bytes that a put of the same
-tensors over the wire stores (paged NHD and HND caches, a contiguous tensor,
-fp16 and bf16, partial blocks, a layer range); device gets write what dense
+a `--backend cuda` server (its host tier on the heap, then pinned): device
+puts store the bytes that a put of the same tensors over the wire stores
+(paged NHD and HND caches, a contiguous tensor, fp16 and bf16, partial
+blocks, a layer range); device gets write what dense
 gets return into exactly the named slots; a CPU-backend server makes both
 fall back to the wire with the same results, or refuse with
 FailedPrecondition when asked not to fall back.
@@ -10,6 +11,7 @@ Skipped without torch and a CUDA device; on the GPU machine:
     dist/hf_xz/env.sh python3 -m pytest -s client/python/tests/test_cuda_ipc.py
 """
 import os
+import time
 
 import numpy as np
 import pytest
@@ -24,10 +26,20 @@ from helpers import hashes, unique  # noqa: E402
 LAYERS, HEADS, QHEADS, DIM, BS, SLOTS = 4, 8, 32, 128, 16, 10
 
 
-@pytest.fixture(scope="module")
-def cuda_server():
+@pytest.fixture(scope="module", params=["heap", "pinned"])
+def cuda_server(request):
+    """A CUDA server whose host tier is on the heap, then one whose host
+    tier is pinned for DMA (--pin_host_tier: blocks go between it and the
+    GPU without staging), once it reports the pinning done."""
     from conftest import Server
-    s = Server(os.environ["TQKV_SERVER"], ["--backend", "cuda"])
+    pinned = request.param == "pinned"
+    s = Server(os.environ["TQKV_SERVER"], ["--backend", "cuda", f"--pin_host_tier={str(pinned).lower()}"])
+    deadline = time.time() + 60
+    while pinned and not any("host tier pinned for DMA" in line for line in list(s.lines)):
+        if time.time() > deadline:
+            s.stop()
+            pytest.fail("the server did not pin its host tier:\n" + "\n".join(s.lines))
+        time.sleep(0.1)
     yield s
     s.stop()
 
