@@ -21,6 +21,7 @@
 //        [--paths "packed, data plane;get dense"]  (put/get paths whose name
 //        contains one of the ';'-separated parts; default: all)
 //        [--server_pid PID]  (CPU ns per byte of client and server)
+//        [--shared_mib N]  (unix: --tqkv_data: raw puts through N MiB of memory shared with the server)
 // bench/service_bench.sh starts both servers and runs this.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
@@ -75,6 +76,10 @@ struct Flags {
   // The server's process id (same machine): put and get lines then say the
   // CPU time the client and the server spent per byte. 0: not reported.
   int server_pid = 0;
+  // With a unix: --tqkv_data, the put mode's raw-payload clients share this
+  // many MiB with the server (DataPlaneClientOptions::shared_memory_bytes):
+  // their frames' payloads bypass the socket. 0: none.
+  int shared_mib = 0;
 };
 
 [[noreturn]] void Die(const std::string& msg) {
@@ -491,7 +496,10 @@ void BenchPut(const Flags& f) {
   std::vector<std::unique_ptr<tqkv::client::DataPlaneClient>> dps, inline_dps;
   for (bool raw : {true, false}) {
     for (int s = 0; s < streams; ++s) {
-      auto dp = tqkv::client::DataPlaneClient::Connect({.target = f.tqkv_data, .raw_payloads = raw});
+      auto dp = tqkv::client::DataPlaneClient::Connect(
+          {.target = f.tqkv_data,
+           .raw_payloads = raw,
+           .shared_memory_bytes = raw ? static_cast<size_t>(f.shared_mib) << 20 : 0});
       if (!dp.ok()) Die("data plane connect: " + std::string(dp.status().message()));
       (raw ? dps : inline_dps).push_back(std::move(*dp));
     }
@@ -776,6 +784,7 @@ Flags ParseFlags(int argc, char** argv) {
       for (absl::string_view x : absl::StrSplit(val(), ',')) f.put_frame_mib.push_back(std::stoi(std::string(x)));
     }
     else if (name == "--server_pid") f.server_pid = std::stoi(val());
+    else if (name == "--shared_mib") f.shared_mib = std::max(0, std::stoi(val()));
     else if (name == "--put_streams") f.put_streams = std::max(1, std::stoi(val()));
     else if (name == "--paths") f.paths = absl::StrSplit(val(), ';', absl::SkipEmpty());
     else Die("unknown flag " + a);

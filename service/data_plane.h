@@ -155,6 +155,10 @@ struct DataPlaneOptions {
   // removed at shutdown; one left by an ended process is replaced.
   std::string socket_path;
   unsigned socket_mode = 0600;
+  // Largest memory region a Unix-socket connection may share with the
+  // server (proto "Same-host shared memory"): its tensors and replies then
+  // bypass the socket. 0: no sharing. Default: 1 GiB.
+  uint64_t max_shared_bytes = uint64_t{1} << 30;
   // TLS (mTLS with a client CA) from these files, reloaded every
   // tls.reload_interval; off (plain TCP) when !tls.enabled(). Default: off.
   ServerTlsOptions tls;

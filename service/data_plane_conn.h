@@ -7,7 +7,9 @@
 #ifndef TQKV_SERVICE_DATA_PLANE_CONN_H_
 #define TQKV_SERVICE_DATA_PLANE_CONN_H_
 
+#include <sys/mman.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -117,10 +119,54 @@ class InputBuffer {
   size_t size_ = 0, capacity_ = 0;
 };
 
+// A file descriptor a client passed (SCM_RIGHTS), closed with its owner.
+class PassedFd {
+ public:
+  PassedFd() = default;
+  PassedFd(const PassedFd&) = delete;
+  PassedFd& operator=(const PassedFd&) = delete;
+  ~PassedFd() { Reset(-1); }
+  int get() const { return fd_; }
+  int Release() { return std::exchange(fd_, -1); }
+  void Reset(int fd) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// The memory a connection shares with its client (proto "Same-host shared
+// memory"), unmapped with its owner.
+class SharedRegion {
+ public:
+  SharedRegion() = default;
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+  ~SharedRegion() { Reset(nullptr, 0); }
+  uint8_t* base() const { return base_; }
+  size_t size() const { return size_; }
+  void Reset(uint8_t* base, size_t size) {
+    if (base_ != nullptr) munmap(base_, size_);
+    base_ = base;
+    size_ = size;
+  }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+};
+
 struct Conn {
   int fd = -1;
   std::string peer;
   bool local = false;      // the peer is on this host's loopback (may pass CUDA IPC handles)
+  bool unix_socket = false;  // accepted on the Unix-domain socket (may share memory)
+  // The last descriptor the client passed, until a share_memory frame
+  // takes it, and the memory it shares.
+  PassedFd passed_fd;
+  SharedRegion shared;
   // A request of this connection has passed authentication (always, on a
   // server without auth): until then its frames are held to
   // max_unauthenticated_frame_bytes, and a raw payload is accepted only

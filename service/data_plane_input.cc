@@ -1,6 +1,7 @@
 // DataPlaneServer::Loop: the input side (data_plane_loop.h).
 #include "service/data_plane_loop.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@ constexpr size_t kKeptInputBytes = 1 << 20;
 }  // namespace
 
 ssize_t DataPlaneServer::Loop::ReadSome(Conn* c, char* p, size_t n) {
+  if (c->unix_socket) return ReadUnix(c, p, n);
   if (c->tls == nullptr) return read(c->fd, p, n);
   TlsIo io;
   const size_t got = c->tls->Read(p, n, &io);
@@ -30,6 +32,29 @@ ssize_t DataPlaneServer::Loop::ReadSome(Conn* c, char* p, size_t n) {
     errno = ECONNRESET;
   }
   return -1;
+}
+
+ssize_t DataPlaneServer::Loop::ReadUnix(Conn* c, char* p, size_t n) {
+  // A descriptor passed with the bytes (a share_memory frame's memfd) is
+  // kept until that frame takes it; an earlier one is closed.
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+  iovec iov{p, n};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t got = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+  for (cmsghdr* m = got >= 0 ? CMSG_FIRSTHDR(&msg) : nullptr; m != nullptr; m = CMSG_NXTHDR(&msg, m)) {
+    if (m->cmsg_level != SOL_SOCKET || m->cmsg_type != SCM_RIGHTS) continue;
+    const size_t fds = (m->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < fds; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(m) + i * sizeof(int), sizeof fd);
+      c->passed_fd.Reset(fd);
+    }
+  }
+  return got;
 }
 
 bool DataPlaneServer::Loop::ReadInput(Conn* c) {

@@ -187,6 +187,7 @@ void DataPlaneServer::Loop::Register(int fd, std::string peer) {
   conn->fd = fd;
   conn->peer = std::move(peer);
   conn->local = IsLoopbackPeer(conn->peer);
+  conn->unix_socket = IsUnixPeer(conn->peer);
   conn->authenticated = !env_->auth->enabled();
   Conn* c = conn.get();
   c->last_active = std::chrono::steady_clock::now();

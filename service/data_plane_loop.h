@@ -136,6 +136,9 @@ class DataPlaneServer::Loop {
   // errno EAGAIN when TLS must wait for the socket; ECONNRESET on a TLS
   // error, logged).
   ssize_t ReadSome(Conn* c, char* p, size_t n);
+  // ReadSome of a Unix-socket connection: recvmsg, keeping a passed
+  // descriptor in c->passed_fd.
+  ssize_t ReadUnix(Conn* c, char* p, size_t n);
   // Appends what the socket has; false (connection closed) on a reset.
   bool ReadInput(Conn* c);
   // Serves every complete frame while the reply queue has room.
@@ -202,6 +205,15 @@ class DataPlaneServer::Loop {
   // FAILED_PRECONDITION unless this server takes CUDA IPC handles and the
   // connection is on this host's loopback; INVALID_ARGUMENT for a bad dtype.
   absl::StatusOr<DeviceKvRef> DeviceSource(const Conn* c, const v1::DeviceKv& d, const char* field) const;
+  // A share_memory frame (proto "Same-host shared memory"): maps the
+  // descriptor passed with it as the connection's shared region.
+  absl::Status ShareMemory(Conn* c, v1::DataPlaneReply* head);
+  // A frame's `shared`: its raw payload (*in, which must have come empty
+  // off the wire) and where its reply's payload may go, inside the
+  // connection's shared region; INVALID_ARGUMENT or FAILED_PRECONDITION
+  // naming why not.
+  absl::Status SharedSpans(const Conn* c, const v1::SharedPayload& shared, absl::Span<const uint8_t>* in,
+                           absl::Span<uint8_t>* reply) const;
 
   // data_plane_output.cc
 

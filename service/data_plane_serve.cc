@@ -1,7 +1,12 @@
 // DataPlaneServer::Loop: serving one request (data_plane_loop.h).
 #include "service/data_plane_loop.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -12,6 +17,7 @@
 namespace tqkv::service {
 
 using data_plane_internal::InputBuffer;
+using data_plane_internal::PassedFd;
 using data_plane_internal::Reply;
 using data_plane_internal::Served;
 
@@ -71,6 +77,12 @@ Served DataPlaneServer::Loop::Compute(Conn* c, v1::DataPlaneRequest* request, ab
   TenantBudget::Reservation& charge = out.charge;  // the reply's payload bytes, charged before they are built
   std::vector<iovec>& payload = out.payload;
   uint64_t& payload_bytes = out.payload_bytes;
+  // A frame whose payloads lie in the connection's shared memory: it is
+  // charged as if it had carried its payload.
+  absl::Span<uint8_t> shared_reply;
+  const absl::Status shared_status =
+      req.has_shared() ? SharedSpans(c, req.shared(), &raw_in, &shared_reply) : absl::OkStatus();
+  const uint64_t in_bytes = frame_bytes + (req.has_shared() ? raw_in.size() : 0);
   const absl::Status bad_payload =
       raw_in.empty() || attend || append || put
           ? absl::OkStatus()
@@ -78,26 +90,38 @@ Served DataPlaneServer::Loop::Compute(Conn* c, v1::DataPlaneRequest* request, ab
   absl::StatusOr<Identity> id = Identify(c, req);
   out.authenticated = id.ok();
   if (put) {
-    status = ServePut(c, id, request->mutable_put(), raw_in, &head);
+    // A bad `shared` fails the stream, as a bad identity does.
+    status = ServePut(c, shared_status.ok() ? id : absl::StatusOr<Identity>(shared_status), request->mutable_put(),
+                      raw_in, &head);
   } else if (!id.ok()) {
     status = id.status();
+  } else if (!shared_status.ok()) {
+    status = shared_status;
   } else if (!bad_payload.ok()) {
     status = bad_payload;
+  } else if (req.op_case() == v1::DataPlaneRequest::kShareMemory) {
+    status = ShareMemory(c, &head);
   } else if (attend) {
     // A frame with a payload gets its outputs as the reply's payload, at
     // most its queries' bytes (within the frame): the frame's size is
     // charged before the call (an Attend that appends must not fail after
     // it), the rest given back after.
     RawTensors raw{TensorPayload(raw_in)};
-    status = raw_in.empty() ? absl::OkStatus() : shared_->replies->Charge(id->tenant, frame_bytes, &charge);
+    raw.out_into = shared_reply;  // outputs straight into the shared memory where they fit
+    status = raw_in.empty() ? absl::OkStatus() : shared_->replies->Charge(id->tenant, in_bytes, &charge);
     absl::StatusOr<v1::AttendResponse> r =
         status.ok() ? service_->Attend(*id, req.attend(), raw_in.empty() ? nullptr : &raw) : status;
     if (r.ok()) {
       charge.Release(charge.amount() - std::min<uint64_t>(charge.amount(), raw.out_bytes));
       *head.mutable_attend() = std::move(*r);
-      owned = std::move(raw.out);
-      if (raw.out_bytes > 0) payload.push_back({owned.get(), raw.out_bytes});
-      payload_bytes = raw.out_bytes;
+      if (raw.out == nullptr && raw.out_bytes > 0) {
+        head.set_shared_reply_bytes(raw.out_bytes);
+        charge.Reset();
+      } else {
+        owned = std::move(raw.out);
+        if (raw.out_bytes > 0) payload.push_back({owned.get(), raw.out_bytes});
+        payload_bytes = raw.out_bytes;
+      }
     } else {
       status = r.status();
     }
@@ -154,6 +178,20 @@ Served DataPlaneServer::Loop::Compute(Conn* c, v1::DataPlaneRequest* request, ab
       payload_bytes += span.size;
     }
   }
+  // A reply payload that fits the frame's shared reply area goes there.
+  if (status.ok() && payload_bytes > 0 && payload_bytes <= shared_reply.size()) {
+    uint8_t* to = shared_reply.data();
+    for (const iovec& v : payload) {
+      std::memcpy(to, v.iov_base, v.iov_len);
+      to += v.iov_len;
+    }
+    head.set_shared_reply_bytes(payload_bytes);
+    payload.clear();
+    payload_bytes = 0;
+    owned.reset();
+    plan.blocks.clear();
+    charge.Reset();
+  }
   if (!status.ok()) {
     head.Clear();
     head.set_code(static_cast<uint32_t>(status.code()));
@@ -168,6 +206,56 @@ Served DataPlaneServer::Loop::Compute(Conn* c, v1::DataPlaneRequest* request, ab
   }
   out.blocks = std::move(plan.blocks);
   return out;
+}
+
+absl::Status DataPlaneServer::Loop::ShareMemory(Conn* c, v1::DataPlaneReply* head) {
+  if (!c->unix_socket)
+    return absl::FailedPreconditionError(
+        "memory is shared only over the data plane's Unix-domain socket (--data_socket), not TCP");
+  if (options_.max_shared_bytes == 0)
+    return absl::FailedPreconditionError("this server shares no memory (--data_max_shared_bytes=0)");
+  PassedFd fd;
+  fd.Reset(c->passed_fd.Release());
+  if (fd.get() < 0)
+    return absl::FailedPreconditionError(
+        "no file descriptor came with the share_memory frame: send a memfd as SCM_RIGHTS with its bytes");
+  const int seals = fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
+    return absl::InvalidArgumentError(
+        "the shared descriptor must be a memfd sealed against shrinking (F_SEAL_SHRINK), so that no read "
+        "passes its end");
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0 || st.st_size <= 0)
+    return absl::InvalidArgumentError("the shared memfd is empty");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > options_.max_shared_bytes)
+    return absl::ResourceExhaustedError(absl::StrCat("a shared region of ", size, " bytes is over the server's ",
+                                                     options_.max_shared_bytes, " (--data_max_shared_bytes)"));
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED)
+    return absl::InvalidArgumentError(absl::StrCat("mapping the shared memfd: ", std::strerror(errno)));
+  c->shared.Reset(static_cast<uint8_t*>(p), size);
+  head->set_shared_memory_bytes(size);
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneServer::Loop::SharedSpans(const Conn* c, const v1::SharedPayload& shared,
+                                                absl::Span<const uint8_t>* in, absl::Span<uint8_t>* reply) const {
+  if (c->shared.base() == nullptr)
+    return absl::FailedPreconditionError("this connection shares no memory: send a share_memory frame first");
+  if (!in->empty())
+    return absl::InvalidArgumentError("a frame with `shared` carries no raw payload of its own");
+  const uint64_t size = c->shared.size();
+  auto check = [&](uint64_t off, uint64_t n, const char* what) {
+    if (off <= size && n <= size - off) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared ", what, " [", off, ", +", n, ") is outside the ", size, " shared bytes"));
+  };
+  if (absl::Status s = check(shared.offset(), shared.bytes(), "payload"); !s.ok()) return s;
+  if (absl::Status s = check(shared.reply_offset(), shared.reply_capacity(), "reply"); !s.ok()) return s;
+  *in = {c->shared.base() + shared.offset(), shared.bytes()};
+  *reply = {c->shared.base() + shared.reply_offset(), shared.reply_capacity()};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DeviceKvRef> DataPlaneServer::Loop::DeviceSource(const Conn* c, const v1::DeviceKv& d,

@@ -530,7 +530,10 @@ absl::StatusOr<v1::AttendResponse> SequenceManager::Attend(const std::string& te
   // response (or the raw outputs) in their wire dtype: the backend converts.
   v1::AttendResponse resp;
   uint8_t* raw_out = nullptr;
-  if (raw != nullptr) {
+  if (raw != nullptr && out_bytes <= raw->out_into.size()) {
+    raw->out_bytes = out_bytes;
+    raw_out = raw->out_into.data();
+  } else if (raw != nullptr) {
     raw->out.reset(new uint8_t[out_bytes]);  // every byte is written: no zero fill
     raw->out_bytes = out_bytes;
     raw_out = raw->out.get();

@@ -55,6 +55,9 @@ namespace tqkv::service {
 // dtype and shape only.
 struct RawTensors {
   TensorPayload in;
+  // Where Attend's outputs go when they fit (memory shared with the
+  // client); else they are allocated in `out`.
+  absl::Span<uint8_t> out_into;
   std::unique_ptr<uint8_t[]> out;
   size_t out_bytes = 0;
 };

@@ -207,6 +207,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     dp.cuda_ipc = options.data_cuda_ipc;
     dp.socket_path = options.data_socket;
     dp.socket_mode = options.data_socket_mode;
+    dp.max_shared_bytes = options.data_max_shared_bytes;
     dp.busy_poll = options.data_busy_poll;
     dp.max_request_bytes = static_cast<uint32_t>(options.max_message_bytes);
     dp.max_dense_reply_bytes = static_cast<uint64_t>(options.max_message_bytes);

@@ -100,6 +100,9 @@ struct ServerOptions {
   // plane on). Default: none, 0600.
   std::string data_socket;
   unsigned data_socket_mode = 0600;
+  // Largest memory a client of that socket may share with the server
+  // (DataPlaneOptions::max_shared_bytes; 0: none). Default: 1 GiB.
+  uint64_t data_max_shared_bytes = uint64_t{1} << 30;
   // How long a data-plane loop polls after serving a request before it
   // sleeps (DataPlaneOptions::busy_poll). Default: 0.
   absl::Duration data_busy_poll = absl::ZeroDuration();

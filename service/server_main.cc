@@ -79,6 +79,9 @@ ABSL_FLAG(std::string, data_socket, "",
           "unix:PATH; no TLS on it: the file's mode admits the peers; auth as on TCP); empty: none");
 ABSL_FLAG(std::string, data_socket_mode, "0600",
           "file mode of --data_socket, octal (0600: the server's user only; 0660 adds its group)");
+ABSL_FLAG(tqkv::ByteSize, data_max_shared_bytes, tqkv::ByteSize{uint64_t{1} << 30},
+          "largest memory a client of --data_socket may share with the server (a sealed memfd): its tensors and "
+          "the replies' payloads then bypass the socket; 0: none");
 ABSL_FLAG(absl::Duration, data_busy_poll, absl::ZeroDuration(),
           "after serving a request, a data-plane loop polls its sockets this long (e.g. 200us) before it sleeps, "
           "so a decode worker's next per-layer call is read without a thread wake-up; costs a core per busy loop "
@@ -287,6 +290,7 @@ int main(int argc, char** argv) {
     }
     o.data_socket_mode = static_cast<unsigned>(m);
   }
+  o.data_max_shared_bytes = absl::GetFlag(FLAGS_data_max_shared_bytes).bytes;
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.host_budget_bytes = absl::GetFlag(FLAGS_host_budget_bytes).bytes;

@@ -26,31 +26,6 @@ namespace {
 
 using absl::StatusCode;
 
-// The request with every tensor's data moved out (into *bytes, in request
-// order: per item q, k, v): what a raw-payload caller sends.
-v1::AttendRequest Strip(v1::AttendRequest at, std::vector<std::string>* bytes) {
-  for (v1::AttendItem& item : *at.mutable_items()) {
-    bytes->push_back(std::move(*item.mutable_q()->mutable_data()));
-    item.mutable_q()->clear_data();
-    if (!item.has_k()) continue;
-    bytes->push_back(std::move(*item.mutable_k()->mutable_data()));
-    bytes->push_back(std::move(*item.mutable_v()->mutable_data()));
-    item.mutable_k()->clear_data();
-    item.mutable_v()->clear_data();
-  }
-  return at;
-}
-
-std::vector<std::span<const char>> Spans(const std::vector<std::string>& bytes) {
-  return {bytes.begin(), bytes.end()};
-}
-
-size_t OutputBytes(const v1::AttendRequest& at) {
-  size_t n = 0;
-  for (const v1::AttendItem& item : at.items()) n += item.q().shape(0) * item.q().shape(1) * item.q().shape(2) * 2;
-  return n;
-}
-
 class DataPlaneRawTest : public ServerTest {
  protected:
   void SetUp() override {

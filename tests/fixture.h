@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <span>
 #include <vector>
 
 #include "client/cpp/client.h"
@@ -77,6 +78,14 @@ v1::GetBlocksRequest GetBlocksReq(const v1::ModelRef& model, const std::vector<s
 // An Attend of `layer` with one item: sequence `sequence_id`, one random
 // query of client::SmallModel's layout ([1, 4, 64]) in `dtype` from `seed`.
 v1::AttendRequest OneQueryAttend(const std::string& sequence_id, uint32_t layer, v1::DType dtype, uint64_t seed);
+
+// Raw-payload Attend calls (the data plane's TQKVDP02 frames): the request
+// with every tensor's data moved out, into *bytes in request order (per
+// item q, k, v), as a raw-payload caller sends it; those bytes as the
+// client's spans; the bytes of the outputs (fp16 queries).
+v1::AttendRequest Strip(v1::AttendRequest at, std::vector<std::string>* bytes);
+std::vector<std::span<const char>> Spans(const std::vector<std::string>& bytes);
+size_t OutputBytes(const v1::AttendRequest& at);
 
 // The codec the server must use for client::SmallModel, built locally.
 std::unique_ptr<ModelCodec> SmallCodec();

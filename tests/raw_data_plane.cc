@@ -4,12 +4,24 @@
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace tqkv::testing {
 
 int RawConnect(const std::string& address) {
+  if (address.starts_with("unix:")) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, address.data() + 5, std::min(address.size() - 5, sizeof addr.sun_path - 1));
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+    timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+  }
   const size_t colon = address.rfind(':');
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;

@@ -9,7 +9,8 @@
 
 namespace tqkv::testing {
 
-// A TCP connection to `address` (HOST:PORT) whose reads time out after 10 s.
+// A connection to `address` (HOST:PORT, or unix:PATH) whose reads time out
+// after 10 s.
 int RawConnect(const std::string& address);
 // Sends all of `bytes` (a gtest failure otherwise).
 void SendRaw(int fd, const std::string& bytes);

@@ -1,10 +1,12 @@
 #include "client/cpp/data_plane_client.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -45,6 +47,8 @@ absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Connect(
 DataPlaneClient::~DataPlaneClient() {
   tls_.reset();
   if (fd_ >= 0) close(fd_);
+  if (shared_.base != nullptr) munmap(shared_.base, shared_.size);
+  if (shared_.fd >= 0) close(shared_.fd);
 }
 
 absl::Status DataPlaneClient::Broken(const absl::Status& s) {
@@ -61,8 +65,12 @@ absl::Status DataPlaneClient::EnsureConnected() {
   const std::string& t = options_.target;
   if (t.starts_with("unix:")) {
     if (absl::Status s = OpenUnix(t.substr(5)); !s.ok()) return s;
-    return Ready("");
+    if (absl::Status s = Ready(""); !s.ok()) return s;
+    return options_.shared_memory_bytes > 0 ? ShareMemory() : absl::OkStatus();
   }
+  if (options_.shared_memory_bytes > 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane target '", t, "': memory is shared only over a unix: target"));
   const size_t colon = t.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == t.size())
     return absl::InvalidArgumentError(absl::StrCat("data plane target '", t, "' is not HOST:PORT"));
@@ -127,6 +135,62 @@ absl::Status DataPlaneClient::OpenUnix(const std::string& path) {
     return s;
   }
   fd_ = fd;
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneClient::ShareMemory() {
+  if (shared_.base == nullptr) {
+    const size_t size = options_.shared_memory_bytes;
+    const int fd = memfd_create("tqkv-data-plane", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return Broken(Errno(absl::StatusCode::kUnavailable, "memfd_create"));
+    // Sealed against shrinking and growing: the server never reads past its end.
+    if (ftruncate(fd, static_cast<off_t>(size)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+      absl::Status s = Errno(absl::StatusCode::kResourceExhausted, "sizing the shared memfd");
+      close(fd);
+      return Broken(s);
+    }
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      absl::Status s = Errno(absl::StatusCode::kResourceExhausted, "mapping the shared memfd");
+      close(fd);
+      return Broken(s);
+    }
+    shared_ = {fd, static_cast<uint8_t*>(p), size};
+  }
+  // The share_memory frame, with the memfd as SCM_RIGHTS on its bytes.
+  v1::DataPlaneRequest dr;
+  dr.mutable_share_memory();
+  if (!options_.token.empty()) dr.set_authorization(absl::StrCat("Bearer ", options_.token));
+  const uint32_t n = static_cast<uint32_t>(dr.ByteSizeLong());
+  const uint64_t none = 0;
+  frame_.resize(12 + n);
+  std::memcpy(frame_.data(), &n, 4);
+  std::memcpy(frame_.data() + 4, &none, 8);
+  dr.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(frame_.data() + 12));
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{frame_.data(), frame_.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* m = CMSG_FIRSTHDR(&msg);
+  m->cmsg_level = SOL_SOCKET;
+  m->cmsg_type = SCM_RIGHTS;
+  m->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(m), &shared_.fd, sizeof(int));
+  ssize_t w;
+  do {
+    w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+  } while (w < 0 && errno == EINTR);
+  if (w < 0) return SendFailed(w);
+  // The descriptor went with the first byte; the rest of a short write follows.
+  if (absl::Status s = SendAll(frame_.data() + w, frame_.size() - static_cast<size_t>(w)); !s.ok()) return s;
+  v1::DataPlaneReply reply;
+  if (absl::Status s = ReceiveBare(&reply); !s.ok()) return Broken(s);
+  if (reply.shared_memory_bytes() != shared_.size)
+    return Broken(absl::InternalError(absl::StrCat("the server mapped ", reply.shared_memory_bytes(), " of ",
+                                                   shared_.size, " shared bytes")));
   return absl::OkStatus();
 }
 
@@ -264,6 +328,7 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
     return absl::UnavailableError("data plane connection lost during a put stream; nothing was committed");
   };
   int in_flight = 0;
+  int sent = 0;  // frames sent: frame k's payload may use shared area k mod kInFlight
   absl::Status first_error;
   v1::DataPlaneReply reply;
   // Sends `dr` as the stream's next frame; then reads replies until at most
@@ -276,7 +341,7 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
   auto frame = [&](v1::DataPlaneRequest* dr, int keep) -> absl::Status {
     if (fd_ != stream_fd) return first_error.ok() ? lost() : first_error;
     const std::vector<std::span<const char>> parts(payload.begin(), payload.end());
-    if (absl::Status s = SendFrame(dr, 0, nullptr, parts); !s.ok()) {
+    if (absl::Status s = SendFrame(dr, 0, nullptr, parts, sent++ % kInFlight); !s.ok()) {
       // A server that refused an earlier frame answers it, then closes:
       // its reply says why this send failed.
       for (; write_failed_ && in_flight > 0 && first_error.ok(); --in_flight) {
@@ -328,10 +393,36 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
 
 absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr, int field,
                                        const google::protobuf::MessageLite* body,
-                                       std::span<const std::span<const char>> payload) {
+                                       std::span<const std::span<const char>> payload, int area) {
   using google::protobuf::io::CodedOutputStream;
   if (absl::Status s = EnsureConnected(); !s.ok()) return s;
   if (!options_.token.empty()) dr->set_authorization(absl::StrCat("Bearer ", options_.token));
+  dr->clear_shared();
+  uint64_t total = 0;
+  for (std::span<const char> part : payload) total += part.size();
+  if (shared_.base != nullptr && fd_ >= 0 && total > 0) {
+    // The payload through the shared memory when it fits this frame's
+    // area; the reply's payload may take the rest of it.
+    constexpr size_t kAreas = 8, kAlign = 64;
+    const size_t span = area < 0 ? shared_.size : shared_.size / kAreas / kAlign * kAlign;
+    const size_t at = area < 0 ? 0 : static_cast<size_t>(area) % kAreas * span;
+    if (total <= span) {
+      uint8_t* to = shared_.base + at;
+      for (std::span<const char> part : payload) {
+        std::memcpy(to, part.data(), part.size());
+        to += part.size();
+      }
+      const size_t reply_at = std::min(span, (total + kAlign - 1) / kAlign * kAlign);
+      v1::SharedPayload* sp = dr->mutable_shared();
+      sp->set_offset(at);
+      sp->set_bytes(total);
+      sp->set_reply_offset(at + reply_at);
+      sp->set_reply_capacity(span - reply_at);
+      payload = {};
+    }
+  } else if (shared_.base != nullptr && fd_ >= 0 && area < 0) {
+    dr->mutable_shared()->set_reply_capacity(shared_.size);  // a reply's payload (read blocks) may come this way
+  }
   const size_t head = dr->ByteSizeLong();
   const size_t body_bytes = body != nullptr ? body->ByteSizeLong() : 0;
   const uint32_t tag = static_cast<uint32_t>(field) << 3 | 2;  // length-delimited
@@ -443,6 +534,24 @@ absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks
     sum += b.payload_bytes();
   }
   if (!into.empty()) sum = out->reply_.code() == 0 ? into.size() : 0;
+  if (const uint64_t shared = out->reply_.shared_reply_bytes(); shared > 0) {
+    // The payload is in the shared memory, where this frame said.
+    if (p != 0 || shared != sum || have != kPrefix + h || !dr->has_shared() ||
+        shared > dr->shared().reply_capacity())
+      return Broken(absl::InternalError(absl::StrCat("data plane reply puts ", shared,
+                                                     " payload bytes in shared memory, expected ", sum)));
+    char* dest = into.data();
+    if (into.empty()) {
+      if (shared > out->capacity_) {
+        out->buf_.reset(new char[shared]);
+        out->capacity_ = shared;
+      }
+      out->payload_bytes_ = shared;
+      dest = out->buf_.get();
+    }
+    std::memcpy(dest, shared_.base + dr->shared().reply_offset(), shared);
+    return absl::OkStatus();
+  }
   const size_t early = have - kPrefix - h;  // payload bytes already received
   if (sum != p || early > p)
     return Broken(absl::InternalError(absl::StrCat("data plane reply announces ", p,

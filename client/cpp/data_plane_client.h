@@ -53,6 +53,14 @@ struct DataPlaneClientOptions {
   // thread's wake-up (a core stays busy while it waits; plain TCP only).
   // Default: 0 (sleeps at once).
   absl::Duration reply_poll = absl::ZeroDuration();
+  // With a unix: target, this many bytes of memory shared with the server
+  // (a sealed memfd passed at connect; proto "Same-host shared memory"):
+  // raw payloads that fit go through it instead of the socket, and so do
+  // the replies' payloads (Attend outputs, read blocks) that fit what is
+  // left. A frame of a put stream gets an eighth of it (up to 8 are in
+  // flight). INVALID_ARGUMENT at connect with a TCP target; the server's
+  // error if it refuses. Default: 0 (none).
+  size_t shared_memory_bytes = 0;
 };
 
 // The reply to one GetBlocks: block i's packed bytes are payload(i).
@@ -87,6 +95,9 @@ class DataPlaneClient {
   ~DataPlaneClient();
   DataPlaneClient(const DataPlaneClient&) = delete;
   DataPlaneClient& operator=(const DataPlaneClient&) = delete;
+
+  // Bytes of memory shared with the server (0: none).
+  size_t shared_memory_bytes() const { return shared_.size; }
 
   // The blocks of `req` into *out: all of them, in request order, or the
   // server's error (nothing in *out is valid then). Packed: payload(i) is
@@ -152,9 +163,14 @@ class DataPlaneClient {
   // `field` without being copied into it (a protobuf field appended to a
   // serialized message is that message with the field set).
   // `payload`: the frame's raw payload, sent from the caller's memory.
+  // With shared memory, a payload that fits `area` (default: all of it;
+  // an index 0..7: that eighth) goes through it (the frame's `shared`).
   absl::Status SendFrame(v1::DataPlaneRequest* req, int field = 0,
                          const google::protobuf::MessageLite* body = nullptr,
-                         std::span<const std::span<const char>> payload = {});
+                         std::span<const std::span<const char>> payload = {}, int area = -1);
+  // Maps options_.shared_memory_bytes of a sealed memfd (once) and shares
+  // it with the server over the fresh connection.
+  absl::Status ShareMemory();
   // Receives one reply that carries no payload into *reply, reading exactly
   // its bytes (replies of pipelined frames follow it); its status.
   absl::Status ReceiveBare(v1::DataPlaneReply* reply);
@@ -176,6 +192,12 @@ class DataPlaneClient {
 
   const DataPlaneClientOptions options_;
   int fd_ = -1;
+  // The memory shared with the server (options_.shared_memory_bytes).
+  struct Shared {
+    int fd = -1;
+    uint8_t* base = nullptr;
+    size_t size = 0;
+  } shared_;
   std::unique_ptr<TlsStream> tls_;  // over fd_ when options_.tls is set
   bool write_failed_ = false;       // the server closed fd_; only reading is left
   std::string frame_;  // request scratch

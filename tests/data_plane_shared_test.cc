@@ -1,0 +1,240 @@
+// Same-host shared memory on the data plane's Unix-domain socket (proto
+// "Same-host shared memory"), against the real server: a client that
+// shares a memfd gets the stored bytes, dense reads and Attend outputs of a
+// client that does not, its payloads and replies through the memory; what
+// the server must not take (no descriptor, an unsealed or oversized one,
+// TCP, a region out of bounds, a frame with both a payload and `shared`)
+// gets its precise status and changes nothing: a put stream with a bad
+// frame commits nothing.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/data_plane_client.h"
+#include "tests/fixture.h"
+#include "tests/raw_data_plane.h"
+
+namespace tqkv::testing {
+namespace {
+
+using absl::StatusCode;
+
+// A memfd of `bytes`, sealed against shrinking unless `sealed` is false.
+int Memfd(size_t bytes, bool sealed = true) {
+  const int fd = memfd_create("tqkv-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  if (sealed) EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  return fd;
+}
+
+// Sends `frame` on `sock` with `fd` (if >= 0) as SCM_RIGHTS.
+void SendWithFd(int sock, const std::string& frame, int fd) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{const_cast<char*>(frame.data()), frame.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* m = CMSG_FIRSTHDR(&msg);
+    m->cmsg_level = SOL_SOCKET;
+    m->cmsg_type = SCM_RIGHTS;
+    m->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(m), &fd, sizeof fd);
+  }
+  ASSERT_EQ(sendmsg(sock, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
+}
+
+v1::DataPlaneRequest ShareRequest() {
+  v1::DataPlaneRequest r;
+  r.mutable_share_memory();
+  return r;
+}
+
+// The reply's status code to `frame` sent on `sock` (with `fd`).
+StatusCode Ask(int sock, const std::string& frame, int fd = -1, v1::DataPlaneReply* reply = nullptr) {
+  SendWithFd(sock, frame, fd);
+  v1::DataPlaneReply head;
+  if (!ReadReply(sock, &head)) return StatusCode::kUnavailable;
+  if (reply != nullptr) *reply = head;
+  return static_cast<StatusCode>(head.code());
+}
+
+class DataPlaneSharedTest : public ServerTest {
+ protected:
+  // Under /tmp: the test's own temp dir can be longer than a socket
+  // address holds.
+  void SetUp() override {
+    char dir[] = "/tmp/tqkv-shm-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    socket_ = dir_ + "/dp.sock";
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Kill();
+    std::filesystem::remove_all(dir_);
+  }
+  // A raw connection to the socket, after the TQKVDP02 preface.
+  int RawUnix() {
+    const int fd = RawConnect("unix:" + socket_);
+    SendRaw(fd, "TQKVDP02");
+    return fd;
+  }
+
+  std::string dir_, socket_;
+};
+
+TEST_F(DataPlaneSharedTest, SharedMemoryCarriesWhatTheSocketCarries) {
+  StartServer({"--data_socket=" + socket_});
+  const v1::ModelRef model = RegisterSmall();
+  const v1::ModelLayout layout = client::SmallModel("x").layout();
+  client::DataPlaneClientOptions o;
+  o.target = "unix:" + socket_;
+  o.shared_memory_bytes = 8 << 20;
+  auto shared = client::DataPlaneClient::Connect(o);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ((*shared)->shared_memory_bytes(), size_t{8} << 20);
+  auto plain = ConnectDataPlane("unix:" + socket_);
+  ASSERT_NE(plain, nullptr);
+
+  // Dense puts of the same K/V under two chains, several frames in flight.
+  const std::vector<std::string> via_shared = client::HashChain(41, 12), via_socket = client::HashChain(42, 12);
+  v1::PutHeader header;
+  *header.mutable_model() = model;
+  for (const auto& [chain, dp] : {std::pair{via_shared, shared->get()}, std::pair{via_socket, plain.get()}}) {
+    std::vector<v1::PutBlock> blocks;
+    for (size_t i = 0; i < chain.size(); ++i)
+      blocks.push_back(client::DenseBlock(layout, chain[i], i ? chain[i - 1] : "", 700 + i));
+    auto put = dp->PutBlocks(header, blocks, 2 * blocks[0].ByteSizeLong());
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_EQ(put->committed(), chain.size());
+  }
+  // Packed and dense reads: the same bytes, the shared client's through
+  // the memory.
+  for (bool dense : {false, true}) {
+    SCOPED_TRACE(dense ? "dense" : "packed");
+    v1::GetBlocksRequest a = GetBlocksReq(model, via_shared), b = GetBlocksReq(model, via_socket);
+    a.set_dense(dense);
+    b.set_dense(dense);
+    client::DataPlaneBlocks got_shared, got_socket;
+    ASSERT_TRUE((*shared)->GetBlocks(a, &got_shared).ok());
+    ASSERT_TRUE(plain->GetBlocks(b, &got_socket).ok());
+    EXPECT_GT(got_shared.reply().shared_reply_bytes(), 0u);
+    EXPECT_EQ(got_socket.reply().shared_reply_bytes(), 0u);
+    ASSERT_EQ(got_shared.size(), via_shared.size());
+    for (size_t i = 0; i < got_shared.size(); ++i) EXPECT_EQ(got_shared.payload(i), got_socket.payload(i)) << i;
+  }
+
+  // A decode step (append and attend) on two equal sequences: the same
+  // outputs, and the same error for a bad item, after which the
+  // connection serves on.
+  const std::string s1 = NewSequence(model, via_shared, 5, 61), s2 = NewSequence(model, via_shared, 5, 61);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    std::vector<std::string> in1, in2;
+    v1::AttendRequest at = OneQueryAttend(s1, 1, v1::DTYPE_FP16, 80 + step);
+    *at.mutable_items(0)->mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 90 + step);
+    *at.mutable_items(0)->mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 95 + step);
+    v1::AttendRequest at2 = at;
+    at2.mutable_items(0)->set_sequence_id(s2);
+    const v1::AttendRequest r1 = Strip(at, &in1), r2 = Strip(at2, &in2);
+    std::string out1(OutputBytes(r1), '\0'), out2(OutputBytes(r2), '\0');
+    auto a = (*shared)->Attend(r1, Spans(in1), out1);
+    auto b = plain->Attend(r2, Spans(in2), out2);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(out1, out2);
+  }
+  std::vector<std::string> in;
+  v1::AttendRequest bad = Strip(OneQueryAttend("no-such-sequence", 1, v1::DTYPE_FP16, 5), &in);
+  std::string out(OutputBytes(bad), '\0');
+  EXPECT_EQ((*shared)->Attend(bad, Spans(in), out).status().code(), StatusCode::kNotFound);
+  v1::GetBlocksRequest again = GetBlocksReq(model, via_shared);
+  client::DataPlaneBlocks got;
+  EXPECT_TRUE((*shared)->GetBlocks(again, &got).ok());
+
+  // A TCP client cannot share memory.
+  client::DataPlaneClientOptions tcp = o;
+  tcp.target = server_->data_address();
+  EXPECT_EQ(client::DataPlaneClient::Connect(tcp).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(DataPlaneSharedTest, WhatTheServerMustNotTakeChangesNothing) {
+  StartServer({"--data_socket=" + socket_, "--data_max_shared_bytes=1MiB"});
+  const v1::ModelRef model = RegisterSmall();
+  const int sock = RawUnix();
+  const std::string share = RawFrame(ShareRequest(), "");
+
+  // A frame with `shared` before any memory is shared.
+  v1::DataPlaneRequest get;
+  *get.mutable_get_blocks() = GetBlocksReq(model, client::HashChain(5, 1));
+  get.mutable_shared()->set_reply_capacity(1);
+  EXPECT_EQ(Ask(sock, RawFrame(get, "")), StatusCode::kFailedPrecondition);
+  // share_memory without a descriptor, with one not sealed, with one over
+  // --data_max_shared_bytes, with one that is not a memfd.
+  EXPECT_EQ(Ask(sock, share), StatusCode::kFailedPrecondition);
+  const int unsealed = Memfd(1 << 20, false), big = Memfd(2 << 20), fine = Memfd(1 << 20);
+  EXPECT_EQ(Ask(sock, share, unsealed), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Ask(sock, share, big), StatusCode::kResourceExhausted);
+  int pipe_fds[2] = {-1, -1};
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  EXPECT_EQ(Ask(sock, share, pipe_fds[0]), StatusCode::kInvalidArgument);
+  v1::DataPlaneReply reply;
+  ASSERT_EQ(Ask(sock, share, fine, &reply), StatusCode::kOk);
+  EXPECT_EQ(reply.shared_memory_bytes(), 1u << 20);
+  // Regions out of bounds, and `shared` beside a payload of the frame's own.
+  for (auto [off, n] : {std::pair<uint64_t, uint64_t>{1 << 20, 1}, {1, 1 << 20}, {UINT64_MAX, 2}}) {
+    SCOPED_TRACE(absl::StrCat(off, " +", n));
+    v1::DataPlaneRequest at;
+    *at.mutable_attend() = OneQueryAttend("s", 1, v1::DTYPE_FP16, 1);
+    at.mutable_shared()->set_offset(off);
+    at.mutable_shared()->set_bytes(n);
+    EXPECT_EQ(Ask(sock, RawFrame(at, "")), StatusCode::kInvalidArgument);
+    at.mutable_shared()->set_offset(0);
+    at.mutable_shared()->set_bytes(0);
+    at.mutable_shared()->set_reply_offset(off);
+    at.mutable_shared()->set_reply_capacity(n);
+    EXPECT_EQ(Ask(sock, RawFrame(at, "")), StatusCode::kInvalidArgument);
+  }
+  v1::DataPlaneRequest both;
+  *both.mutable_get_blocks() = GetBlocksReq(model, client::HashChain(5, 1));
+  both.mutable_shared()->set_bytes(8);
+  EXPECT_EQ(Ask(sock, RawFrame(both, "12345678")), StatusCode::kInvalidArgument);
+
+  // A put stream with one frame whose `shared` is out of bounds: its
+  // commit fails and nothing of it is stored.
+  const v1::ModelLayout layout = client::SmallModel("x").layout();
+  const std::vector<std::string> chain = client::HashChain(77, 2);
+  v1::DataPlaneRequest first;
+  *first.mutable_put()->mutable_header()->mutable_model() = model;
+  *first.mutable_put()->add_blocks() = client::DenseBlock(layout, chain[0], "", 1);
+  EXPECT_EQ(Ask(sock, RawFrame(first, "")), StatusCode::kOk);
+  v1::DataPlaneRequest second;
+  *second.mutable_put()->add_blocks() = client::DenseBlock(layout, chain[1], chain[0], 2);
+  second.mutable_shared()->set_offset(1 << 20);
+  second.mutable_shared()->set_bytes(1);
+  EXPECT_EQ(Ask(sock, RawFrame(second, "")), StatusCode::kInvalidArgument);
+  v1::DataPlaneRequest commit;
+  commit.mutable_put()->set_commit(true);
+  EXPECT_EQ(Ask(sock, RawFrame(commit, "")), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Blocks(model), 0u);
+
+  // Over TCP: refused, whatever comes with it.
+  const int tcp = RawConnect(server_->data_address());
+  SendRaw(tcp, "TQKVDP02");
+  EXPECT_EQ(Ask(tcp, share), StatusCode::kFailedPrecondition);
+  for (int fd : {sock, tcp, unsealed, big, fine, pipe_fds[0], pipe_fds[1]}) close(fd);
+}
+
+}  // namespace
+}  // namespace tqkv::testing
