@@ -228,6 +228,21 @@ def test_unix_socket_serves_what_tcp_serves(rng):
                     dp.get_blocks(m, [b"missing"])
             with tqkv.DataPlane("unix:" + path, reply_poll=0.001) as polled:  # sendmsg and poll as on TCP
                 assert [b.payload for b in polled.get_blocks(m, hs)] == [b.payload for b in want]
+            # Memory shared with the server: puts, reads (packed and dense)
+            # and attend give what the socket gives.
+            with tqkv.DataPlane("unix:" + path, shared_memory_bytes=8 << 20) as shm:
+                hs2 = hashes(unique("shm"), 4)
+                assert shm.put_blocks(m, [tqkv.Block(h, k=k, v=v) for h, (k, v) in zip(hs2, data)]).committed == 4
+                assert [b.payload for b in shm.get_blocks(m, hs2)] == [b.payload for b in want]
+                for a, b in zip(shm.get_blocks(m, hs, dense=True), c.get_blocks(m, hs, dense=True)):
+                    assert np.array_equal(a.k, b.k) and np.array_equal(a.v, b.v)
+                with pytest.raises(tqkv.NotFound):
+                    shm.get_blocks(m, [b"missing"])
+                q = rng.standard_normal((1, H, D)).astype(np.float16)
+                with c.create_sequence(m, hs) as seq:
+                    assert np.array_equal(shm.attend(1, [(seq, q)])[0], c.attend(1, [(seq, q)])[0])
+        with pytest.raises(ValueError):
+            tqkv.DataPlane("127.0.0.1:1", shared_memory_bytes=1 << 20)
         with pytest.raises(ValueError):
             tqkv.DataPlane("unix:" + path, tls=object())
     finally:

@@ -19,7 +19,11 @@ into one buffer that the returned arrays view.
 
 Not thread-safe: use one DataPlane per thread.
 """
+import array
+import fcntl
 import itertools
+import mmap
+import os
 import select
 import socket
 import ssl
@@ -57,7 +61,7 @@ def data_plane_tls(ca_file=None, cert_file=None, key_file=None):
 
 class DataPlane:
     def __init__(self, address, token=None, timeout=30.0, *, tls=None, server_name=None,
-                 reply_poll=0.0):
+                 reply_poll=0.0, shared_memory_bytes=0):
         """address: the server's data-plane HOST:PORT (tqkv-server prints it as
         `data plane listening on`), or unix:PATH for its Unix-domain socket
         on this host (tqkv-server --data_socket; no TLS there). tls: an
@@ -67,7 +71,15 @@ class DataPlane:
         reply_poll: seconds a call polls its socket for the reply before
         sleeping in recv (a decode loop that waits on every reply anyway
         saves the thread's wake-up; a core stays busy meanwhile; plain TCP
-        only). Default 0: sleep at once."""
+        only). Default 0: sleep at once. shared_memory_bytes (unix:PATH
+        only): share that much memory with the server (a sealed memfd passed
+        at connect; proto "Same-host shared memory"): the tensors of puts,
+        attend and append, and the replies' payloads (outputs, read blocks),
+        go through it instead of the socket where they fit. Default 0."""
+        if shared_memory_bytes and not address.startswith("unix:"):
+            raise ValueError(f"data plane {address}: memory is shared only over a unix: address")
+        self._shared_bytes = int(shared_memory_bytes)
+        self._shared = None  # (fd, mmap) once made
         if address.startswith("unix:"):
             if tls is not None:
                 raise ValueError(f"data plane {address}: a Unix-domain socket has no TLS")
@@ -92,6 +104,33 @@ class DataPlane:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        if self._shared is not None:
+            self._shared[1].close()
+            os.close(self._shared[0])
+            self._shared = None
+
+    def _share_memory(self, sock):
+        """Maps a sealed memfd (once) and shares it with the server over the
+        fresh connection `sock`."""
+        if self._shared is None:
+            fd = os.memfd_create("tqkv-data-plane", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            try:
+                os.ftruncate(fd, self._shared_bytes)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+                self._shared = (fd, mmap.mmap(fd, self._shared_bytes))
+            except BaseException:
+                os.close(fd)
+                raise
+        req = pb.DataPlaneRequest(share_memory=pb.ShareMemory())
+        if self._token:
+            req.authorization = "Bearer " + self._token
+        body = req.SerializeToString()
+        sock.sendmsg([struct.pack("<IQ", len(body), 0) + body],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [self._shared[0]]))])
+        reply, _ = self._read_reply(sock, "DataShareMemory")
+        if reply.shared_memory_bytes != self._shared_bytes:
+            raise errors.TqkvError(f"the server mapped {reply.shared_memory_bytes} of {self._shared_bytes} "
+                                   "shared bytes", code=grpc.StatusCode.INTERNAL, method="DataShareMemory")
 
     def _connect(self):
         if self._sock is None:
@@ -114,13 +153,16 @@ class DataPlane:
                     # certificate says so after the client's handshake ends:
                     # this write can be the first to see it.
                     s.sendall(_PREFACE)
+                    self._sock = s
+                    if self._shared_bytes:
+                        self._share_memory(s)
                 except BaseException:
+                    self._sock = None
                     s.close()
                     raise
             except OSError as e:  # ssl.SSLError included
                 raise errors.Unavailable(f"data plane {self._addr}: {e}",
                                          method="DataGetBlocks") from e
-            self._sock = s
         return self._sock
 
     def _recv_into(self, view):
@@ -163,29 +205,58 @@ class DataPlane:
         uint8 array of exactly its size)."""
         if self._token:
             req.authorization = "Bearer " + self._token
-        body = req.SerializeToString()
         raw = sum(memoryview(x).nbytes for x in payload)
         sock = self._connect()
+        if self._shared is not None:  # the payload (and the reply's) through the shared memory where it fits
+            shm = self._shared[1]
+            if 0 < raw <= len(shm):
+                at = 0
+                for x in payload:
+                    b = memoryview(x).cast("B")
+                    shm[at:at + b.nbytes] = b
+                    at += b.nbytes
+                reply_at = min(len(shm), (raw + 63) // 64 * 64)
+                req.shared.CopyFrom(pb.SharedPayload(offset=0, bytes=raw, reply_offset=reply_at,
+                                                     reply_capacity=len(shm) - reply_at))
+                payload, raw = (), 0
+            elif raw == 0:
+                req.shared.CopyFrom(pb.SharedPayload(reply_capacity=len(shm)))
+        body = req.SerializeToString()
         try:
             self._send(sock, [struct.pack("<IQ", len(body), raw) + body, *payload])
             self._poll_for_reply(sock)
-            prefix = bytearray(12)
-            self._recv_into(memoryview(prefix))
-            h, p = struct.unpack("<IQ", prefix)
-            head = bytearray(h)
-            self._recv_into(memoryview(head))
-            if into is not None and p == into.nbytes:
-                self._recv_into(memoryview(into))
-                payload = into
-            else:
-                payload = bytearray(p)
-                self._recv_into(memoryview(payload))
+            reply, payload = self._read_reply(sock, method, into)
         except socket.timeout as e:
             self.close()
             raise errors.DeadlineExceeded("data plane call timed out", method=method) from e
         except OSError as e:
             self.close()
             raise errors.Unavailable(f"data plane: {e}", method=method) from e
+        if reply.shared_reply_bytes:
+            shm, n = self._shared[1], reply.shared_reply_bytes
+            src = memoryview(shm)[req.shared.reply_offset:req.shared.reply_offset + n]
+            if into is not None and n == into.nbytes:
+                memoryview(into).cast("B")[:] = src
+                payload = into
+            else:
+                payload = bytearray(src)
+            src.release()
+        return reply, payload
+
+    def _read_reply(self, sock, method, into=None):
+        """One reply: (DataPlaneReply, its socket payload: `into` when that
+        buffer has its size, else a bytearray); its error raised."""
+        prefix = bytearray(12)
+        self._recv_into(memoryview(prefix))
+        h, p = struct.unpack("<IQ", prefix)
+        head = bytearray(h)
+        self._recv_into(memoryview(head))
+        if into is not None and p == into.nbytes:
+            self._recv_into(memoryview(into))
+            payload = into
+        else:
+            payload = bytearray(p)
+            self._recv_into(memoryview(payload))
         reply = pb.DataPlaneReply.FromString(bytes(head))
         if reply.code != 0:
             code = _CODES.get(reply.code, grpc.StatusCode.UNKNOWN)
