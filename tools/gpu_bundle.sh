@@ -17,9 +17,10 @@
 # E2E_UNIX=1: the decode loop and the put benchmark on the server's
 # Unix-domain socket (--data_socket) instead of loopback TCP);
 # SERVER_ARGS: more tqkv-server flags for those (e.g. "--work_threads=0");
-# then a server with its host tier pinned (--pin_host_tier): the decode
-# loop's first step and the data-plane puts again (SKIP_PINNED=1 leaves it
-# out).
+# then same-host paths on a server with its host tier pinned
+# (--pin_host_tier) and a Unix socket: the decode loop's first step, and
+# over the socket without and with shared memory the decode loop's batches
+# and the data-plane puts (SKIP_SAME_HOST=1 leaves them out).
 # Same-host GPU memory (CUDA IPC): the Python client's torch tests and the
 # prefill benchmark (bench/prefill_ipc_bench.py) run against the bundle's
 # server with the bundle's stubs (SKIP_IPC=1 leaves them out). A stock
@@ -129,27 +130,39 @@ if [ -z "${SKIP_E2E:-}" ]; then
     echo "service_bench put rc=$?" | tee -a "$LOGS/summary.txt"
   fi
   kill "$spid"; wait "$spid"
-  # The same server with its host tier pinned for DMA (--pin_host_tier),
-  # once the pinning is done: a context's first decode step (its upload)
-  # and the data-plane puts, beside the heap tier's numbers above.
-  if [ -z "${SKIP_PINNED:-}" ]; then
+  # Same-host paths, on a server whose host tier is pinned for DMA
+  # (--pin_host_tier; measured once the pinning is done) and that also
+  # listens on a Unix socket: a context's first decode step (its upload)
+  # beside the heap tier's above; then over the socket, without and with
+  # memory shared with the server (--shared_mib), the decode loop's batches
+  # and the data-plane puts.
+  if [ -z "${SKIP_SAME_HOST:-}" ]; then
     data="$(mktemp -d)"
     "$HERE/tqkv-server" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --data_dir "$data" \
-      --backend cuda --host_budget_bytes 48000000000 --threads 16 --pin_host_tier=true ${SERVER_ARGS:-} \
-      > "$LOGS/e2e_pinned_server.log" 2>&1 &
+      --backend cuda --host_budget_bytes 48000000000 --threads 16 --pin_host_tier=true \
+      --data_socket "$data/dp.sock" ${SERVER_ARGS:-} > "$LOGS/same_host_server.log" 2>&1 &
     spid=$!
     for _ in $(seq 1200); do
-      grep -q "host tier pinned for DMA\|pinning the host tier stopped" "$LOGS/e2e_pinned_server.log" && break
+      grep -q "host tier pinned for DMA\|pinning the host tier stopped" "$LOGS/same_host_server.log" && break
       sleep 0.25
     done
-    addr=$(sed -n 's/^tqkv-server listening on //p' "$LOGS/e2e_pinned_server.log" | head -1)
-    daddr=$(sed -n "s/^tqkv-server data plane listening on //p" "$LOGS/e2e_pinned_server.log" | head -1)
+    addr=$(sed -n 's/^tqkv-server listening on //p' "$LOGS/same_host_server.log" | head -1)
+    daddr=$(sed -n "s/^tqkv-server data plane listening on //p" "$LOGS/same_host_server.log" | head -1)
     timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "$daddr" --layers 32 --format k4v4 \
       --shapes 1x32768 --steps 8 --two_call_steps 0 > "$LOGS/decode_loop_bench_pinned.log" 2>&1
     echo "decode_loop_bench pinned rc=$?" | tee -a "$LOGS/summary.txt"
-    timeout 300 "$HERE/service_bench" --tqkv "$addr" --tqkv_data "$daddr" --mode put --put_gib 2 \
-      --put_frame_mib 8 --paths "dense, data plane;packed, data plane" > "$LOGS/service_bench_put_pinned.log" 2>&1
-    echo "service_bench put pinned rc=$?" | tee -a "$LOGS/summary.txt"
+    for mib in 0 64; do
+      timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "unix:$data/dp.sock" --layers 8 --format k4v4 \
+        --shapes 64x4096,mixed64 --steps 16 --two_call_steps 0 --shared_mib $mib \
+        >> "$LOGS/decode_loop_bench_shared.log" 2>&1
+      echo "decode_loop_bench unix shared_mib=$mib rc=$?" | tee -a "$LOGS/summary.txt"
+    done
+    for mib in 0 128; do
+      timeout 300 "$HERE/service_bench" --tqkv "$addr" --tqkv_data "unix:$data/dp.sock" --mode put --put_gib 2 \
+        --put_frame_mib 8 --paths "dense, data plane;packed, data plane" --server_pid $spid --shared_mib $mib \
+        >> "$LOGS/service_bench_put_same_host.log" 2>&1
+      echo "service_bench put unix shared_mib=$mib rc=$?" | tee -a "$LOGS/summary.txt"
+    done
     kill "$spid"; wait "$spid"
   fi
 fi
