@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/data_plane_client.h"
+#include "client/cpp/fd_passing.h"
 #include "tests/fixture.h"
 #include "tests/raw_data_plane.h"
 
@@ -36,25 +37,6 @@ int Memfd(size_t bytes, bool sealed = true) {
   return fd;
 }
 
-// Sends `frame` on `sock` with `fd` (if >= 0) as SCM_RIGHTS.
-void SendWithFd(int sock, const std::string& frame, int fd) {
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  iovec iov{const_cast<char*>(frame.data()), frame.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* m = CMSG_FIRSTHDR(&msg);
-    m->cmsg_level = SOL_SOCKET;
-    m->cmsg_type = SCM_RIGHTS;
-    m->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(m), &fd, sizeof fd);
-  }
-  ASSERT_EQ(sendmsg(sock, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
-}
-
 v1::DataPlaneRequest ShareRequest() {
   v1::DataPlaneRequest r;
   r.mutable_share_memory();
@@ -63,41 +45,26 @@ v1::DataPlaneRequest ShareRequest() {
 
 // The reply's status code to `frame` sent on `sock` (with `fd`).
 StatusCode Ask(int sock, const std::string& frame, int fd = -1, v1::DataPlaneReply* reply = nullptr) {
-  SendWithFd(sock, frame, fd);
+  EXPECT_EQ(client::SendWithDescriptor(sock, frame.data(), frame.size(), fd), static_cast<ssize_t>(frame.size()));
   v1::DataPlaneReply head;
   if (!ReadReply(sock, &head)) return StatusCode::kUnavailable;
   if (reply != nullptr) *reply = head;
   return static_cast<StatusCode>(head.code());
 }
 
-class DataPlaneSharedTest : public ServerTest {
+class DataPlaneSharedTest : public UnixSocketServerTest {
  protected:
-  // Under /tmp: the test's own temp dir can be longer than a socket
-  // address holds.
-  void SetUp() override {
-    char dir[] = "/tmp/tqkv-shm-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-    socket_ = dir_ + "/dp.sock";
-  }
-  void TearDown() override {
-    if (server_ != nullptr) server_->Kill();
-    std::filesystem::remove_all(dir_);
-  }
   // A raw connection to the socket, after the TQKVDP02 preface.
   int RawUnix() {
     const int fd = RawConnect("unix:" + socket_);
     SendRaw(fd, "TQKVDP02");
     return fd;
   }
-
-  std::string dir_, socket_;
 };
 
 TEST_F(DataPlaneSharedTest, SharedMemoryCarriesWhatTheSocketCarries) {
   StartServer({"--data_socket=" + socket_});
   const v1::ModelRef model = RegisterSmall();
-  const v1::ModelLayout layout = client::SmallModel("x").layout();
   client::DataPlaneClientOptions o;
   o.target = "unix:" + socket_;
   o.shared_memory_bytes = 8 << 20;
@@ -109,16 +76,8 @@ TEST_F(DataPlaneSharedTest, SharedMemoryCarriesWhatTheSocketCarries) {
 
   // Dense puts of the same K/V under two chains, several frames in flight.
   const std::vector<std::string> via_shared = client::HashChain(41, 12), via_socket = client::HashChain(42, 12);
-  v1::PutHeader header;
-  *header.mutable_model() = model;
-  for (const auto& [chain, dp] : {std::pair{via_shared, shared->get()}, std::pair{via_socket, plain.get()}}) {
-    std::vector<v1::PutBlock> blocks;
-    for (size_t i = 0; i < chain.size(); ++i)
-      blocks.push_back(client::DenseBlock(layout, chain[i], i ? chain[i - 1] : "", 700 + i));
-    auto put = dp->PutBlocks(header, blocks, 2 * blocks[0].ByteSizeLong());
-    ASSERT_TRUE(put.ok()) << put.status();
-    EXPECT_EQ(put->committed(), chain.size());
-  }
+  PutDenseOverDataPlane(**shared, model, via_shared, 700);
+  PutDenseOverDataPlane(*plain, model, via_socket, 700);
   // Packed and dense reads: the same bytes, the shared client's through
   // the memory.
   for (bool dense : {false, true}) {

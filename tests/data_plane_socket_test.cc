@@ -23,29 +23,14 @@ namespace {
 
 using absl::StatusCode;
 
-class DataPlaneSocketTest : public ServerTest {
+class DataPlaneSocketTest : public UnixSocketServerTest {
  protected:
-  // Under /tmp: the test's own temp dir can be longer than a socket
-  // address holds.
-  void SetUp() override {
-    char dir[] = "/tmp/tqkv-sock-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-    socket_ = dir_ + "/dp.sock";
-  }
-  void TearDown() override {
-    if (server_ != nullptr) server_->Kill();
-    std::filesystem::remove_all(dir_);
-  }
-
   std::unique_ptr<client::DataPlaneClient> Dp(const std::string& target, const std::string& token = "") {
     return ConnectDataPlane(target, token);
   }
   static v1::GetBlocksRequest Req(const v1::ModelRef& model, const std::vector<std::string>& hashes) {
     return GetBlocksReq(model, hashes);
   }
-
-  std::string dir_, socket_;
 };
 
 TEST_F(DataPlaneSocketTest, ServesWhatTcpServesOnAFileOfTheServersUserOnly) {
@@ -56,7 +41,6 @@ TEST_F(DataPlaneSocketTest, ServesWhatTcpServesOnAFileOfTheServersUserOnly) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 
   const v1::ModelRef model = RegisterSmall();
-  const v1::ModelLayout layout = client::SmallModel("x").layout();
   auto unix_dp = Dp("unix:" + socket_);
   auto tcp_dp = Dp(server_->data_address());
   ASSERT_NE(unix_dp, nullptr);
@@ -65,16 +49,8 @@ TEST_F(DataPlaneSocketTest, ServesWhatTcpServesOnAFileOfTheServersUserOnly) {
   // Dense puts of the same K/V under two chains, one per transport: the
   // same stored bytes.
   const std::vector<std::string> via_unix = client::HashChain(21, 10), via_tcp = client::HashChain(22, 10);
-  v1::PutHeader header;
-  *header.mutable_model() = model;
-  for (const auto& [chain, dp] : {std::pair{via_unix, unix_dp.get()}, std::pair{via_tcp, tcp_dp.get()}}) {
-    std::vector<v1::PutBlock> blocks;
-    for (size_t i = 0; i < chain.size(); ++i)
-      blocks.push_back(client::DenseBlock(layout, chain[i], i ? chain[i - 1] : "", 300 + i));
-    auto put = dp->PutBlocks(header, blocks, 2 * blocks[0].ByteSizeLong());
-    ASSERT_TRUE(put.ok()) << put.status();
-    EXPECT_EQ(put->committed(), chain.size());
-  }
+  PutDenseOverDataPlane(*unix_dp, model, via_unix, 300);
+  PutDenseOverDataPlane(*tcp_dp, model, via_tcp, 300);
   client::DataPlaneBlocks a, b;
   ASSERT_TRUE(unix_dp->GetBlocks(Req(model, via_unix), &a).ok());
   ASSERT_TRUE(tcp_dp->GetBlocks(Req(model, via_tcp), &b).ok());

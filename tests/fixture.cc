@@ -1,5 +1,9 @@
 #include "tests/fixture.h"
 
+#include <stdlib.h>
+
+#include <filesystem>
+
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "codec/dtype.h"
@@ -186,6 +190,31 @@ size_t OutputBytes(const v1::AttendRequest& at) {
   size_t n = 0;
   for (const v1::AttendItem& item : at.items()) n += item.q().shape(0) * item.q().shape(1) * item.q().shape(2) * 2;
   return n;
+}
+
+void UnixSocketServerTest::SetUp() {
+  char dir[] = "/tmp/tqkv-sock-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  dir_ = dir;
+  socket_ = dir_ + "/dp.sock";
+}
+
+void UnixSocketServerTest::TearDown() {
+  if (server_ != nullptr) server_->Kill();
+  std::filesystem::remove_all(dir_);
+}
+
+void PutDenseOverDataPlane(client::DataPlaneClient& dp, const v1::ModelRef& model,
+                           const std::vector<std::string>& chain, uint64_t seed) {
+  const v1::ModelLayout layout = client::SmallModel("x").layout();
+  v1::PutHeader header;
+  *header.mutable_model() = model;
+  std::vector<v1::PutBlock> blocks;
+  for (size_t i = 0; i < chain.size(); ++i)
+    blocks.push_back(client::DenseBlock(layout, chain[i], i ? chain[i - 1] : "", seed + i));
+  auto put = dp.PutBlocks(header, blocks, 2 * blocks[0].ByteSizeLong());
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->committed(), chain.size());
 }
 
 }  // namespace tqkv::testing

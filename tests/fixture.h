@@ -67,6 +67,24 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<client::Client> client_;
 };
 
+// A ServerTest whose server may listen on a Unix-domain socket at
+// socket_ (pass "--data_socket=" + socket_), in a directory under /tmp (the
+// test's own temp dir can be longer than a socket address holds), removed
+// with the server killed at the end.
+class UnixSocketServerTest : public ServerTest {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+  std::string dir_, socket_;
+};
+
+// Dense blocks of client::SmallModel (block i's K/V from seed + i) put
+// under `chain` by `dp` in frames of two blocks, all committed (a test
+// failure otherwise).
+void PutDenseOverDataPlane(client::DataPlaneClient& dp, const v1::ModelRef& model,
+                           const std::vector<std::string>& chain, uint64_t seed);
+
 // A data-plane connection to `target` (HOST:PORT or unix:PATH) with
 // `token`, a 30 s timeout; null after a failure, which is reported.
 std::unique_ptr<client::DataPlaneClient> ConnectDataPlane(const std::string& target, const std::string& token = "");

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cpp/fd_passing.h"
 #include "google/protobuf/io/coded_stream.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames are little-endian");
@@ -167,22 +168,7 @@ absl::Status DataPlaneClient::ShareMemory() {
   std::memcpy(frame_.data(), &n, 4);
   std::memcpy(frame_.data() + 4, &none, 8);
   dr.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(frame_.data() + 12));
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  iovec iov{frame_.data(), frame_.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* m = CMSG_FIRSTHDR(&msg);
-  m->cmsg_level = SOL_SOCKET;
-  m->cmsg_type = SCM_RIGHTS;
-  m->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(m), &shared_.fd, sizeof(int));
-  ssize_t w;
-  do {
-    w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
-  } while (w < 0 && errno == EINTR);
+  const ssize_t w = SendWithDescriptor(fd_, frame_.data(), frame_.size(), shared_.fd);
   if (w < 0) return SendFailed(w);
   // The descriptor went with the first byte; the rest of a short write follows.
   if (absl::Status s = SendAll(frame_.data() + w, frame_.size() - static_cast<size_t>(w)); !s.ok()) return s;
@@ -534,37 +520,30 @@ absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks
     sum += b.payload_bytes();
   }
   if (!into.empty()) sum = out->reply_.code() == 0 ? into.size() : 0;
+  // Where the payload goes: the caller's buffer, or *out's (grown to it).
+  auto destination = [&](uint64_t bytes) {
+    if (!into.empty()) return into.data();
+    if (bytes > out->capacity_) {
+      out->buf_.reset(new char[bytes]);
+      out->capacity_ = bytes;
+    }
+    out->payload_bytes_ = bytes;
+    return out->buf_.get();
+  };
   if (const uint64_t shared = out->reply_.shared_reply_bytes(); shared > 0) {
     // The payload is in the shared memory, where this frame said.
     if (p != 0 || shared != sum || have != kPrefix + h || !dr->has_shared() ||
         shared > dr->shared().reply_capacity())
       return Broken(absl::InternalError(absl::StrCat("data plane reply puts ", shared,
                                                      " payload bytes in shared memory, expected ", sum)));
-    char* dest = into.data();
-    if (into.empty()) {
-      if (shared > out->capacity_) {
-        out->buf_.reset(new char[shared]);
-        out->capacity_ = shared;
-      }
-      out->payload_bytes_ = shared;
-      dest = out->buf_.get();
-    }
-    std::memcpy(dest, shared_.base + dr->shared().reply_offset(), shared);
+    std::memcpy(destination(shared), shared_.base + dr->shared().reply_offset(), shared);
     return absl::OkStatus();
   }
   const size_t early = have - kPrefix - h;  // payload bytes already received
   if (sum != p || early > p)
     return Broken(absl::InternalError(absl::StrCat("data plane reply announces ", p,
                                                    " payload bytes, expected ", sum)));
-  char* dest = into.data();
-  if (into.empty()) {
-    if (p > out->capacity_) {
-      out->buf_.reset(new char[p]);
-      out->capacity_ = p;
-    }
-    out->payload_bytes_ = p;
-    dest = out->buf_.get();
-  }
+  char* dest = destination(p);
   if (early > 0) std::memcpy(dest, head_.data() + kPrefix + h, early);
   // MSG_WAITALL: one call sleeps until the whole rest has arrived.
   size_t got = early;
