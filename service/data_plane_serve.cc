@@ -163,19 +163,32 @@ Served DataPlaneServer::Loop::Compute(Conn* c, v1::DataPlaneRequest* request, ab
     } else {
       status = shared_->replies->Charge(id->tenant, reply, &charge);
     }
+    // Dense blocks are decoded straight into the shared reply area where
+    // they fit, else into a buffer of the reply's.
+    const bool dense_shared = plan.dense && reply <= shared_reply.size();
+    uint8_t* dense = dense_shared ? shared_reply.data() : nullptr;
     if (status.ok() && plan.dense) {
-      owned.reset(new uint8_t[2 * t * plan.blocks.size()]);  // every byte is decoded into: no zero fill
-      status = service_->DecodeDenseBlocks(plan, owned.get());
+      if (!dense_shared) {
+        owned.reset(new uint8_t[2 * t * plan.blocks.size()]);  // every byte is decoded into: no zero fill
+        dense = owned.get();
+      }
+      status = service_->DecodeDenseBlocks(plan, dense);
     }
     for (size_t i = 0; status.ok() && i < plan.blocks.size(); ++i) {
       const KvService::Span span =
-          plan.dense ? KvService::Span{owned.get() + 2 * t * i, 2 * t} : KvService::PackedBytes(plan, i);
+          plan.dense ? KvService::Span{dense + 2 * t * i, 2 * t} : KvService::PackedBytes(plan, i);
       v1::DataPlaneBlock* b = head.add_blocks();
       b->set_block_hash(plan.hashes[i]);
       b->set_tier(ToProtoTier(plan.blocks[i].tier));
       b->set_payload_bytes(span.size);
-      if (span.size > 0) payload.push_back({const_cast<uint8_t*>(span.data), span.size});
+      if (span.size > 0 && !dense_shared) payload.push_back({const_cast<uint8_t*>(span.data), span.size});
       payload_bytes += span.size;
+    }
+    if (status.ok() && dense_shared) {
+      head.set_shared_reply_bytes(payload_bytes);
+      payload_bytes = 0;
+      plan.blocks.clear();
+      charge.Reset();
     }
   }
   // A reply payload that fits the frame's shared reply area goes there.
