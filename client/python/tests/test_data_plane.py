@@ -241,6 +241,9 @@ def test_unix_socket_serves_what_tcp_serves(rng):
                 q = rng.standard_normal((1, H, D)).astype(np.float16)
                 with c.create_sequence(m, hs) as seq:
                     assert np.array_equal(shm.attend(1, [(seq, q)])[0], c.attend(1, [(seq, q)])[0])
+            with tqkv.Client(srv.address, timeout=60, data_address="unix:" + path,
+                             data_shared_memory_bytes=4 << 20) as cs:
+                assert [b.payload for b in cs.get_blocks(m, hs)] == [b.payload for b in want]
         with pytest.raises(ValueError):
             tqkv.DataPlane("127.0.0.1:1", shared_memory_bytes=1 << 20)
         with pytest.raises(ValueError):

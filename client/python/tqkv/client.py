@@ -70,12 +70,14 @@ class Client:
     get_blocks/iter_blocks and attend go over the data plane (one connection
     per thread) instead of gRPC, with the same results and errors.
     data_reply_poll: DataPlane's `reply_poll`.
+    data_shared_memory_bytes: DataPlane's `shared_memory_bytes`, for a
+    unix: data_address (ignored on TCP).
     """
 
     def __init__(self, address, token=None, timeout=30.0, *, retries=5, backoff_s=0.05,
                  max_backoff_s=2.0, credentials=None, max_message_bytes=_DEFAULT_MAX_MESSAGE,
                  options=(), data_address=None, data_tls=None, data_server_name=None,
-                 data_reply_poll=0.0):
+                 data_reply_poll=0.0, data_shared_memory_bytes=0):
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)] + list(options)
         if credentials is not None:
@@ -94,6 +96,7 @@ class Client:
         self._data_tls = data_tls
         self._data_server_name = data_server_name
         self._data_reply_poll = data_reply_poll
+        self._data_shared_memory_bytes = data_shared_memory_bytes
         self._token = token
         self._dp = threading.local()
 
@@ -137,7 +140,8 @@ class Client:
                                                timeout=self.timeout,
                                                tls=None if unix else self._data_tls,
                                                server_name=self._data_server_name,
-                                               reply_poll=self._data_reply_poll)
+                                               reply_poll=self._data_reply_poll,
+                                               shared_memory_bytes=self._data_shared_memory_bytes if unix else 0)
             try:
                 return fn(dp)
             except errors.Unavailable:
