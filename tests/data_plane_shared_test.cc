@@ -1,7 +1,7 @@
 // Same-host shared memory on the data plane's Unix-domain socket (proto
 // "Same-host shared memory"), against the real server: a client that
-// shares a memfd gets the stored bytes, dense reads and Attend outputs of a
-// client that does not, its payloads and replies through the memory; what
+// shares a memfd gets the stored bytes, dense reads, appends and Attend
+// outputs of a client that does not, its payloads and replies through the memory; what
 // the server must not take (no descriptor, an unsealed or oversized one,
 // TCP, a region out of bounds, a frame with both a payload and `shared`)
 // gets its precise status and changes nothing: a put stream with a bad
@@ -112,6 +112,31 @@ TEST_F(DataPlaneSharedTest, SharedMemoryCarriesWhatTheSocketCarries) {
     auto b = plain->Attend(r2, Spans(in2), out2);
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(out1, out2);
+  }
+  // Append's k and v through the memory: the same count, and the next
+  // step attends the same tokens.
+  v1::AppendRequest ap;
+  ap.set_layer(1);
+  *ap.mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {3, 2, 64}, 70);
+  *ap.mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {3, 2, 64}, 71);
+  const std::vector<std::string> kv = {ap.k().data(), ap.v().data()};
+  ap.mutable_k()->clear_data();
+  ap.mutable_v()->clear_data();
+  ap.set_sequence_id(s1);
+  auto ap1 = (*shared)->Append(ap, Spans(kv));
+  ap.set_sequence_id(s2);
+  auto ap2 = plain->Append(ap, Spans(kv));
+  ASSERT_TRUE(ap1.ok()) << ap1.status();
+  ASSERT_TRUE(ap2.ok()) << ap2.status();
+  EXPECT_EQ(ap1->num_tokens(), ap2->num_tokens());
+  {
+    std::vector<std::string> in1, in2;
+    const v1::AttendRequest r1 = Strip(OneQueryAttend(s1, 1, v1::DTYPE_FP16, 72), &in1);
+    const v1::AttendRequest r2 = Strip(OneQueryAttend(s2, 1, v1::DTYPE_FP16, 72), &in2);
+    std::string out1(OutputBytes(r1), '\0'), out2(OutputBytes(r2), '\0');
+    ASSERT_TRUE((*shared)->Attend(r1, Spans(in1), out1).ok());
+    ASSERT_TRUE(plain->Attend(r2, Spans(in2), out2).ok());
     EXPECT_EQ(out1, out2);
   }
   std::vector<std::string> in;
