@@ -27,12 +27,14 @@
 // Usage: decode_loop_bench --server HOST:PORT --data HOST:PORT|unix:PATH
 //        [--layers 32 --kv_heads 8 --q_heads 32 --head_dim 128 --format k4v4
 //         --shapes 1x32768,64x4096,mixed64 --steps 32 --two_call_steps 4 --tensors raw
-//         --reply_poll_us 0 --shared_mib 0]
+//         --reply_poll_us 0 --shared_mib 0 --doorbell 0]
 // --reply_poll_us N: the client polls for each reply for up to N µs before
 // sleeping (DataPlaneClientOptions::reply_poll), the echo floor likewise.
 // --shared_mib N (with --data unix:PATH): the calls' tensors and outputs go
 // through N MiB of memory shared with the server instead of the socket
-// (DataPlaneClientOptions::shared_memory_bytes).
+// (DataPlaneClientOptions::shared_memory_bytes); with --doorbell 1 too, the
+// calls themselves go through it (DataPlaneClientOptions::doorbell: no
+// socket crossed while the server polls, --data_busy_poll).
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -189,7 +191,7 @@ struct Samples {
 int Run(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, 1,
                                {"server", "data", "layers", "kv_heads", "q_heads", "head_dim", "format", "shapes",
-                                "steps", "two_call_steps", "pool", "tensors", "reply_poll_us", "shared_mib"});
+                                "steps", "two_call_steps", "pool", "tensors", "reply_poll_us", "shared_mib", "doorbell"});
   if (!args.ok()) return Fail(args.status(), "arguments");
   const std::string server = args->Get("server", "localhost:50051");
   const std::string data = args->Get("data", "localhost:50052");
@@ -212,7 +214,8 @@ int Run(int argc, char** argv) {
   auto dp = client::DataPlaneClient::Connect({.target = data,
                                               .timeout = absl::Seconds(600),
                                               .reply_poll = absl::Microseconds(reply_poll_us),
-                                              .shared_memory_bytes = static_cast<size_t>(shared_mib) << 20});
+                                              .shared_memory_bytes = static_cast<size_t>(shared_mib) << 20,
+                                              .doorbell = *args->GetInt("doorbell", 0) != 0});
   if (!dp.ok()) return Fail(dp.status(), "data plane connect");
   const v1::RegisterModelRequest reg = client::ModelRegistration(
       absl::StrFormat("decode-loop-%s-%d", format, layers), layers, kv, qh, d, bs, format);

@@ -167,6 +167,10 @@ struct Conn {
   // takes it, and the memory it shares.
   PassedFd passed_fd;
   SharedRegion shared;
+  // The shared region carries calls too (proto "Doorbell"): the request
+  // number last served.
+  bool doorbell = false;
+  uint32_t doorbell_served = 0;
   // A request of this connection has passed authentication (always, on a
   // server without auth): until then its frames are held to
   // max_unauthenticated_frame_bytes, and a raw payload is accepted only

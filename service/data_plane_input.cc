@@ -161,6 +161,12 @@ void DataPlaneServer::Loop::Process(Conn* c) {
       Fail(c, absl::InvalidArgumentError("request frame is not a DataPlaneRequest"));
       break;
     }
+    if (req.op_case() == v1::DataPlaneRequest::kRing) {  // served at the doorbell; no reply here
+      c->in_off += frame;
+      Uncharge(c);
+      ServeDoorbell(c);
+      continue;
+    }
     if (env_->backend_work != nullptr && UsesBackend(req)) {
       if (Submit(c, &req, prefix, n, payload, frame)) continue;  // its next frame is read meanwhile
       c->waiting = true;  // the work queue is full: offered again shortly

@@ -95,6 +95,14 @@ void DataPlaneServer::Loop::Run() {
           std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(left).count()));
     }
     if ((in_flight_ > 0 && now < poll_until_) || now < spin_until_) timeout_ms = 0;
+    // Doorbells (proto "Doorbell"): their regions say whether this loop
+    // polls (before it sleeps, a request that came meanwhile is served
+    // rather than missed), and what waits is served.
+    if (!doorbells_.empty() && PollDoorbells(timeout_ms == 0)) {
+      timeout_ms = 0;
+      if (options_.busy_poll > absl::ZeroDuration())
+        spin_until_ = std::chrono::steady_clock::now() + absl::ToChronoMicroseconds(options_.busy_poll);
+    }
     const int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;
@@ -341,6 +349,7 @@ void DataPlaneServer::Loop::Close(Conn* c) {
     }
     return;
   }
+  if (auto it = std::find(doorbells_.begin(), doorbells_.end(), c); it != doorbells_.end()) doorbells_.erase(it);
   const int fd = c->fd;
   (void)epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // close() removes it in any case
   close(fd);

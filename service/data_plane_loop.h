@@ -207,7 +207,13 @@ class DataPlaneServer::Loop {
   absl::StatusOr<DeviceKvRef> DeviceSource(const Conn* c, const v1::DeviceKv& d, const char* field) const;
   // A share_memory frame (proto "Same-host shared memory"): maps the
   // descriptor passed with it as the connection's shared region.
-  absl::Status ShareMemory(Conn* c, v1::DataPlaneReply* head);
+  absl::Status ShareMemory(Conn* c, const v1::ShareMemory& share, v1::DataPlaneReply* head);
+  // Serves the request waiting at c's doorbell, if one is (and c is not
+  // busy); returns whether it did.
+  bool ServeDoorbell(Conn* c);
+  // Says in every doorbell region whether this loop polls, then serves
+  // what waits; returns whether anything was served.
+  bool PollDoorbells(bool polling);
   // A frame's `shared`: its raw payload (*in, which must have come empty
   // off the wire) and where its reply's payload may go, inside the
   // connection's shared region; INVALID_ARGUMENT or FAILED_PRECONDITION
@@ -266,6 +272,8 @@ class DataPlaneServer::Loop {
   std::chrono::steady_clock::time_point spin_until_;
   absl::flat_hash_map<int, std::unique_ptr<Conn>> conns_;
   std::vector<Conn*> stalled_;  // connections whose frame found the work queue full
+  std::vector<Conn*> doorbells_;  // connections whose shared memory carries calls
+  bool doorbell_polling_ = false;  // what their regions say of this loop
   char scratch_[64 << 10];  // ReadInput's reads outside a charged frame's body
   char record_[data_plane_internal::kTlsRecordBytes];  // WriteTls's gathered record
   // Accepting pauses for kAcceptBackoff when the process is out of

@@ -52,6 +52,26 @@ StatusCode Ask(int sock, const std::string& frame, int fd = -1, v1::DataPlaneRep
   return static_cast<StatusCode>(head.code());
 }
 
+// One decode step of `layer` from `seed` (a new token appended, then
+// attended) on two equal sequences, s1 through `a` and s2 through `b`, with
+// raw tensors: the same outputs.
+void ExpectSameStep(client::DataPlaneClient& a, const std::string& s1, client::DataPlaneClient& b,
+                    const std::string& s2, uint32_t layer, uint64_t seed) {
+  std::vector<std::string> in1, in2;
+  v1::AttendRequest at = OneQueryAttend(s1, layer, v1::DTYPE_FP16, seed);
+  *at.mutable_items(0)->mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, seed + 1000);
+  *at.mutable_items(0)->mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, seed + 2000);
+  v1::AttendRequest at2 = at;
+  at2.mutable_items(0)->set_sequence_id(s2);
+  const v1::AttendRequest r1 = Strip(at, &in1), r2 = Strip(at2, &in2);
+  std::string out1(OutputBytes(r1), '\0'), out2(OutputBytes(r2), '\0');
+  auto x = a.Attend(r1, Spans(in1), out1);
+  auto y = b.Attend(r2, Spans(in2), out2);
+  ASSERT_TRUE(x.ok()) << x.status();
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(out1, out2);
+}
+
 class DataPlaneSharedTest : public UnixSocketServerTest {
  protected:
   // A raw connection to the socket, after the TQKVDP02 preface.
@@ -100,19 +120,7 @@ TEST_F(DataPlaneSharedTest, SharedMemoryCarriesWhatTheSocketCarries) {
   const std::string s1 = NewSequence(model, via_shared, 5, 61), s2 = NewSequence(model, via_shared, 5, 61);
   for (int step = 0; step < 3; ++step) {
     SCOPED_TRACE(step);
-    std::vector<std::string> in1, in2;
-    v1::AttendRequest at = OneQueryAttend(s1, 1, v1::DTYPE_FP16, 80 + step);
-    *at.mutable_items(0)->mutable_k() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 90 + step);
-    *at.mutable_items(0)->mutable_v() = client::RandomTensor(v1::DTYPE_FP16, {1, 2, 64}, 95 + step);
-    v1::AttendRequest at2 = at;
-    at2.mutable_items(0)->set_sequence_id(s2);
-    const v1::AttendRequest r1 = Strip(at, &in1), r2 = Strip(at2, &in2);
-    std::string out1(OutputBytes(r1), '\0'), out2(OutputBytes(r2), '\0');
-    auto a = (*shared)->Attend(r1, Spans(in1), out1);
-    auto b = plain->Attend(r2, Spans(in2), out2);
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_EQ(out1, out2);
+    ExpectSameStep(**shared, s1, *plain, s2, 1, 80 + step);
   }
   // Append's k and v through the memory: the same count, and the next
   // step attends the same tokens.
@@ -151,6 +159,57 @@ TEST_F(DataPlaneSharedTest, SharedMemoryCarriesWhatTheSocketCarries) {
   client::DataPlaneClientOptions tcp = o;
   tcp.target = server_->data_address();
   EXPECT_EQ(client::DataPlaneClient::Connect(tcp).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Attend and Append through the doorbell (proto "Doorbell"), against a
+// server whose loops poll (no socket crossed) and one whose loops sleep
+// (a ring frame wakes them), with a client that spins and one that sleeps
+// on the futex: the outputs of socket calls, errors included, and socket
+// calls on the same connection in between.
+TEST_F(DataPlaneSharedTest, DoorbellCallsGiveWhatSocketCallsGive) {
+  for (const bool polls : {true, false}) {
+    SCOPED_TRACE(polls ? "server polls" : "server sleeps");
+    std::vector<std::string> flags = {"--data_socket=" + socket_};
+    if (polls) flags.push_back("--data_busy_poll=50ms");
+    StartServer(flags);
+    const v1::ModelRef model = RegisterSmall();
+    const std::vector<std::string> chain = client::HashChain(51, 6);
+    PutDense(model, chain, 900);
+    auto plain = ConnectDataPlane("unix:" + socket_);
+    ASSERT_NE(plain, nullptr);
+    for (const absl::Duration spin : {absl::Microseconds(200), absl::ZeroDuration()}) {
+      SCOPED_TRACE(spin > absl::ZeroDuration() ? "client spins" : "client sleeps");
+      client::DataPlaneClientOptions o;
+      o.target = "unix:" + socket_;
+      o.shared_memory_bytes = 1 << 20;
+      o.doorbell = true;
+      o.reply_poll = spin;
+      auto rung = client::DataPlaneClient::Connect(o);
+      ASSERT_TRUE(rung.ok()) << rung.status();
+      const std::string s1 = NewSequence(model, chain, 3, 62), s2 = NewSequence(model, chain, 3, 62);
+      for (int step = 0; step < 20; ++step) {
+        SCOPED_TRACE(step);
+        ExpectSameStep(**rung, s1, *plain, s2, step % 2, 180 + step);
+      }
+      std::vector<std::string> in;
+      const v1::AttendRequest bad = Strip(OneQueryAttend("no-such-sequence", 1, v1::DTYPE_FP16, 5), &in);
+      std::string out(OutputBytes(bad), '\0');
+      EXPECT_EQ((*rung)->Attend(bad, Spans(in), out).status().code(), StatusCode::kNotFound);
+      EXPECT_EQ((*rung)->doorbell_calls(), 21u);
+      client::DataPlaneBlocks got;
+      EXPECT_TRUE((*rung)->GetBlocks(GetBlocksReq(model, chain), &got).ok());
+      EXPECT_EQ(got.size(), chain.size());
+    }
+    server_->Kill();
+    server_.reset();
+  }
+  // A region too small for a doorbell: refused at connect.
+  StartServer({"--data_socket=" + socket_});
+  client::DataPlaneClientOptions small;
+  small.target = "unix:" + socket_;
+  small.shared_memory_bytes = 64 << 10;
+  small.doorbell = true;
+  EXPECT_EQ(client::DataPlaneClient::Connect(small).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(DataPlaneSharedTest, WhatTheServerMustNotTakeChangesNothing) {

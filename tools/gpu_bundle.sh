@@ -18,7 +18,8 @@
 # Unix-domain socket (--data_socket) instead of loopback TCP);
 # SERVER_ARGS: more tqkv-server flags for those (e.g. "--work_threads=0");
 # then same-host paths on a server with its host tier pinned
-# (--pin_host_tier) and a Unix socket: the decode loop's first step, and
+# (--pin_host_tier) and a Unix socket: the decode loop's first step, the
+# 1 x 32K step over the socket and through the shared-memory doorbell, and
 # over the socket without and with shared memory the decode loop's batches
 # and the data-plane puts (SKIP_SAME_HOST=1 leaves them out).
 # Same-host GPU memory (CUDA IPC): the Python client's torch tests and the
@@ -140,7 +141,7 @@ if [ -z "${SKIP_E2E:-}" ]; then
     data="$(mktemp -d)"
     "$HERE/tqkv-server" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --data_dir "$data" \
       --backend cuda --host_budget_bytes 48000000000 --threads 16 --pin_host_tier=true \
-      --data_socket "$data/dp.sock" ${SERVER_ARGS:-} > "$LOGS/same_host_server.log" 2>&1 &
+      --data_socket "$data/dp.sock" --data_busy_poll=200us ${SERVER_ARGS:-} > "$LOGS/same_host_server.log" 2>&1 &
     spid=$!
     for _ in $(seq 1200); do
       grep -q "host tier pinned for DMA\|pinning the host tier stopped" "$LOGS/same_host_server.log" && break
@@ -151,6 +152,14 @@ if [ -z "${SKIP_E2E:-}" ]; then
     timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "$daddr" --layers 32 --format k4v4 \
       --shapes 1x32768 --steps 8 --two_call_steps 0 > "$LOGS/decode_loop_bench_pinned.log" 2>&1
     echo "decode_loop_bench pinned rc=$?" | tee -a "$LOGS/summary.txt"
+    # The 32-layer step at 1 x 32K over the socket, then through the
+    # doorbell (no socket crossed while the loop polls), both sides polling.
+    for bell in 0 1; do
+      timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "unix:$data/dp.sock" --layers 32 --format k4v4 \
+        --shapes 1x32768 --steps 32 --two_call_steps 0 --reply_poll_us 200 --shared_mib 4 --doorbell $bell \
+        >> "$LOGS/decode_loop_bench_doorbell.log" 2>&1
+      echo "decode_loop_bench unix doorbell=$bell rc=$?" | tee -a "$LOGS/summary.txt"
+    done
     for mib in 0 64; do
       timeout 300 "$HERE/decode_loop_bench" --server "$addr" --data "unix:$data/dp.sock" --layers 8 --format k4v4 \
         --shapes 64x4096,mixed64 --steps 16 --two_call_steps 0 --shared_mib $mib \

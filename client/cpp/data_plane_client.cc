@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -20,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/fd_passing.h"
+#include "proto/tqkv/v1/doorbell.h"
 #include "google/protobuf/io/coded_stream.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data plane frames are little-endian");
@@ -142,6 +145,9 @@ absl::Status DataPlaneClient::OpenUnix(const std::string& path) {
 absl::Status DataPlaneClient::ShareMemory() {
   if (shared_.base == nullptr) {
     const size_t size = options_.shared_memory_bytes;
+    if (options_.doorbell && size < v1::doorbell::kMinBytes)
+      return Broken(absl::InvalidArgumentError(
+          absl::StrCat("a doorbell needs at least ", v1::doorbell::kMinBytes, " shared bytes")));
     const int fd = memfd_create("tqkv-data-plane", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return Broken(Errno(absl::StatusCode::kUnavailable, "memfd_create"));
     // Sealed against shrinking and growing: the server never reads past its end.
@@ -160,7 +166,7 @@ absl::Status DataPlaneClient::ShareMemory() {
   }
   // The share_memory frame, with the memfd as SCM_RIGHTS on its bytes.
   v1::DataPlaneRequest dr;
-  dr.mutable_share_memory();
+  dr.mutable_share_memory()->set_doorbell(options_.doorbell);
   if (!options_.token.empty()) dr.set_authorization(absl::StrCat("Bearer ", options_.token));
   const uint32_t n = static_cast<uint32_t>(dr.ByteSizeLong());
   const uint64_t none = 0;
@@ -177,6 +183,7 @@ absl::Status DataPlaneClient::ShareMemory() {
   if (reply.shared_memory_bytes() != shared_.size)
     return Broken(absl::InternalError(absl::StrCat("the server mapped ", reply.shared_memory_bytes(), " of ",
                                                    shared_.size, " shared bytes")));
+  doorbell_seq_ = v1::doorbell::Word(shared_.base, v1::doorbell::kRequestSeq)->load();
   return absl::OkStatus();
 }
 
@@ -380,18 +387,33 @@ absl::StatusOr<v1::PutBlocksResponse> DataPlaneClient::PutBlocks(const v1::PutHe
 absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr, int field,
                                        const google::protobuf::MessageLite* body,
                                        std::span<const std::span<const char>> payload, int area) {
+  absl::StatusOr<std::span<const std::span<const char>>> wire = BuildFrame(dr, field, body, payload, area);
+  if (!wire.ok()) return wire.status();
+  if (wire->empty()) return SendAll(frame_.data(), frame_.size());
+  std::vector<std::span<const char>> parts = {frame_};
+  for (std::span<const char> part : *wire)
+    if (!part.empty()) parts.push_back(part);
+  return SendParts(parts);
+}
+
+absl::StatusOr<std::span<const std::span<const char>>> DataPlaneClient::BuildFrame(
+    v1::DataPlaneRequest* dr, int field, const google::protobuf::MessageLite* body,
+    std::span<const std::span<const char>> payload, int area) {
   using google::protobuf::io::CodedOutputStream;
   if (absl::Status s = EnsureConnected(); !s.ok()) return s;
   if (!options_.token.empty()) dr->set_authorization(absl::StrCat("Bearer ", options_.token));
   dr->clear_shared();
   uint64_t total = 0;
   for (std::span<const char> part : payload) total += part.size();
+  // Payloads start past the doorbell's words and frames, when it has them.
+  const size_t first = options_.doorbell ? v1::doorbell::kPayloads : 0;
   if (shared_.base != nullptr && fd_ >= 0 && total > 0) {
     // The payload through the shared memory when it fits this frame's
     // area; the reply's payload may take the rest of it.
     constexpr size_t kAreas = 8, kAlign = 64;
-    const size_t span = area < 0 ? shared_.size : shared_.size / kAreas / kAlign * kAlign;
-    const size_t at = area < 0 ? 0 : static_cast<size_t>(area) % kAreas * span;
+    const size_t usable = shared_.size - first;
+    const size_t span = area < 0 ? usable : usable / kAreas / kAlign * kAlign;
+    const size_t at = first + (area < 0 ? 0 : static_cast<size_t>(area) % kAreas * span);
     if (total <= span) {
       uint8_t* to = shared_.base + at;
       for (std::span<const char> part : payload) {
@@ -407,7 +429,9 @@ absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr, int field,
       payload = {};
     }
   } else if (shared_.base != nullptr && fd_ >= 0 && area < 0) {
-    dr->mutable_shared()->set_reply_capacity(shared_.size);  // a reply's payload (read blocks) may come this way
+    // A reply's payload (read blocks) may come this way.
+    dr->mutable_shared()->set_reply_offset(first);
+    dr->mutable_shared()->set_reply_capacity(shared_.size - first);
   }
   const size_t head = dr->ByteSizeLong();
   const size_t body_bytes = body != nullptr ? body->ByteSizeLong() : 0;
@@ -430,11 +454,64 @@ absl::Status DataPlaneClient::SendFrame(v1::DataPlaneRequest* dr, int field,
     p = CodedOutputStream::WriteVarint64ToArray(body_bytes, p);
     body->SerializeWithCachedSizesToArray(p);
   }
-  if (payload_bytes == 0) return SendAll(frame_.data(), frame_.size());
-  std::vector<std::span<const char>> parts = {frame_};
-  for (std::span<const char> part : payload)
-    if (!part.empty()) parts.push_back(part);
-  return SendParts(parts);
+  return payload_bytes == 0 ? std::span<const std::span<const char>>() : payload;
+}
+
+absl::Status DataPlaneClient::RingDoorbell(v1::DataPlaneRequest* dr, DataPlaneBlocks* out, int field,
+                                          const google::protobuf::MessageLite* body,
+                                          std::span<const std::span<const char>> payload, std::span<char> into,
+                                          bool* rang) {
+  namespace db = v1::doorbell;
+  *rang = false;
+  absl::StatusOr<std::span<const std::span<const char>>> wire = BuildFrame(dr, field, body, payload);
+  if (!wire.ok()) return wire.status();
+  // A payload that did not fit, or a frame larger than the doorbell's
+  // area: the socket takes the call.
+  if (!wire->empty() || frame_.size() > db::kAreaBytes) return absl::OkStatus();
+  *rang = true;
+  ++doorbell_calls_;
+  uint8_t* base = shared_.base;
+  std::memcpy(base + db::kRequestArea, frame_.data(), frame_.size());
+  db::Word(base, db::kRequestBytes)->store(static_cast<uint32_t>(frame_.size()), std::memory_order_relaxed);
+  const uint32_t seq = ++doorbell_seq_;
+  db::Word(base, db::kRequestSeq)->store(seq);
+  // A server loop that does not poll is woken by a ring frame.
+  if (db::Word(base, db::kServerPolling)->load() == 0) {
+    v1::DataPlaneRequest ring;
+    ring.mutable_ring();
+    if (absl::Status s = SendFrame(&ring); !s.ok()) return s;
+  }
+  std::atomic<uint32_t>* reply_seq = db::Word(base, db::kReplySeq);
+  const absl::Time start = absl::Now();
+  while (reply_seq->load() != seq && absl::Now() - start < options_.reply_poll) {
+  }
+  if (reply_seq->load() != seq) {
+    db::Word(base, db::kClientWaiting)->store(1);
+    for (uint32_t v; (v = reply_seq->load()) != seq;) {
+      const absl::Duration left = options_.timeout - (absl::Now() - start);
+      if (left <= absl::ZeroDuration()) {
+        db::Word(base, db::kClientWaiting)->store(0);
+        return Broken(absl::DeadlineExceededError("data plane doorbell call timed out"));
+      }
+      const timespec ts = absl::ToTimespec(left);
+      syscall(SYS_futex, reply_seq, FUTEX_WAIT, v, &ts, nullptr, 0);
+    }
+    db::Word(base, db::kClientWaiting)->store(0);
+  }
+  const uint32_t n = db::Word(base, db::kReplyBytes)->load(std::memory_order_relaxed);
+  uint32_t h;
+  if (n >= 12) std::memcpy(&h, base + db::kReplyArea, 4);
+  if (n < 12 || n > db::kReplyAreaBytes || h != n - 12 ||
+      !out->reply_.ParseFromArray(base + db::kReplyArea + 12, static_cast<int>(h)))
+    return Broken(absl::InternalError("the doorbell's reply frame does not parse"));
+  if (out->reply_.code() != 0)
+    return absl::Status(static_cast<absl::StatusCode>(out->reply_.code()), out->reply_.message());
+  const uint64_t shared = out->reply_.shared_reply_bytes();
+  if (shared != into.size() || (shared > 0 && shared > dr->shared().reply_capacity()))
+    return Broken(absl::InternalError(absl::StrCat("the doorbell's reply has ", shared,
+                                                   " payload bytes, expected ", into.size())));
+  if (shared > 0) std::memcpy(into.data(), base + dr->shared().reply_offset(), shared);
+  return absl::OkStatus();
 }
 
 absl::Status DataPlaneClient::SendParts(std::span<std::span<const char>> parts) {
@@ -492,6 +569,14 @@ absl::Status DataPlaneClient::ReceiveBare(v1::DataPlaneReply* reply) {
 absl::Status DataPlaneClient::Exchange(v1::DataPlaneRequest* dr, DataPlaneBlocks* out, int field,
                                        const google::protobuf::MessageLite* body,
                                        std::span<const std::span<const char>> payload, std::span<char> into) {
+  const bool call = field == v1::DataPlaneRequest::kAttendFieldNumber ||
+                    field == v1::DataPlaneRequest::kAppendFieldNumber;
+  if (options_.doorbell && call && !payload.empty()) {
+    if (absl::Status s = EnsureConnected(); !s.ok()) return s;
+    bool rang = false;
+    absl::Status s = RingDoorbell(dr, out, field, body, payload, into, &rang);
+    if (rang || !s.ok()) return s;
+  }
   if (absl::Status s = SendFrame(dr, field, body, payload); !s.ok()) return s;
 
   // One recv usually brings the prefix, the header and the payload's first

@@ -61,6 +61,11 @@ struct DataPlaneClientOptions {
   // flight). INVALID_ARGUMENT at connect with a TCP target; the server's
   // error if it refuses. Default: 0 (none).
   size_t shared_memory_bytes = 0;
+  // With at least 192 KiB shared: raw Attend and Append calls go through a
+  // doorbell in that memory (proto "Doorbell"), crossing no socket while
+  // the server polls (--data_busy_poll); the client spins for reply_poll,
+  // then sleeps on a futex until the reply. Default: false.
+  bool doorbell = false;
 };
 
 // The reply to one GetBlocks: block i's packed bytes are payload(i).
@@ -98,6 +103,8 @@ class DataPlaneClient {
 
   // Bytes of memory shared with the server (0: none).
   size_t shared_memory_bytes() const { return shared_.size; }
+  // Calls that went through the doorbell (options.doorbell).
+  uint64_t doorbell_calls() const { return doorbell_calls_; }
 
   // The blocks of `req` into *out: all of them, in request order, or the
   // server's error (nothing in *out is valid then). Packed: payload(i) is
@@ -171,6 +178,17 @@ class DataPlaneClient {
   // Maps options_.shared_memory_bytes of a sealed memfd (once) and shares
   // it with the server over the fresh connection.
   absl::Status ShareMemory();
+  // Serializes the frame SendFrame sends into frame_ (its payload through
+  // the shared memory where it fits); returns the payload parts that must
+  // follow it on the wire (empty: none).
+  absl::StatusOr<std::span<const std::span<const char>>> BuildFrame(
+      v1::DataPlaneRequest* req, int field, const google::protobuf::MessageLite* body,
+      std::span<const std::span<const char>> payload, int area = -1);
+  // Exchange's call through the doorbell (*rang), or nothing done (!*rang:
+  // it does not fit the doorbell; send it on the socket).
+  absl::Status RingDoorbell(v1::DataPlaneRequest* req, DataPlaneBlocks* out, int field,
+                            const google::protobuf::MessageLite* body,
+                            std::span<const std::span<const char>> payload, std::span<char> into, bool* rang);
   // Receives one reply that carries no payload into *reply, reading exactly
   // its bytes (replies of pipelined frames follow it); its status.
   absl::Status ReceiveBare(v1::DataPlaneReply* reply);
@@ -198,6 +216,8 @@ class DataPlaneClient {
     uint8_t* base = nullptr;
     size_t size = 0;
   } shared_;
+  uint32_t doorbell_seq_ = 0;  // the last request number rung
+  uint64_t doorbell_calls_ = 0;
   std::unique_ptr<TlsStream> tls_;  // over fd_ when options_.tls is set
   bool write_failed_ = false;       // the server closed fd_; only reading is left
   std::string frame_;  // request scratch
