@@ -205,6 +205,9 @@ class DataPlaneServer::Loop {
   // FAILED_PRECONDITION unless this server takes CUDA IPC handles and the
   // connection is on this host's loopback; INVALID_ARGUMENT for a bad dtype.
   absl::StatusOr<DeviceKvRef> DeviceSource(const Conn* c, const v1::DeviceKv& d, const char* field) const;
+
+  // data_plane_shared.cc
+
   // A share_memory frame (proto "Same-host shared memory"): maps the
   // descriptor passed with it as the connection's shared region.
   absl::Status ShareMemory(Conn* c, const v1::ShareMemory& share, v1::DataPlaneReply* head);
