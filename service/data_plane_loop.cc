@@ -349,7 +349,7 @@ void DataPlaneServer::Loop::Close(Conn* c) {
     }
     return;
   }
-  if (auto it = std::find(doorbells_.begin(), doorbells_.end(), c); it != doorbells_.end()) doorbells_.erase(it);
+  CloseDoorbell(c);
   const int fd = c->fd;
   (void)epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);  // close() removes it in any case
   close(fd);

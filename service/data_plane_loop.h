@@ -217,6 +217,12 @@ class DataPlaneServer::Loop {
   // Says in every doorbell region whether this loop polls, then serves
   // what waits; returns whether anything was served.
   bool PollDoorbells(bool polling);
+  // Writes `reply` (a serialized DataPlaneReply) as the answer to request
+  // `seq` at c's doorbell and wakes a sleeping client.
+  void AnswerDoorbell(Conn* c, uint32_t seq, const std::string& reply);
+  // c is closing: its doorbell says nobody polls, a request it holds is
+  // answered UNAVAILABLE, and the loop stops watching it.
+  void CloseDoorbell(Conn* c);
   // A frame's `shared`: its raw payload (*in, which must have come empty
   // off the wire) and where its reply's payload may go, inside the
   // connection's shared region; INVALID_ARGUMENT or FAILED_PRECONDITION

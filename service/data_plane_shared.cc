@@ -72,6 +72,7 @@ bool DataPlaneServer::Loop::ServeDoorbell(Conn* c) {
   const uint32_t seq = db::Word(base, db::kRequestSeq)->load();
   if (seq == c->doorbell_served) return false;
   c->doorbell_served = seq;
+  c->last_active = std::chrono::steady_clock::now();  // a call that crossed no socket keeps it open too
   // The frame is copied out first: the client's memory may change under us.
   const uint32_t n = db::Word(base, db::kRequestBytes)->load(std::memory_order_relaxed);
   Served s;
@@ -108,6 +109,16 @@ bool DataPlaneServer::Loop::ServeDoorbell(Conn* c) {
     big.set_message("the reply header does not fit the doorbell's reply area");
     reply = big.SerializeAsString();
   }
+  AnswerDoorbell(c, seq, reply);
+  RecordCall(*env_, s.method, c->peer, s.status,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count(), n,
+             reply.size() + 12);
+  return true;
+}
+
+void DataPlaneServer::Loop::AnswerDoorbell(Conn* c, uint32_t seq, const std::string& reply) {
+  namespace db = v1::doorbell;
+  uint8_t* base = c->shared.base();
   const uint32_t h = static_cast<uint32_t>(reply.size());
   const uint64_t none = 0;
   std::memcpy(base + db::kReplyArea, &h, 4);
@@ -117,9 +128,23 @@ bool DataPlaneServer::Loop::ServeDoorbell(Conn* c) {
   db::Word(base, db::kReplySeq)->store(seq);
   if (db::Word(base, db::kClientWaiting)->load() != 0)
     syscall(SYS_futex, db::Word(base, db::kReplySeq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-  RecordCall(*env_, s.method, c->peer, s.status,
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count(), n, h + 12);
-  return true;
+}
+
+void DataPlaneServer::Loop::CloseDoorbell(Conn* c) {
+  namespace db = v1::doorbell;
+  if (auto it = std::find(doorbells_.begin(), doorbells_.end(), c); it != doorbells_.end()) doorbells_.erase(it);
+  if (!c->doorbell) return;
+  c->doorbell = false;
+  // A client that rings from now on finds no poller and sends a ring frame,
+  // which fails on the closed socket; one that rang before is answered.
+  uint8_t* base = c->shared.base();
+  db::Word(base, db::kServerPolling)->store(0);
+  const uint32_t seq = db::Word(base, db::kRequestSeq)->load();
+  if (seq == c->doorbell_served) return;
+  v1::DataPlaneReply closed;
+  closed.set_code(static_cast<uint32_t>(absl::StatusCode::kUnavailable));
+  closed.set_message("the data plane closed the connection");
+  AnswerDoorbell(c, seq, closed.SerializeAsString());
 }
 
 bool DataPlaneServer::Loop::PollDoorbells(bool polling) {

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cpp/data_plane_client.h"
 #include "client/cpp/fd_passing.h"
 #include "tests/fixture.h"
@@ -210,6 +212,49 @@ TEST_F(DataPlaneSharedTest, DoorbellCallsGiveWhatSocketCallsGive) {
   small.shared_memory_bytes = 64 << 10;
   small.doorbell = true;
   EXPECT_EQ(client::DataPlaneClient::Connect(small).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Calls through the doorbell cross no socket while the server polls, and
+// still count as the connection's activity: it outlives the idle timeout.
+// Once it is closed, the doorbell says so.
+TEST_F(DataPlaneSharedTest, DoorbellCallsKeepTheConnectionOpen) {
+  StartServer({"--data_socket=" + socket_, "--data_busy_poll=500ms", "--data_idle_timeout_s=1"});
+  const v1::ModelRef model = RegisterSmall();
+  const std::vector<std::string> chain = client::HashChain(53, 2);
+  PutDense(model, chain, 950);
+  client::DataPlaneClientOptions o;
+  o.target = "unix:" + socket_;
+  o.shared_memory_bytes = 1 << 20;
+  o.doorbell = true;
+  o.reply_poll = absl::Milliseconds(1);
+  o.timeout = absl::Seconds(3);
+  auto rung = client::DataPlaneClient::Connect(o);
+  ASSERT_TRUE(rung.ok()) << rung.status();
+  const std::string seq = NewSequence(model, chain, 3, 63);
+  const absl::Time until = absl::Now() + absl::Milliseconds(2500);
+  int calls = 0;
+  while (absl::Now() < until) {
+    std::vector<std::string> in;
+    const v1::AttendRequest at = Strip(OneQueryAttend(seq, 0, v1::DTYPE_FP16, 300 + calls), &in);
+    std::string out(OutputBytes(at), '\0');
+    auto r = (*rung)->Attend(at, Spans(in), out);
+    ASSERT_TRUE(r.ok()) << "call " << calls << ": " << r.status();
+    ++calls;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ((*rung)->doorbell_calls(), static_cast<uint64_t>(calls));
+  // Idle past the timeout: the server closes the connection, and says so
+  // at the doorbell. The next call fails at once (not after the client's
+  // timeout) and the one after it reconnects.
+  absl::SleepFor(absl::Milliseconds(2500));
+  std::vector<std::string> in;
+  const v1::AttendRequest at = Strip(OneQueryAttend(seq, 0, v1::DTYPE_FP16, 7), &in);
+  std::string out(OutputBytes(at), '\0');
+  const absl::Time start = absl::Now();
+  EXPECT_EQ((*rung)->Attend(at, Spans(in), out).status().code(), StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  auto again = (*rung)->Attend(at, Spans(in), out);
+  EXPECT_TRUE(again.ok()) << again.status();
 }
 
 TEST_F(DataPlaneSharedTest, WhatTheServerMustNotTakeChangesNothing) {
